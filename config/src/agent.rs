@@ -1,0 +1,248 @@
+//! The node agent's own config file: identity, listeners, arbiter
+//! addresses, default check timings, gossip and the budget's estimates. It
+//! only describes and validates settings; it must not open sockets, create
+//! directories or start anything.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{file, rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig};
+
+/// Prefix of every field path in agent errors. The file has no `[agent]`
+/// table because it is the agent's own, but errors still say `agent.` so
+/// they cannot be confused with the arbiter's.
+const PREFIX: &str = "agent";
+
+/// Configuration of one node agent (`rollcall agent --config agent.toml`).
+///
+/// The agent renews its node lease every `arbiter.lease.ttl_ms / 3`; this is
+/// fixed (see [`crate::RENEWALS_PER_TTL`]), not configured here, so that
+/// two lost renewals in a row never expire a healthy node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// This node's name, unique in its region; a DNS-safe label. It appears
+    /// in every endpoint record and in the agent's mTLS identity. Default
+    /// `"dev-node"`.
+    pub node_id: String,
+    /// Region of this node; a DNS-safe label. Instances register only in
+    /// their own region (R9). Default `"r1"`.
+    pub region: String,
+    /// Zone (failure domain) of this node; a DNS-safe label. Gossip runs per
+    /// zone, the proxy prefers same-zone endpoints and the mass-expiry guard
+    /// counts per zone. Default `"z1"`.
+    pub zone: String,
+    /// Directory for the agent's registrations and its checksummed catalog
+    /// cache (R7). Default `"./rollcall-data/agent"`.
+    pub data_dir: PathBuf,
+    /// TCP address of the local registration and resolve HTTP API. Default
+    /// `127.0.0.1:7070`: loopback, because only workloads on this host may
+    /// use it.
+    pub http_listen: SocketAddr,
+    /// UDP/TCP address of the local DNS server. Default `127.0.0.1:8600`.
+    pub dns_listen: SocketAddr,
+    /// TTL of DNS answers, in seconds. Default 1. A resolver may keep a
+    /// removed endpoint for this long, so it widens the 3 s leave window by
+    /// the same amount for DNS callers; the budget counts it.
+    pub dns_ttl_s: u32,
+    /// `host:port` of this region's arbiter replicas. Default empty (an agent
+    /// without arbiters serves only its on-disk cache).
+    pub arbiters: Vec<String>,
+    /// Interval of keep-alives on the agent's session to the arbiter, in ms.
+    /// Default 500: four per default `arbiter.lease.silence_ms` (2000), so a
+    /// single late keep-alive never counts as silence. Keep it at most half
+    /// of `silence_ms`; the budget warns otherwise.
+    pub keepalive_ms: u64,
+    /// `[checks.*]`: timings of checks whose registration omits them.
+    pub checks: ChecksConfig,
+    /// `[gossip]`: SWIM membership of this node's zone.
+    pub gossip: GossipConfig,
+    /// `[budget]`: estimates `rollcall budget` uses for what settings cannot
+    /// tell (commit and network latency). Not used at run time.
+    pub budget: BudgetEstimates,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_id: "dev-node".to_owned(),
+            region: "r1".to_owned(),
+            zone: "z1".to_owned(),
+            data_dir: PathBuf::from("./rollcall-data/agent"),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            dns_listen: SocketAddr::from(([127, 0, 0, 1], 8600)),
+            dns_ttl_s: 1,
+            arbiters: Vec::new(),
+            keepalive_ms: 500,
+            checks: ChecksConfig::default(),
+            gossip: GossipConfig::default(),
+            budget: BudgetEstimates::default(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Parses and validates agent TOML held in memory.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = file::parse(text, file::INLINE_ORIGIN)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates an agent config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let config: Self = file::parse(&file::read(path)?, &path.display().to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every rule; the first broken one is returned, naming its full
+    /// dotted field path (`agent.…`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        rules::dns_label("agent.node_id", &self.node_id)?;
+        rules::dns_label("agent.region", &self.region)?;
+        rules::dns_label("agent.zone", &self.zone)?;
+        rules::non_empty_path("agent.data_dir", &self.data_dir)?;
+        if self.dns_listen == self.http_listen {
+            return Err(ConfigError::invalid(
+                "agent.dns_listen",
+                self.dns_listen,
+                "must differ from http_listen (DNS over TCP would need the same port)",
+            ));
+        }
+        rules::host_ports("agent.arbiters", &self.arbiters)?;
+        rules::at_least("agent.keepalive_ms", self.keepalive_ms, 1)?;
+        self.checks.validate(&format!("{PREFIX}.checks"))?;
+        self.gossip.validate(&format!("{PREFIX}.gossip"))?;
+        self.budget.validate(&format!("{PREFIX}.budget"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CheckTiming, GossipPreset};
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(
+            AgentConfig::from_toml_str("").expect("empty is valid"),
+            AgentConfig::default()
+        );
+    }
+
+    #[test]
+    fn example_file_shows_every_default() {
+        let text = include_str!("../examples/agent.toml");
+        assert_eq!(
+            AgentConfig::from_toml_str(text).expect("example must load"),
+            AgentConfig::default()
+        );
+    }
+
+    /// The example lists the gossip overrides commented out, with the `lan`
+    /// preset's values; uncommented they must parse and change nothing.
+    #[test]
+    fn example_gossip_overrides_match_the_lan_preset() {
+        let keys = [
+            "probe_period_ms",
+            "probe_rtt_ms",
+            "num_indirect_probes",
+            "suspect_to_down_ms",
+            "periodic_gossip_ms",
+            "announce_ms",
+            "max_transmissions",
+        ];
+        let text: String = include_str!("../examples/agent.toml")
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if keys.iter().any(|k| rest.starts_with(&format!("{k} = "))) => rest,
+                _ => line,
+            })
+            .fold(String::new(), |acc, line| acc + line + "\n");
+        let config = AgentConfig::from_toml_str(&text).expect("uncommented example must load");
+        for key in keys {
+            assert!(
+                toml::to_string(&config.gossip)
+                    .expect("serializable")
+                    .contains(key),
+                "{key} is not listed in the example"
+            );
+        }
+        assert_eq!(config.gossip.effective(), GossipPreset::Lan.settings());
+    }
+
+    #[test]
+    fn default_round_trips_through_toml() {
+        let text = toml::to_string(&AgentConfig::default()).expect("serializable");
+        assert_eq!(
+            AgentConfig::from_toml_str(&text).expect("round trip"),
+            AgentConfig::default()
+        );
+    }
+
+    #[test]
+    fn nested_error_names_the_full_path() {
+        let err = AgentConfig::from_toml_str(
+            "[checks.readiness]\ninterval_ms = 5000\ntimeout_ms = 6000\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "agent.checks.readiness.timeout_ms = 6000 must be below interval_ms = 5000"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_origin() {
+        let err = AgentConfig::from_toml_str("node_idd = \"x\"\n").unwrap_err();
+        let message = err.to_string();
+        assert!(message.starts_with("<string>: "), "{message}");
+        assert!(message.contains("node_idd"), "{message}");
+    }
+
+    #[test]
+    fn load_names_the_file_in_parse_and_io_errors() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "dns_ttl_s = \"one\"\n").expect("write");
+        let err = AgentConfig::load(&path).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&path.display().to_string()),
+            "{err}"
+        );
+        let missing = dir.path().join("missing.toml");
+        assert!(matches!(
+            AgentConfig::load(&missing),
+            Err(ConfigError::Io { path, .. }) if path == missing
+        ));
+    }
+
+    #[test]
+    fn bad_values_name_their_fields() {
+        type Breaks = fn(&mut AgentConfig);
+        let cases: [(&str, Breaks); 5] = [
+            ("agent.node_id", |c| c.node_id = "Node_1".to_owned()),
+            ("agent.zone", |c| c.zone = String::new()),
+            ("agent.arbiters[1]", |c| {
+                c.arbiters = vec!["a:7443".to_owned(), "b".to_owned()]
+            }),
+            ("agent.dns_listen", |c| c.dns_listen = c.http_listen),
+            ("agent.checks.liveness.jitter", |c| {
+                c.checks.liveness = CheckTiming {
+                    jitter: -0.1,
+                    ..CheckTiming::LIVENESS
+                }
+            }),
+        ];
+        for (field, breaks) in cases {
+            let mut config = AgentConfig::default();
+            breaks(&mut config);
+            let message = config.validate().unwrap_err().to_string();
+            assert!(message.starts_with(&format!("{field} = ")), "{message}");
+        }
+    }
+}

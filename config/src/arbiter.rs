@@ -1,0 +1,409 @@
+//! The lease arbiter's config file: identity, listeners, node leases, the
+//! mass-expiry guard, catalog retention, delta log and watch distribution
+//! (R3, R6). It only describes and validates settings; it must not open
+//! sockets, touch the data directory or start Raft.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{file, rules, ConfigError};
+
+/// Renewals per lease TTL: the agent renews its node lease every
+/// `ttl_ms / RENEWALS_PER_TTL`. Fixed rather than configured so that two
+/// renewals in a row can be lost before a healthy node expires, whatever
+/// the TTL.
+pub const RENEWALS_PER_TTL: u64 = 3;
+
+/// Upper bound on `distribution.coalesce_window_ms`, in ms. Coalescing sits
+/// inside the 3 s leave budget (R5, R6), so it must stay well below it.
+pub const MAX_COALESCE_WINDOW_MS: u64 = 250;
+
+/// Configuration of one lease arbiter replica (`rollcall arbiter --config arbiter.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArbiterConfig {
+    /// This replica's name, unique in its region; a DNS-safe label used in
+    /// its mTLS identity and Raft membership. Default `"arbiter-1"`.
+    pub name: String,
+    /// The region this arbiter group is the authority for (R9); a DNS-safe
+    /// label. Default `"r1"`.
+    pub region: String,
+    /// QUIC address agents and peer replicas connect to. Default
+    /// `127.0.0.1:7443` (loopback for development).
+    pub listen: SocketAddr,
+    /// HTTP address of the admin and metrics endpoint. Default
+    /// `127.0.0.1:7071`; must differ from `listen`.
+    pub admin: SocketAddr,
+    /// Directory of the Raft log and snapshots. Default `"./rollcall-data/arbiter"`.
+    pub data_dir: PathBuf,
+    /// `[lease]`: node leases and the silence needed for gossip verdicts.
+    pub lease: LeaseConfig,
+    /// `[guard]`: the mass-expiry guard.
+    pub guard: GuardConfig,
+    /// `[catalog]`: retention and label limits of endpoint records.
+    pub catalog: CatalogConfig,
+    /// `[delta_log]`: how far back agents can resume with deltas.
+    pub delta_log: DeltaLogConfig,
+    /// `[distribution]`: watch streams to agents.
+    pub distribution: DistributionConfig,
+}
+
+impl Default for ArbiterConfig {
+    fn default() -> Self {
+        Self {
+            name: "arbiter-1".to_owned(),
+            region: "r1".to_owned(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7443)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            data_dir: PathBuf::from("./rollcall-data/arbiter"),
+            lease: LeaseConfig::default(),
+            guard: GuardConfig::default(),
+            catalog: CatalogConfig::default(),
+            delta_log: DeltaLogConfig::default(),
+            distribution: DistributionConfig::default(),
+        }
+    }
+}
+
+/// `[lease]`: node leases (R3) and the arbiter's half of a gossip down
+/// verdict (R4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseConfig {
+    /// Lifetime of a node agent's lease, in ms; one lease per agent, not per
+    /// instance. The agent renews every `ttl_ms / 3`. Default 10000: a
+    /// silently crashed node whose gossip verdict never arrives expires
+    /// within 10 s, plus sweep, commit and propagation, inside the 15 s
+    /// hard-failure SLO. Lower costs more renewals (5,000 agents renew).
+    pub ttl_ms: u64,
+    /// How often the leader checks lease deadlines, in ms. Adds up to one
+    /// interval to expiry. Default 250. Must be below `ttl_ms`.
+    pub sweep_interval_ms: u64,
+    /// How long the arbiter's own session with an agent must have been
+    /// silent before it accepts a gossip down verdict about that node, in
+    /// ms. Default 2000: four agent keep-alives (500 ms), and about the time
+    /// SWIM needs anyway (p99 ≈ 4.3 s), so it rarely delays removal. It is
+    /// what stops one zone-internal partition from removing a live node.
+    /// Must be below `ttl_ms`, or the lease would always expire first.
+    pub silence_ms: u64,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            ttl_ms: 10_000,
+            sweep_interval_ms: 250,
+            silence_ms: 2_000,
+        }
+    }
+}
+
+/// `[guard]`: the mass-expiry guard (R3). When lease expiries would hit too
+/// large a share of one zone at once, the arbiter is more likely cut off
+/// from the zone than the zone dead, so those expiries are held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    /// Largest fraction of one zone's nodes whose expiries may commit within
+    /// one window, in (0, 1]; further expiries are held and an alert raised.
+    /// At least one node may always expire, so small zones still heal.
+    /// Default 0.3. 1.0 disables the guard.
+    pub max_share: f64,
+    /// Length of the window the share is counted over, in ms. Default 60000.
+    pub window_ms: u64,
+    /// Longest an expiry is held, in ms; after it the expiry proceeds even
+    /// without a gossip verdict. Default 600000 (10 min, the control-plane
+    /// outage R7 plans for).
+    pub max_hold_ms: u64,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self {
+            max_share: 0.3,
+            window_ms: 60_000,
+            max_hold_ms: 600_000,
+        }
+    }
+}
+
+/// `[catalog]`: retention and label limits of endpoint records (R2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CatalogConfig {
+    /// Records no longer covered by a live lease (EXPIRED) are purged this
+    /// long after their last change, in ms. Default 900000 (15 min), so an
+    /// operator can still see why an instance vanished.
+    pub expired_retention_ms: u64,
+    /// A service stays known this long after its last record was purged, in
+    /// ms; until then DNS answers "empty", after it NXDOMAIN. Default
+    /// 86400000 (24 h): NXDOMAIN is cached by resolvers, so a service between
+    /// deploys must not be forgotten quickly.
+    pub service_retention_ms: u64,
+    /// The only label keys a registration may use (bounded dimensions keep
+    /// records small and selectors cheap). Each a DNS-safe label, no
+    /// duplicates. Default `["track", "canary", "tier", "shard", "cell", "arch"]`.
+    pub allowed_label_keys: Vec<String>,
+    /// Most labels one endpoint record may carry. Default 8; at least 1.
+    pub max_labels: u32,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        Self {
+            expired_retention_ms: 900_000,
+            service_retention_ms: 86_400_000,
+            allowed_label_keys: ["track", "canary", "tier", "shard", "cell", "arch"]
+                .map(String::from)
+                .to_vec(),
+            max_labels: 8,
+        }
+    }
+}
+
+/// `[delta_log]`: the ordered changes kept for agents that resume a watch.
+/// An agent further behind gets a full snapshot of the service instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeltaLogConfig {
+    /// Most changes kept. Default 180000: 15 minutes at 200 changes/s, so an
+    /// agent back from the 10-minute outage of R7 resumes with deltas.
+    pub max_entries: u64,
+    /// Oldest revision kept, counted back from the newest. Default 180000
+    /// (same reasoning as `max_entries`).
+    pub max_revision_span: u64,
+}
+
+impl Default for DeltaLogConfig {
+    fn default() -> Self {
+        Self {
+            max_entries: 180_000,
+            max_revision_span: 180_000,
+        }
+    }
+}
+
+/// `[distribution]`: watch streams from the arbiter to agents (R6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributionConfig {
+    /// Changes that arrive while a send to an agent is in flight are merged
+    /// into the next send within this window, in ms; a lone change is never
+    /// delayed. Default 20; at most 250, because it is spent inside the 3 s
+    /// leave budget.
+    pub coalesce_window_ms: u64,
+    /// Most full snapshots served at once; the rest are told when to retry,
+    /// so 5,000 agents returning together cannot stampede the arbiter.
+    /// Default 64; at least 1.
+    pub max_concurrent_snapshots: u32,
+    /// Bytes queued for one agent before its stream is cut and it must
+    /// resume (a slow agent must not hold arbiter memory). Default 8 MiB
+    /// (8388608), far above one 100,000-endpoint snapshot's share.
+    pub max_queued_bytes_per_agent: u64,
+}
+
+impl Default for DistributionConfig {
+    fn default() -> Self {
+        Self {
+            coalesce_window_ms: 20,
+            max_concurrent_snapshots: 64,
+            max_queued_bytes_per_agent: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl ArbiterConfig {
+    /// Parses and validates arbiter TOML held in memory.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = file::parse(text, file::INLINE_ORIGIN)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates an arbiter config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let config: Self = file::parse(&file::read(path)?, &path.display().to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every rule; the first broken one is returned, naming its full
+    /// dotted field path (`arbiter.…`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        rules::dns_label("arbiter.name", &self.name)?;
+        rules::dns_label("arbiter.region", &self.region)?;
+        if self.admin == self.listen {
+            return Err(ConfigError::invalid(
+                "arbiter.admin",
+                self.admin,
+                "must differ from listen",
+            ));
+        }
+        rules::non_empty_path("arbiter.data_dir", &self.data_dir)?;
+        self.validate_lease()?;
+        self.validate_guard()?;
+        self.validate_catalog()?;
+        rules::at_least(
+            "arbiter.delta_log.max_entries",
+            self.delta_log.max_entries,
+            1,
+        )?;
+        rules::at_least(
+            "arbiter.delta_log.max_revision_span",
+            self.delta_log.max_revision_span,
+            1,
+        )?;
+        self.validate_distribution()
+    }
+
+    fn validate_lease(&self) -> Result<(), ConfigError> {
+        let lease = &self.lease;
+        rules::at_least("arbiter.lease.ttl_ms", lease.ttl_ms, RENEWALS_PER_TTL)?;
+        rules::at_least(
+            "arbiter.lease.sweep_interval_ms",
+            lease.sweep_interval_ms,
+            1,
+        )?;
+        if lease.sweep_interval_ms >= lease.ttl_ms {
+            return Err(ConfigError::invalid(
+                "arbiter.lease.sweep_interval_ms",
+                lease.sweep_interval_ms,
+                format!("must be below ttl_ms = {}", lease.ttl_ms),
+            ));
+        }
+        rules::at_least("arbiter.lease.silence_ms", lease.silence_ms, 1)?;
+        if lease.silence_ms >= lease.ttl_ms {
+            return Err(ConfigError::invalid(
+                "arbiter.lease.silence_ms",
+                lease.silence_ms,
+                format!(
+                    "must be below ttl_ms = {}: otherwise the lease always expires before a \
+                     gossip down verdict can be accepted",
+                    lease.ttl_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_guard(&self) -> Result<(), ConfigError> {
+        let guard = &self.guard;
+        if !(guard.max_share > 0.0 && guard.max_share <= 1.0) {
+            return Err(ConfigError::invalid(
+                "arbiter.guard.max_share",
+                guard.max_share,
+                "must be above 0.0 and at most 1.0",
+            ));
+        }
+        rules::at_least("arbiter.guard.window_ms", guard.window_ms, 1)?;
+        rules::at_least("arbiter.guard.max_hold_ms", guard.max_hold_ms, 1)
+    }
+
+    fn validate_catalog(&self) -> Result<(), ConfigError> {
+        let catalog = &self.catalog;
+        for (i, key) in catalog.allowed_label_keys.iter().enumerate() {
+            let field = format!("arbiter.catalog.allowed_label_keys[{i}]");
+            rules::dns_label(&field, key)?;
+            if catalog.allowed_label_keys[..i].contains(key) {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("{key:?}"),
+                    "is listed twice",
+                ));
+            }
+        }
+        rules::at_least("arbiter.catalog.max_labels", catalog.max_labels, 1)
+    }
+
+    fn validate_distribution(&self) -> Result<(), ConfigError> {
+        let distribution = &self.distribution;
+        if distribution.coalesce_window_ms > MAX_COALESCE_WINDOW_MS {
+            return Err(ConfigError::invalid(
+                "arbiter.distribution.coalesce_window_ms",
+                distribution.coalesce_window_ms,
+                format!("must be at most {MAX_COALESCE_WINDOW_MS}"),
+            ));
+        }
+        rules::at_least(
+            "arbiter.distribution.max_concurrent_snapshots",
+            distribution.max_concurrent_snapshots,
+            1,
+        )?;
+        rules::at_least(
+            "arbiter.distribution.max_queued_bytes_per_agent",
+            distribution.max_queued_bytes_per_agent,
+            1,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(
+            ArbiterConfig::from_toml_str("").expect("empty is valid"),
+            ArbiterConfig::default()
+        );
+    }
+
+    #[test]
+    fn example_file_shows_every_default() {
+        let text = include_str!("../examples/arbiter.toml");
+        assert_eq!(
+            ArbiterConfig::from_toml_str(text).expect("example must load"),
+            ArbiterConfig::default()
+        );
+    }
+
+    #[test]
+    fn default_round_trips_through_toml() {
+        let text = toml::to_string(&ArbiterConfig::default()).expect("serializable");
+        assert_eq!(
+            ArbiterConfig::from_toml_str(&text).expect("round trip"),
+            ArbiterConfig::default()
+        );
+    }
+
+    #[test]
+    fn coalesce_window_above_bound_is_rejected() {
+        let err =
+            ArbiterConfig::from_toml_str("[distribution]\ncoalesce_window_ms = 400\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "arbiter.distribution.coalesce_window_ms = 400 must be at most 250"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_fields() {
+        type Breaks = fn(&mut ArbiterConfig);
+        let cases: [(&str, Breaks); 8] = [
+            ("arbiter.name", |c| c.name = "-a".to_owned()),
+            ("arbiter.admin", |c| c.admin = c.listen),
+            ("arbiter.lease.sweep_interval_ms", |c| {
+                c.lease.sweep_interval_ms = c.lease.ttl_ms
+            }),
+            ("arbiter.lease.silence_ms", |c| c.lease.silence_ms = 20_000),
+            ("arbiter.guard.max_share", |c| c.guard.max_share = 0.0),
+            ("arbiter.guard.max_share", |c| c.guard.max_share = 1.5),
+            ("arbiter.catalog.allowed_label_keys[1]", |c| {
+                c.catalog.allowed_label_keys = vec!["tier".to_owned(), "tier".to_owned()]
+            }),
+            ("arbiter.delta_log.max_entries", |c| {
+                c.delta_log.max_entries = 0
+            }),
+        ];
+        for (field, breaks) in cases {
+            let mut config = ArbiterConfig::default();
+            breaks(&mut config);
+            let message = config.validate().unwrap_err().to_string();
+            assert!(message.starts_with(&format!("{field} = ")), "{message}");
+        }
+    }
+}

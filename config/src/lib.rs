@@ -1,0 +1,38 @@
+//! Typed configuration of rollcall's processes (node agent, lease arbiter,
+//! region bridge), validated once at the edge with errors that name the
+//! dotted field path, and the failure-detection budget calculator (R5).
+//!
+//! Defaults derive from the SLOs: a deliberate leave reaches every proxy
+//! within 3 s (p99) of its commit, a silent crash within 15 s (p99). Each
+//! field's documentation gives its unit, effect and default.
+//!
+//! This crate only describes, validates and computes; it must not open
+//! sockets, spawn tasks or read clocks. The only IO is reading the config
+//! file a caller asks for.
+
+mod agent;
+mod arbiter;
+mod bridge;
+mod budget;
+mod checks;
+mod error;
+mod file;
+mod gossip;
+mod rules;
+
+pub use agent::AgentConfig;
+pub use arbiter::{
+    ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
+    MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
+};
+pub use bridge::{BridgeConfig, BridgePeer};
+pub use budget::{
+    Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, Phase, Setting, Term,
+    HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
+    SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS,
+};
+pub use checks::{
+    CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
+};
+pub use error::ConfigError;
+pub use gossip::{GossipConfig, GossipPreset, SwimSettings};

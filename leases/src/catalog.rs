@@ -1,0 +1,1227 @@
+//! The arbiter state machine (R2, R3): `apply(envelope)` takes one command
+//! and either rejects it with a reason, changing nothing, or commits it under
+//! the shard's next revision, updating records, leases, digests and the
+//! delta log together.
+//!
+//! It is deterministic: no clock, no randomness, no IO. Time and the leader's
+//! observations travel inside the command, and every iteration whose order
+//! could show in the result is over a sorted collection, so replaying the
+//! same log gives byte-identical snapshots on every replica. Lease deadlines
+//! are the one exception, and they are deliberately outside the replicated
+//! state (see `lease.rs`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, Envelope, Registration, MAX_REPORTERS};
+use crate::delta_log::{Change, DeltaLog, LogAnswer, ServiceDelta};
+use crate::digest::Digest;
+use crate::endpoint::{EndpointRecord, Labels, Liveness, State};
+use crate::guard::{ExpiryGuard, GuardDecision};
+use crate::ids::{AgentEpoch, Generation, LeaseId, Revision};
+use crate::lease::{Lease, LeaseTable};
+use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
+use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
+use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
+
+/// Why a command was rejected. A rejected command changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The node holds no lease.
+    #[error("node {node} holds no lease; the agent must (re)connect and be granted one first")]
+    NoLease {
+        /// The node.
+        node: NodeId,
+    },
+    /// The lease belongs to another agent run.
+    #[error("node {node}'s lease belongs to agent epoch {current}, not {given}: that agent run was replaced or the report is stale")]
+    OtherEpoch {
+        /// The node.
+        node: NodeId,
+        /// The epoch holding the lease.
+        current: AgentEpoch,
+        /// The epoch in the command.
+        given: AgentEpoch,
+    },
+    /// A grant from an agent run older than the one holding the lease.
+    #[error(
+        "node {node} already runs agent epoch {current}; a grant for older epoch {given} is stale"
+    )]
+    StaleEpoch {
+        /// The node.
+        node: NodeId,
+        /// The epoch holding the lease.
+        current: AgentEpoch,
+        /// The epoch in the command.
+        given: AgentEpoch,
+    },
+    /// The node's lease expiry is held by the mass-expiry guard.
+    #[error("node {node}'s lease is held by the mass-expiry guard; re-grant it (the session is back) before registering")]
+    LeaseHeld {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node may not change zone within one agent run.
+    #[error("node {node} is in zone {current} for agent epoch {epoch}; moving it to {given} needs an agent restart")]
+    ZoneChanged {
+        /// The node.
+        node: NodeId,
+        /// The agent run.
+        epoch: AgentEpoch,
+        /// Its zone.
+        current: Label,
+        /// The zone asked for.
+        given: Label,
+    },
+    /// A registration names another zone than its node's.
+    #[error("instance {instance_id} says zone {given} but its node {node} is in zone {node_zone}")]
+    ZoneMismatch {
+        /// The instance.
+        instance_id: InstanceId,
+        /// Its node.
+        node: NodeId,
+        /// The node's zone.
+        node_zone: Label,
+        /// The zone given.
+        given: Label,
+    },
+    /// A lease TTL outside the accepted range.
+    #[error("lease ttl_ms = {ttl_ms} is out of range: use {min} to {max}", min = LEASE_TTL_RANGE_MS.start(), max = LEASE_TTL_RANGE_MS.end())]
+    BadTtl {
+        /// The TTL asked for.
+        ttl_ms: u64,
+    },
+    /// No live record has this instance id.
+    #[error("instance {instance_id} is not registered")]
+    UnknownInstance {
+        /// The instance.
+        instance_id: InstanceId,
+    },
+    /// The call names another generation than the live one.
+    #[error("instance {instance_id} is at generation {current}, not {given}: the call is from a replaced registration and changes nothing")]
+    StaleGeneration {
+        /// The instance.
+        instance_id: InstanceId,
+        /// The generation in the call.
+        given: Generation,
+        /// The live generation.
+        current: Generation,
+    },
+    /// The state machine does not allow this move.
+    #[error("instance {instance_id} cannot go from {from} to {to}{hint}", hint = transition_hint(*.from, *.to))]
+    IllegalTransition {
+        /// The instance.
+        instance_id: InstanceId,
+        /// Its state.
+        from: State,
+        /// The state asked for.
+        to: State,
+    },
+    /// A registration asked for an initial state other than STARTING/READY.
+    #[error("a registration starts in STARTING or READY, not {state}")]
+    BadInitialState {
+        /// The state asked for.
+        state: State,
+    },
+    /// A record may become READY only under a live lease.
+    #[error("instance {instance_id} cannot become READY: node {node} no longer holds the lease it was registered under; register it again")]
+    NotCovered {
+        /// The instance.
+        instance_id: InstanceId,
+        /// Its node.
+        node: NodeId,
+    },
+    /// A label key outside the predefined dimensions.
+    #[error("label key {key} is not one of the predefined dimensions ({allowed})")]
+    LabelNotAllowed {
+        /// The key.
+        key: Label,
+        /// The allowed keys, comma-separated.
+        allowed: String,
+    },
+    /// Too many labels.
+    #[error("{count} labels given; at most {max} are allowed")]
+    TooManyLabels {
+        /// How many were given.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The same label key twice.
+    #[error("label key {key} appears twice")]
+    DuplicateLabel {
+        /// The key.
+        key: Label,
+    },
+    /// The service does not exist.
+    #[error("service {service} does not exist")]
+    UnknownService {
+        /// The service.
+        service: ServiceKey,
+    },
+    /// Only an empty service can be deleted.
+    #[error("service {service} still has {records} records; deregister them before deleting it")]
+    ServiceNotEmpty {
+        /// The service.
+        service: ServiceKey,
+        /// How many records it has.
+        records: usize,
+    },
+}
+
+fn transition_hint(from: State, to: State) -> &'static str {
+    match (from, to) {
+        (State::Draining, _) => " (a drained instance leaves by deregistration)",
+        (State::Expired, _) => " (an expired instance must register again)",
+        (_, State::Expired) => " (only a lease expiry makes records EXPIRED)",
+        (_, State::Starting) => " (STARTING is only the first state)",
+        _ => "",
+    }
+}
+
+/// What a committed command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Nothing changed (for example a transition to the state it is in).
+    Unchanged,
+    /// A lease was granted, replaced or its TTL changed; `moved` records of
+    /// the node now sit under it.
+    LeaseGranted {
+        /// The lease.
+        lease: LeaseId,
+        /// Records moved to it from an older grant.
+        moved: usize,
+    },
+    /// A held lease was reinstated because its session came back.
+    LeaseReinstated,
+    /// A lease ended (revoked, expired or a down verdict); `marked` records
+    /// changed state.
+    LeaseEnded {
+        /// Records that changed state.
+        marked: usize,
+    },
+    /// The mass-expiry guard held the expiry (alert).
+    ExpiryHeld,
+    /// An instance was registered.
+    Registered {
+        /// Its generation.
+        generation: Generation,
+        /// Its state.
+        state: State,
+    },
+    /// A record changed or was removed.
+    Changed,
+    /// A purge removed these.
+    Purged {
+        /// Records removed.
+        records: usize,
+        /// Generations forgotten.
+        generations: usize,
+        /// Services that became unknown.
+        services: usize,
+    },
+}
+
+/// The result of a committed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The revision that committed it; `None` when nothing changed.
+    pub revision: Option<Revision>,
+    /// What it did.
+    pub effect: Effect,
+    /// The services whose records changed, in key order.
+    pub services: Vec<ServiceKey>,
+}
+
+/// What the catalog can tell a subscriber holding revision r of a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinceAnswer {
+    /// Nothing changed after r.
+    UpToDate,
+    /// The changes after r, oldest first.
+    Deltas(Vec<Arc<ServiceDelta>>),
+    /// The delta log no longer reaches back to r: send a snapshot.
+    SnapshotNeeded,
+    /// The subscriber claims a revision this catalog has not reached (a
+    /// lagging replica): wait or ask another.
+    Ahead {
+        /// This catalog's revision.
+        current: Revision,
+    },
+    /// The service does not exist.
+    Unknown,
+}
+
+/// The last generation given to an instance id, remembered after the
+/// record is gone so a re-registration continues the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationMemory {
+    /// The last generation assigned.
+    pub generation: Generation,
+    /// When its record was removed; `None` while it is live.
+    pub released_at_ms: Option<u64>,
+}
+
+/// A summary of one service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// Revision of its last change.
+    pub revision: Revision,
+    /// Digest of its record set.
+    pub digest: Digest,
+    /// Records in it.
+    pub records: usize,
+    /// READY records in it.
+    pub ready: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Stored {
+    record: Arc<EndpointRecord>,
+    hash: u128,
+}
+
+#[derive(Clone, Debug, Default)]
+struct ServiceState {
+    records: HashMap<InstanceId, Stored>,
+    revision: Revision,
+    digest: Digest,
+    ready: usize,
+    emptied_at_ms: Option<u64>,
+}
+
+/// The changes of one command, gathered before they are committed.
+#[derive(Default)]
+struct Batch {
+    changes: BTreeMap<ServiceKey, Vec<Change>>,
+    deleted: Vec<(ServiceKey, Revision)>,
+}
+
+/// One catalog shard: records, leases, the guard and the delta log.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    params: CatalogParams,
+    revision: Revision,
+    services: HashMap<ServiceKey, ServiceState>,
+    instances: HashMap<InstanceId, ServiceKey>,
+    generations: HashMap<InstanceId, GenerationMemory>,
+    nodes: HashMap<NodeId, BTreeSet<InstanceId>>,
+    leases: LeaseTable,
+    guard: ExpiryGuard,
+    log: DeltaLog,
+}
+
+impl Catalog {
+    /// An empty catalog at revision 0.
+    pub fn new(params: CatalogParams) -> Self {
+        let log = DeltaLog::new(Revision(0), params.delta_log.clone());
+        Catalog {
+            params,
+            revision: Revision(0),
+            services: HashMap::new(),
+            instances: HashMap::new(),
+            generations: HashMap::new(),
+            nodes: HashMap::new(),
+            leases: LeaseTable::default(),
+            guard: ExpiryGuard::default(),
+            log,
+        }
+    }
+
+    /// Applies one command. On `Err` nothing changed.
+    pub fn apply(&mut self, env: &Envelope) -> Result<Applied, Rejection> {
+        let rev = self.revision.next();
+        let mut batch = Batch::default();
+        let effect = match &env.command {
+            Command::GrantLease {
+                node,
+                epoch,
+                zone,
+                ttl_ms,
+            } => self.grant(&mut batch, env, rev, node, *epoch, zone, *ttl_ms)?,
+            Command::RevokeLease { node, epoch } => {
+                let lease = self.lease_of(node, *epoch)?;
+                let marked = self.end_lease(
+                    &mut batch,
+                    env,
+                    rev,
+                    lease,
+                    State::Expired,
+                    Reason::fixed("lease revoked by its agent"),
+                );
+                Effect::LeaseEnded { marked }
+            }
+            Command::ExpireLease {
+                node,
+                epoch,
+                silent_in_zone,
+            } => self.expire(&mut batch, env, rev, node, *epoch, *silent_in_zone)?,
+            Command::Register(reg) => self.register(&mut batch, env, rev, reg)?,
+            Command::Transition {
+                instance_id,
+                generation,
+                to,
+                reason,
+            } => self.transition(&mut batch, env, rev, instance_id, *generation, *to, reason)?,
+            Command::SetLiveness {
+                instance_id,
+                generation,
+                liveness,
+            } => self.set_liveness(&mut batch, env, rev, instance_id, *generation, *liveness)?,
+            Command::Deregister {
+                instance_id,
+                generation,
+            } => {
+                let stored = self.live(instance_id, *generation)?;
+                let key = self.instances[instance_id].clone();
+                self.remove_record(&mut batch, &key, &stored.record, env.at_ms);
+                Effect::Changed
+            }
+            Command::NodeDown {
+                node,
+                epoch,
+                reporters,
+            } => {
+                let lease = self.lease_of(node, *epoch)?;
+                let names: Vec<&str> = reporters
+                    .iter()
+                    .take(MAX_REPORTERS)
+                    .map(|r| r.as_str())
+                    .collect();
+                let reason = bounded_reason(&format!(
+                    "node down per gossip (reported by {})",
+                    names.join(", ")
+                ));
+                let marked = self.end_lease(&mut batch, env, rev, lease, State::Unhealthy, reason);
+                Effect::LeaseEnded { marked }
+            }
+            Command::Purge => self.purge(&mut batch, env.at_ms),
+            Command::DeleteService { service } => {
+                let svc = self
+                    .services
+                    .get(service)
+                    .ok_or_else(|| Rejection::UnknownService {
+                        service: service.clone(),
+                    })?;
+                if !svc.records.is_empty() {
+                    return Err(Rejection::ServiceNotEmpty {
+                        service: service.clone(),
+                        records: svc.records.len(),
+                    });
+                }
+                let prev = svc.revision;
+                self.services.remove(service);
+                batch.deleted.push((service.clone(), prev));
+                Effect::Changed
+            }
+        };
+        Ok(self.commit(rev, batch, effect))
+    }
+
+    fn commit(&mut self, rev: Revision, batch: Batch, effect: Effect) -> Applied {
+        if effect == Effect::Unchanged {
+            return Applied {
+                revision: None,
+                effect,
+                services: Vec::new(),
+            };
+        }
+        self.revision = rev;
+        let mut services = Vec::with_capacity(batch.changes.len() + batch.deleted.len());
+        for (key, changes) in batch.changes {
+            let svc = self
+                .services
+                .get_mut(&key)
+                .expect("a changed service exists");
+            let prev_revision = std::mem::replace(&mut svc.revision, rev);
+            let digest = svc.digest;
+            services.push(key.clone());
+            self.log.append(ServiceDelta {
+                service: key,
+                revision: rev,
+                prev_revision,
+                changes,
+                digest,
+                exists: true,
+            });
+        }
+        for (key, prev_revision) in batch.deleted {
+            services.push(key.clone());
+            self.log.append(ServiceDelta {
+                service: key,
+                revision: rev,
+                prev_revision,
+                changes: Vec::new(),
+                digest: Digest::EMPTY,
+                exists: false,
+            });
+        }
+        services.sort();
+        Applied {
+            revision: Some(rev),
+            effect,
+            services,
+        }
+    }
+
+    // ----- leases -----
+
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        zone: &Label,
+        ttl_ms: u64,
+    ) -> Result<Effect, Rejection> {
+        if !LEASE_TTL_RANGE_MS.contains(&ttl_ms) {
+            return Err(Rejection::BadTtl { ttl_ms });
+        }
+        if let Some(current) = self.leases.get(node) {
+            if epoch < current.epoch {
+                return Err(Rejection::StaleEpoch {
+                    node: node.clone(),
+                    current: current.epoch,
+                    given: epoch,
+                });
+            }
+            if epoch == current.epoch {
+                if &current.zone != zone {
+                    return Err(Rejection::ZoneChanged {
+                        node: node.clone(),
+                        epoch,
+                        current: current.zone.clone(),
+                        given: zone.clone(),
+                    });
+                }
+                let (held, same_ttl, id) = (
+                    current.held_since_ms.is_some(),
+                    current.ttl_ms == ttl_ms,
+                    current.id,
+                );
+                if !held && same_ttl {
+                    self.leases
+                        .renew(node, epoch, env.at_ms)
+                        .expect("the lease was just found");
+                    return Ok(Effect::Unchanged);
+                }
+                let lease = self.leases.get_mut(node).expect("the lease was just found");
+                lease.held_since_ms = None;
+                lease.ttl_ms = ttl_ms;
+                lease.granted_at_ms = env.at_ms;
+                self.leases
+                    .renew(node, epoch, env.at_ms)
+                    .expect("the lease was just found");
+                return Ok(if held {
+                    Effect::LeaseReinstated
+                } else {
+                    Effect::LeaseGranted {
+                        lease: id,
+                        moved: 0,
+                    }
+                });
+            }
+            self.leases.remove(node);
+        }
+        let id = LeaseId(rev.0);
+        self.leases.insert(
+            Lease {
+                id,
+                node: node.clone(),
+                epoch,
+                zone: zone.clone(),
+                ttl_ms,
+                granted_at_ms: env.at_ms,
+                held_since_ms: None,
+            },
+            env.at_ms,
+        );
+        // The node's records that are not expired move under the new grant:
+        // a restarted agent reconciles them by instance id and generation,
+        // keeping their generations (R7).
+        let mut moved = 0;
+        for (key, stored) in self.node_records(node) {
+            let r = &stored.record;
+            if r.state == State::Expired || r.lease == id {
+                continue;
+            }
+            let mut record = (**r).clone();
+            record.epoch = epoch;
+            record.lease = id;
+            record.zone = zone.clone();
+            record.revision = rev;
+            record.changed_at_ms = env.at_ms;
+            record.origin = env.actor.clone();
+            self.put(batch, &key, record);
+            moved += 1;
+        }
+        Ok(Effect::LeaseGranted { lease: id, moved })
+    }
+
+    fn lease_of(&self, node: &NodeId, epoch: AgentEpoch) -> Result<Lease, Rejection> {
+        let lease = self
+            .leases
+            .get(node)
+            .ok_or_else(|| Rejection::NoLease { node: node.clone() })?;
+        if lease.epoch != epoch {
+            return Err(Rejection::OtherEpoch {
+                node: node.clone(),
+                current: lease.epoch,
+                given: epoch,
+            });
+        }
+        Ok(lease.clone())
+    }
+
+    fn expire(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        silent_in_zone: u32,
+    ) -> Result<Effect, Rejection> {
+        let lease = self.lease_of(node, epoch)?;
+        let reason = match lease.held_since_ms {
+            Some(since) if env.at_ms.saturating_sub(since) < self.params.guard.max_hold_ms => {
+                return Ok(Effect::Unchanged)
+            }
+            Some(_) => "lease expired after the mass-expiry guard's maximum hold",
+            None => {
+                let live = self.leases.in_zone(&lease.zone);
+                match self.guard.decide(
+                    &lease.zone,
+                    live,
+                    silent_in_zone,
+                    env.at_ms,
+                    &self.params.guard,
+                ) {
+                    GuardDecision::Hold => {
+                        self.leases
+                            .get_mut(node)
+                            .expect("the lease was just found")
+                            .held_since_ms = Some(env.at_ms);
+                        return Ok(Effect::ExpiryHeld);
+                    }
+                    GuardDecision::Expire => "lease expired",
+                }
+            }
+        };
+        self.guard.record(&lease.zone, env.at_ms);
+        let marked = self.end_lease(
+            batch,
+            env,
+            rev,
+            lease,
+            State::Expired,
+            Reason::fixed(reason),
+        );
+        Ok(Effect::LeaseEnded { marked })
+    }
+
+    /// Removes a lease and moves the records it covered to `to`: EXPIRED for
+    /// revocation and expiry (everything), UNHEALTHY for a down verdict
+    /// (STARTING and READY records; DRAINING ones are already leaving).
+    fn end_lease(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        lease: Lease,
+        to: State,
+        reason: Reason,
+    ) -> usize {
+        self.leases.remove(&lease.node);
+        let mut marked = 0;
+        for (key, stored) in self.node_records(&lease.node) {
+            let r = &stored.record;
+            let affected = r.lease == lease.id
+                && match to {
+                    State::Expired => r.state != State::Expired,
+                    _ => matches!(r.state, State::Starting | State::Ready),
+                };
+            if !affected {
+                continue;
+            }
+            let mut record = (**r).clone();
+            record.state = to;
+            record.reason = reason.clone();
+            record.origin = env.actor.clone();
+            record.revision = rev;
+            record.changed_at_ms = env.at_ms;
+            self.put(batch, &key, record);
+            marked += 1;
+        }
+        marked
+    }
+
+    // ----- instances -----
+
+    fn register(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        reg: &Registration,
+    ) -> Result<Effect, Rejection> {
+        let lease = self.lease_of(&reg.node, reg.epoch)?;
+        if lease.held_since_ms.is_some() {
+            return Err(Rejection::LeaseHeld {
+                node: reg.node.clone(),
+            });
+        }
+        if let Some(given) = &reg.zone {
+            if given != &lease.zone {
+                return Err(Rejection::ZoneMismatch {
+                    instance_id: reg.instance_id.clone(),
+                    node: reg.node.clone(),
+                    node_zone: lease.zone.clone(),
+                    given: given.clone(),
+                });
+            }
+        }
+        if !matches!(reg.initial, State::Starting | State::Ready) {
+            return Err(Rejection::BadInitialState { state: reg.initial });
+        }
+        let labels = self.check_labels(&reg.labels)?;
+        let generation = self
+            .generations
+            .get(&reg.instance_id)
+            .map_or(Generation(1), |g| g.generation.next());
+        if let Some(old_key) = self.instances.get(&reg.instance_id).cloned() {
+            let old = self.services[&old_key].records[&reg.instance_id]
+                .record
+                .clone();
+            self.remove_record(batch, &old_key, &old, env.at_ms);
+        }
+        let record = EndpointRecord {
+            instance_id: reg.instance_id.clone(),
+            generation,
+            node_id: reg.node.clone(),
+            epoch: reg.epoch,
+            lease: lease.id,
+            address: reg.address,
+            port: reg.port,
+            region: self.params.region.clone(),
+            zone: lease.zone.clone(),
+            version: reg.version.clone(),
+            weight: reg.weight,
+            labels,
+            state: reg.initial,
+            reason: Reason::fixed("registered"),
+            origin: env.actor.clone(),
+            liveness: Liveness::Unknown,
+            revision: rev,
+            changed_at_ms: env.at_ms,
+        };
+        self.put(batch, &reg.service, record);
+        self.generations.insert(
+            reg.instance_id.clone(),
+            GenerationMemory {
+                generation,
+                released_at_ms: None,
+            },
+        );
+        Ok(Effect::Registered {
+            generation,
+            state: reg.initial,
+        })
+    }
+
+    fn check_labels(&self, labels: &Labels) -> Result<Labels, Rejection> {
+        if labels.len() > self.params.max_labels {
+            return Err(Rejection::TooManyLabels {
+                count: labels.len(),
+                max: self.params.max_labels,
+            });
+        }
+        let mut sorted = labels.clone();
+        sorted.sort();
+        for pair in sorted.windows(2) {
+            if pair[0].0 == pair[1].0 {
+                return Err(Rejection::DuplicateLabel {
+                    key: pair[0].0.clone(),
+                });
+            }
+        }
+        if let Some((key, _)) = sorted
+            .iter()
+            .find(|(k, _)| !self.params.allowed_label_keys.contains(k))
+        {
+            let allowed = self
+                .params
+                .allowed_label_keys
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(Rejection::LabelNotAllowed {
+                key: key.clone(),
+                allowed,
+            });
+        }
+        Ok(sorted)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn transition(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        id: &InstanceId,
+        generation: Generation,
+        to: State,
+        reason: &Reason,
+    ) -> Result<Effect, Rejection> {
+        let stored = self.live(id, generation)?;
+        let from = stored.record.state;
+        if from == to {
+            return Ok(Effect::Unchanged);
+        }
+        if !from.may_become(to) {
+            return Err(Rejection::IllegalTransition {
+                instance_id: id.clone(),
+                from,
+                to,
+            });
+        }
+        let r = &stored.record;
+        if to == State::Ready && !self.leases.is_live(&r.node_id, r.lease) {
+            return Err(Rejection::NotCovered {
+                instance_id: id.clone(),
+                node: r.node_id.clone(),
+            });
+        }
+        let mut record = (**r).clone();
+        record.state = to;
+        record.reason = reason.clone();
+        record.origin = env.actor.clone();
+        record.revision = rev;
+        record.changed_at_ms = env.at_ms;
+        let key = self.instances[id].clone();
+        self.put(batch, &key, record);
+        Ok(Effect::Changed)
+    }
+
+    fn set_liveness(
+        &mut self,
+        batch: &mut Batch,
+        env: &Envelope,
+        rev: Revision,
+        id: &InstanceId,
+        generation: Generation,
+        liveness: Liveness,
+    ) -> Result<Effect, Rejection> {
+        let stored = self.live(id, generation)?;
+        if stored.record.liveness == liveness {
+            return Ok(Effect::Unchanged);
+        }
+        let mut record = (*stored.record).clone();
+        record.liveness = liveness;
+        record.origin = env.actor.clone();
+        record.revision = rev;
+        record.changed_at_ms = env.at_ms;
+        let key = self.instances[id].clone();
+        self.put(batch, &key, record);
+        Ok(Effect::Changed)
+    }
+
+    /// The live record of `id`, if `generation` is its generation.
+    fn live(&self, id: &InstanceId, generation: Generation) -> Result<Stored, Rejection> {
+        let key = self
+            .instances
+            .get(id)
+            .ok_or_else(|| Rejection::UnknownInstance {
+                instance_id: id.clone(),
+            })?;
+        let stored = &self.services[key].records[id];
+        if stored.record.generation != generation {
+            return Err(Rejection::StaleGeneration {
+                instance_id: id.clone(),
+                given: generation,
+                current: stored.record.generation,
+            });
+        }
+        Ok(stored.clone())
+    }
+
+    fn purge(&mut self, batch: &mut Batch, at_ms: u64) -> Effect {
+        let retention = self.params.expired_retention_ms;
+        let mut victims: Vec<(ServiceKey, Arc<EndpointRecord>)> = Vec::new();
+        for (key, svc) in &self.services {
+            for stored in svc.records.values() {
+                let r = &stored.record;
+                let covered = self.leases.is_live(&r.node_id, r.lease);
+                if !covered && at_ms >= r.changed_at_ms.saturating_add(retention) {
+                    victims.push((key.clone(), r.clone()));
+                }
+            }
+        }
+        victims.sort_by(|a, b| (&a.0, &a.1.instance_id).cmp(&(&b.0, &b.1.instance_id)));
+        for (key, record) in &victims {
+            self.remove_record(batch, key, record, at_ms);
+        }
+        let keep = self.params.service_retention_ms;
+        let before = self.generations.len();
+        self.generations.retain(|_, g| {
+            g.released_at_ms
+                .is_none_or(|t| at_ms < t.saturating_add(keep))
+        });
+        let forgotten = before - self.generations.len();
+        let mut dead: Vec<ServiceKey> = self
+            .services
+            .iter()
+            .filter(|(_, s)| {
+                s.records.is_empty()
+                    && s.emptied_at_ms
+                        .is_some_and(|t| at_ms >= t.saturating_add(keep))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        dead.sort();
+        for key in &dead {
+            let svc = self.services.remove(key).expect("listed above");
+            batch.deleted.push((key.clone(), svc.revision));
+        }
+        if victims.is_empty() && forgotten == 0 && dead.is_empty() {
+            Effect::Unchanged
+        } else {
+            Effect::Purged {
+                records: victims.len(),
+                generations: forgotten,
+                services: dead.len(),
+            }
+        }
+    }
+
+    // ----- record storage: the only code that touches the indexes -----
+
+    fn node_records(&self, node: &NodeId) -> Vec<(ServiceKey, Stored)> {
+        let Some(ids) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .map(|id| {
+                let key = &self.instances[id];
+                (key.clone(), self.services[key].records[id].clone())
+            })
+            .collect()
+    }
+
+    fn put(&mut self, batch: &mut Batch, key: &ServiceKey, record: EndpointRecord) {
+        let hash = Digest::of_record(&record);
+        let record = Arc::new(record);
+        let id = record.instance_id.clone();
+        let svc = self.services.entry(key.clone()).or_default();
+        svc.digest.add(hash);
+        if record.state.is_routable() {
+            svc.ready += 1;
+        }
+        svc.emptied_at_ms = None;
+        if let Some(old) = svc.records.insert(
+            id.clone(),
+            Stored {
+                record: record.clone(),
+                hash,
+            },
+        ) {
+            svc.digest.remove(old.hash);
+            if old.record.state.is_routable() {
+                svc.ready -= 1;
+            }
+            if old.record.node_id != record.node_id {
+                self.unindex_node(&old.record.node_id, &id);
+            }
+        }
+        self.nodes
+            .entry(record.node_id.clone())
+            .or_default()
+            .insert(id.clone());
+        self.instances.insert(id, key.clone());
+        batch
+            .changes
+            .entry(key.clone())
+            .or_default()
+            .push(Change::Upsert(record));
+    }
+
+    fn remove_record(
+        &mut self,
+        batch: &mut Batch,
+        key: &ServiceKey,
+        record: &EndpointRecord,
+        at_ms: u64,
+    ) {
+        let id = &record.instance_id;
+        let svc = self
+            .services
+            .get_mut(key)
+            .expect("the record's service exists");
+        let old = svc.records.remove(id).expect("the record exists");
+        svc.digest.remove(old.hash);
+        if old.record.state.is_routable() {
+            svc.ready -= 1;
+        }
+        if svc.records.is_empty() {
+            svc.emptied_at_ms = Some(at_ms);
+        }
+        self.unindex_node(&old.record.node_id, id);
+        self.instances.remove(id);
+        if let Some(g) = self.generations.get_mut(id) {
+            g.released_at_ms = Some(at_ms);
+        }
+        batch
+            .changes
+            .entry(key.clone())
+            .or_default()
+            .push(Change::Remove {
+                instance_id: id.clone(),
+                generation: old.record.generation,
+            });
+    }
+
+    fn unindex_node(&mut self, node: &NodeId, id: &InstanceId) {
+        if let Some(ids) = self.nodes.get_mut(node) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.nodes.remove(node);
+            }
+        }
+    }
+
+    // ----- queries -----
+
+    /// The revision of the last committed change.
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The parameters this catalog runs with.
+    pub fn params(&self) -> &CatalogParams {
+        &self.params
+    }
+
+    /// The lease table (read).
+    pub fn leases(&self) -> &LeaseTable {
+        &self.leases
+    }
+
+    /// The lease table's leader-memory half: renewals and deadlines. Lease
+    /// records themselves change only through commands.
+    pub fn leases_mut(&mut self) -> &mut LeaseTable {
+        &mut self.leases
+    }
+
+    /// Every known service, in key order.
+    pub fn services(&self) -> Vec<ServiceKey> {
+        let mut keys: Vec<ServiceKey> = self.services.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// A summary of one service, if it is known.
+    pub fn service(&self, key: &ServiceKey) -> Option<ServiceInfo> {
+        self.services.get(key).map(|s| ServiceInfo {
+            revision: s.revision,
+            digest: s.digest,
+            records: s.records.len(),
+            ready: s.ready,
+        })
+    }
+
+    /// A service's records, sorted by instance id.
+    pub fn records(&self, key: &ServiceKey) -> Option<Vec<Arc<EndpointRecord>>> {
+        self.services.get(key).map(sorted_records)
+    }
+
+    /// The live record of an instance.
+    pub fn instance(&self, id: &InstanceId) -> Option<Arc<EndpointRecord>> {
+        let key = self.instances.get(id)?;
+        Some(self.services[key].records[id].record.clone())
+    }
+
+    /// The service an instance is registered in.
+    pub fn service_of(&self, id: &InstanceId) -> Option<&ServiceKey> {
+        self.instances.get(id)
+    }
+
+    /// A full snapshot of one service.
+    pub fn service_snapshot(&self, key: &ServiceKey) -> Option<ServiceSnapshot> {
+        let svc = self.services.get(key)?;
+        Some(ServiceSnapshot {
+            shard: self.params.shard,
+            service: key.clone(),
+            revision: svc.revision,
+            digest: svc.digest,
+            records: sorted_records(svc),
+        })
+    }
+
+    /// What a subscriber holding revision `after` of `key` needs (R6).
+    pub fn changes_since(&self, key: &ServiceKey, after: Revision) -> SinceAnswer {
+        if after > self.revision {
+            return SinceAnswer::Ahead {
+                current: self.revision,
+            };
+        }
+        let Some(svc) = self.services.get(key) else {
+            return SinceAnswer::Unknown;
+        };
+        if svc.revision <= after {
+            return SinceAnswer::UpToDate;
+        }
+        match self.log.since(key, after) {
+            LogAnswer::Deltas(d) if !d.is_empty() => SinceAnswer::Deltas(d),
+            _ => SinceAnswer::SnapshotNeeded,
+        }
+    }
+
+    /// The delta log (read).
+    pub fn delta_log(&self) -> &DeltaLog {
+        &self.log
+    }
+
+    /// The last generation given to an instance id, live or remembered.
+    pub fn generation_memory(&self, id: &InstanceId) -> Option<GenerationMemory> {
+        self.generations.get(id).copied()
+    }
+
+    /// Exports the whole shard, every collection sorted, so two replicas with
+    /// the same history export byte-identical snapshots.
+    pub fn export(&self) -> CatalogSnapshot {
+        let mut services: Vec<ServiceEntry> = self
+            .services
+            .iter()
+            .map(|(key, s)| ServiceEntry {
+                service: key.clone(),
+                revision: s.revision,
+                emptied_at_ms: s.emptied_at_ms,
+                digest: s.digest,
+                records: sorted_records(s),
+            })
+            .collect();
+        services.sort_by(|a, b| a.service.cmp(&b.service));
+        let mut generations: Vec<(InstanceId, GenerationMemory)> = self
+            .generations
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        generations.sort_by(|a, b| a.0.cmp(&b.0));
+        CatalogSnapshot {
+            shard: self.params.shard,
+            region: self.params.region.clone(),
+            revision: self.revision,
+            services,
+            leases: self.leases.sorted().into_iter().cloned().collect(),
+            generations,
+            guard: self.guard.export(),
+        }
+    }
+
+    /// Rebuilds a shard from a snapshot, checking it is consistent (digests,
+    /// unique instance ids, revisions). The delta log starts empty at the
+    /// snapshot's revision, and lease deadlines are unset until the driver
+    /// calls `leases_mut().extend_all(now)`.
+    pub fn import(params: CatalogParams, snap: CatalogSnapshot) -> Result<Catalog, SnapshotError> {
+        if snap.shard != params.shard {
+            return Err(SnapshotError::Inconsistent(format!(
+                "snapshot is of shard {} but this catalog is shard {}",
+                snap.shard, params.shard
+            )));
+        }
+        let mut cat = Catalog::new(params);
+        cat.revision = snap.revision;
+        cat.log = DeltaLog::new(snap.revision, cat.params.delta_log.clone());
+        for entry in snap.services {
+            if entry.revision > snap.revision {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "service {} is at revision {} beyond the snapshot's {}",
+                    entry.service, entry.revision, snap.revision
+                )));
+            }
+            let mut svc = ServiceState {
+                revision: entry.revision,
+                emptied_at_ms: entry.emptied_at_ms,
+                ..ServiceState::default()
+            };
+            for record in entry.records {
+                let id = record.instance_id.clone();
+                if cat
+                    .instances
+                    .insert(id.clone(), entry.service.clone())
+                    .is_some()
+                {
+                    return Err(SnapshotError::Inconsistent(format!(
+                        "instance {id} appears twice"
+                    )));
+                }
+                let hash = Digest::of_record(&record);
+                svc.digest.add(hash);
+                if record.state.is_routable() {
+                    svc.ready += 1;
+                }
+                cat.nodes
+                    .entry(record.node_id.clone())
+                    .or_default()
+                    .insert(id.clone());
+                svc.records.insert(id, Stored { record, hash });
+            }
+            if svc.digest != entry.digest {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "service {} digest {} does not match its records ({})",
+                    entry.service, entry.digest, svc.digest
+                )));
+            }
+            cat.services.insert(entry.service, svc);
+        }
+        for lease in snap.leases {
+            if cat.leases.get(&lease.node).is_some() {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "node {} holds two leases",
+                    lease.node
+                )));
+            }
+            cat.leases.insert(lease, 0);
+        }
+        cat.leases.clear_deadlines();
+        for (id, memory) in snap.generations {
+            cat.generations.insert(id, memory);
+        }
+        for (id, key) in &cat.instances {
+            let live = cat.services[key].records[id].record.generation;
+            if cat.generations.get(id).is_none_or(|g| g.generation < live) {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "instance {id} is at generation {live} but the generation memory is behind"
+                )));
+            }
+        }
+        cat.guard = ExpiryGuard::import(snap.guard);
+        Ok(cat)
+    }
+}
+
+fn sorted_records(svc: &ServiceState) -> Vec<Arc<EndpointRecord>> {
+    let mut records: Vec<Arc<EndpointRecord>> =
+        svc.records.values().map(|s| s.record.clone()).collect();
+    records.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+    records
+}
+
+/// Cuts a reason we composed to the 256 bytes a `Reason` holds.
+fn bounded_reason(text: &str) -> Reason {
+    let mut end = text.len().min(256);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Reason::new(&text[..end]).expect("composed from validated names")
+}
+
+#[cfg(test)]
+mod tests;

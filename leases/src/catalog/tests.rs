@@ -1,0 +1,695 @@
+//! One test per rule of the state machine.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::*;
+use crate::endpoint::{Principal, Role, Weight};
+use crate::name::{LabelValue, PrincipalName, Version};
+
+fn label(s: &str) -> Label {
+    Label::new(s).unwrap()
+}
+fn node(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+fn iid(s: &str) -> InstanceId {
+    InstanceId::new(s).unwrap()
+}
+fn svc(s: &str) -> ServiceKey {
+    ServiceKey::new("default", s, "default").unwrap()
+}
+
+fn params() -> CatalogParams {
+    let mut p = CatalogParams::with_region(label("r1"));
+    p.expired_retention_ms = 10_000;
+    p.service_retention_ms = 100_000;
+    p
+}
+
+/// A catalog with a clock and an actor, so each test reads as a story.
+struct World {
+    cat: Catalog,
+    now: u64,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            cat: Catalog::new(params()),
+            now: 1_000_000,
+        }
+    }
+
+    fn run(&mut self, command: Command) -> Result<Applied, Rejection> {
+        self.now += 10;
+        let actor = Principal {
+            role: Role::Operator,
+            name: PrincipalName::new("ops").unwrap(),
+        };
+        self.cat.apply(&Envelope {
+            at_ms: self.now,
+            actor,
+            command,
+        })
+    }
+
+    fn grant(&mut self, n: &str, epoch: u64, zone: &str) -> Result<Applied, Rejection> {
+        self.run(Command::GrantLease {
+            node: node(n),
+            epoch: AgentEpoch(epoch),
+            zone: label(zone),
+            ttl_ms: 10_000,
+        })
+    }
+
+    fn register(
+        &mut self,
+        id: &str,
+        service: &str,
+        n: &str,
+        epoch: u64,
+    ) -> Result<Generation, Rejection> {
+        let applied = self.run(Command::Register(registration(id, service, n, epoch)))?;
+        match applied.effect {
+            Effect::Registered { generation, .. } => Ok(generation),
+            other => panic!("unexpected effect {other:?}"),
+        }
+    }
+
+    fn transition(&mut self, id: &str, generation: u64, to: State) -> Result<Applied, Rejection> {
+        self.run(Command::Transition {
+            instance_id: iid(id),
+            generation: Generation(generation),
+            to,
+            reason: Reason::new("test").unwrap(),
+        })
+    }
+
+    fn state(&self, id: &str) -> State {
+        self.cat.instance(&iid(id)).unwrap().state
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        crate::codec::encode_catalog_snapshot(&self.cat.export())
+    }
+}
+
+fn registration(id: &str, service: &str, n: &str, epoch: u64) -> Registration {
+    Registration {
+        instance_id: iid(id),
+        service: svc(service),
+        node: node(n),
+        epoch: AgentEpoch(epoch),
+        address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        port: 8080,
+        zone: None,
+        version: Version::new("v1").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    }
+}
+
+#[test]
+fn registration_assigns_generations_and_replaces_the_predecessor() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    assert_eq!(w.register("a", "web", "n1", 1).unwrap(), Generation(1));
+    let rev = w.cat.revision();
+    assert_eq!(w.register("a", "web", "n1", 1).unwrap(), Generation(2));
+    assert_eq!(w.cat.revision(), rev.next());
+    let info = w.cat.service(&svc("web")).unwrap();
+    assert_eq!((info.records, info.ready), (1, 1));
+    assert_eq!(w.cat.instance(&iid("a")).unwrap().generation, Generation(2));
+}
+
+#[test]
+fn re_registration_into_another_service_moves_the_record() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let applied = w
+        .run(Command::Register(registration("a", "api", "n1", 1)))
+        .unwrap();
+    assert_eq!(applied.services, vec![svc("api"), svc("web")]);
+    assert_eq!(w.cat.service(&svc("web")).unwrap().records, 0);
+    assert_eq!(w.cat.service_of(&iid("a")), Some(&svc("api")));
+}
+
+#[test]
+fn a_stale_generation_is_rejected_and_changes_nothing() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let before = w.snapshot();
+    let err = w.transition("a", 1, State::Draining).unwrap_err();
+    assert!(matches!(
+        err,
+        Rejection::StaleGeneration {
+            given: Generation(1),
+            current: Generation(2),
+            ..
+        }
+    ));
+    let err = w
+        .run(Command::Deregister {
+            instance_id: iid("a"),
+            generation: Generation(1),
+        })
+        .unwrap_err();
+    assert!(matches!(err, Rejection::StaleGeneration { .. }));
+    let err = w
+        .run(Command::SetLiveness {
+            instance_id: iid("a"),
+            generation: Generation(3),
+            liveness: Liveness::Failing,
+        })
+        .unwrap_err();
+    assert!(matches!(err, Rejection::StaleGeneration { .. }));
+    assert_eq!(w.snapshot(), before);
+    assert_eq!(w.state("a"), State::Ready);
+}
+
+#[test]
+fn unknown_instances_are_rejected() {
+    let mut w = World::new();
+    let err = w.transition("ghost", 1, State::Ready).unwrap_err();
+    assert!(matches!(err, Rejection::UnknownInstance { .. }));
+}
+
+#[test]
+fn illegal_transitions_are_rejected_with_a_reason() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    for to in [State::Starting, State::Expired] {
+        let err = w.transition("a", 1, to).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Rejection::IllegalTransition {
+                    from: State::Ready,
+                    ..
+                }
+            ),
+            "{to}"
+        );
+    }
+    w.transition("a", 1, State::Draining).unwrap();
+    let err = w.transition("a", 1, State::Ready).unwrap_err();
+    assert!(err.to_string().contains("deregistration"), "{err}");
+}
+
+#[test]
+fn a_transition_to_the_current_state_commits_nothing() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let rev = w.cat.revision();
+    let applied = w.transition("a", 1, State::Ready).unwrap();
+    assert_eq!(applied.revision, None);
+    assert_eq!(w.cat.revision(), rev);
+}
+
+#[test]
+fn only_ready_is_routable() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    let mut reg = registration("a", "web", "n1", 1);
+    reg.initial = State::Starting;
+    w.run(Command::Register(reg)).unwrap();
+    w.register("b", "web", "n1", 1).unwrap();
+    assert_eq!(w.cat.service(&svc("web")).unwrap().ready, 1);
+    w.transition("a", 1, State::Ready).unwrap();
+    w.transition("b", 1, State::Unhealthy).unwrap();
+    let info = w.cat.service(&svc("web")).unwrap();
+    assert_eq!(info.ready, 1);
+    assert!(w
+        .cat
+        .records(&svc("web"))
+        .unwrap()
+        .iter()
+        .filter(|r| r.state.is_routable())
+        .all(|r| r.instance_id == iid("a")));
+}
+
+#[test]
+fn writes_need_the_nodes_current_lease() {
+    let mut w = World::new();
+    assert!(matches!(
+        w.register("a", "web", "n1", 1),
+        Err(Rejection::NoLease { .. })
+    ));
+    w.grant("n1", 2, "z1").unwrap();
+    assert!(matches!(
+        w.register("a", "web", "n1", 1),
+        Err(Rejection::OtherEpoch { .. })
+    ));
+    let mut reg = registration("a", "web", "n1", 2);
+    reg.zone = Some(label("z9"));
+    assert!(matches!(
+        w.run(Command::Register(reg)),
+        Err(Rejection::ZoneMismatch { .. })
+    ));
+    let mut reg = registration("a", "web", "n1", 2);
+    reg.initial = State::Draining;
+    assert!(matches!(
+        w.run(Command::Register(reg)),
+        Err(Rejection::BadInitialState { .. })
+    ));
+    assert!(matches!(
+        w.grant("n1", 1, "z1"),
+        Err(Rejection::StaleEpoch { .. })
+    ));
+    assert!(matches!(
+        w.run(Command::GrantLease {
+            node: node("n1"),
+            epoch: AgentEpoch(2),
+            zone: label("z1"),
+            ttl_ms: 5
+        }),
+        Err(Rejection::BadTtl { ttl_ms: 5 })
+    ));
+}
+
+#[test]
+fn labels_are_limited_to_predefined_dimensions() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    let value = LabelValue::new("x").unwrap();
+    let mut reg = registration("a", "web", "n1", 1);
+    reg.labels = vec![(label("colour"), value.clone())];
+    let err = w.run(Command::Register(reg)).unwrap_err();
+    assert!(err.to_string().contains("predefined"), "{err}");
+    let mut reg = registration("a", "web", "n1", 1);
+    reg.labels = vec![
+        (label("track"), value.clone()),
+        (label("track"), value.clone()),
+    ];
+    assert!(matches!(
+        w.run(Command::Register(reg)),
+        Err(Rejection::DuplicateLabel { .. })
+    ));
+    let mut reg = registration("a", "web", "n1", 1);
+    reg.labels = (0..9).map(|_| (label("tier"), value.clone())).collect();
+    assert!(matches!(
+        w.run(Command::Register(reg)),
+        Err(Rejection::TooManyLabels { count: 9, .. })
+    ));
+    let mut reg = registration("a", "web", "n1", 1);
+    reg.labels = vec![(label("tier"), value.clone()), (label("canary"), value)];
+    w.run(Command::Register(reg)).unwrap();
+    let labels = &w.cat.instance(&iid("a")).unwrap().labels;
+    assert_eq!(labels[0].0, label("canary"), "labels are stored sorted");
+}
+
+#[test]
+fn lease_expiry_marks_only_that_nodes_records() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.grant("n2", 1, "z1").unwrap();
+    w.grant("n3", 1, "z1").unwrap();
+    w.grant("n4", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.register("b", "web", "n2", 1).unwrap();
+    let applied = w
+        .run(Command::ExpireLease {
+            node: node("n1"),
+            epoch: AgentEpoch(1),
+            silent_in_zone: 1,
+        })
+        .unwrap();
+    assert_eq!(applied.effect, Effect::LeaseEnded { marked: 1 });
+    assert_eq!(w.state("a"), State::Expired);
+    assert_eq!(w.state("b"), State::Ready);
+    assert!(w.cat.leases().get(&node("n1")).is_none());
+}
+
+#[test]
+fn a_revoked_lease_expires_its_records() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.run(Command::RevokeLease {
+        node: node("n1"),
+        epoch: AgentEpoch(1),
+    })
+    .unwrap();
+    assert_eq!(w.state("a"), State::Expired);
+}
+
+#[test]
+fn a_down_verdict_marks_the_node_unhealthy_and_names_the_reporters() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.register("d", "web", "n1", 1).unwrap();
+    w.transition("d", 1, State::Draining).unwrap();
+    let applied = w
+        .run(Command::NodeDown {
+            node: node("n1"),
+            epoch: AgentEpoch(1),
+            reporters: vec![node("n2"), node("n3")],
+        })
+        .unwrap();
+    assert_eq!(applied.effect, Effect::LeaseEnded { marked: 1 });
+    let a = w.cat.instance(&iid("a")).unwrap();
+    assert_eq!(a.state, State::Unhealthy);
+    assert_eq!(
+        a.reason.as_str(),
+        "node down per gossip (reported by n2, n3)"
+    );
+    assert_eq!(w.state("d"), State::Draining);
+    // The record may not come back to READY without its node's agent.
+    assert!(matches!(
+        w.transition("a", 1, State::Ready),
+        Err(Rejection::NotCovered { .. })
+    ));
+}
+
+#[test]
+fn a_verdict_about_an_older_agent_epoch_changes_nothing() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.grant("n1", 2, "z1").unwrap();
+    let before = w.snapshot();
+    let err = w
+        .run(Command::NodeDown {
+            node: node("n1"),
+            epoch: AgentEpoch(1),
+            reporters: vec![node("n2")],
+        })
+        .unwrap_err();
+    assert!(matches!(err, Rejection::OtherEpoch { .. }));
+    assert_eq!(w.snapshot(), before);
+    assert_eq!(w.state("a"), State::Ready);
+}
+
+#[test]
+fn a_restarted_agent_keeps_its_records_and_their_generations() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let applied = w.grant("n1", 2, "z1").unwrap();
+    assert!(matches!(
+        applied.effect,
+        Effect::LeaseGranted { moved: 1, .. }
+    ));
+    let a = w.cat.instance(&iid("a")).unwrap();
+    assert_eq!(
+        (a.generation, a.epoch, a.state),
+        (Generation(1), AgentEpoch(2), State::Ready)
+    );
+    // A verdict about the new run now marks it.
+    w.run(Command::NodeDown {
+        node: node("n1"),
+        epoch: AgentEpoch(2),
+        reporters: vec![node("n2")],
+    })
+    .unwrap();
+    assert_eq!(w.state("a"), State::Unhealthy);
+}
+
+fn zone_of(w: &mut World, zone: &str, count: usize) {
+    for i in 0..count {
+        w.grant(&format!("{zone}-n{i}"), 1, zone).unwrap();
+        w.register(&format!("{zone}-i{i}"), "web", &format!("{zone}-n{i}"), 1)
+            .unwrap();
+    }
+}
+
+#[test]
+fn the_guard_holds_expiries_when_a_zone_goes_silent() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 10);
+    let applied = w
+        .run(Command::ExpireLease {
+            node: node("z1-n0"),
+            epoch: AgentEpoch(1),
+            silent_in_zone: 10,
+        })
+        .unwrap();
+    assert_eq!(applied.effect, Effect::ExpiryHeld);
+    assert!(applied.revision.is_some(), "holding is a replicated change");
+    assert_eq!(w.state("z1-i0"), State::Ready, "held records keep serving");
+    assert_eq!(w.cat.leases().held(), 1);
+    // Asking again before the maximum hold changes nothing.
+    let again = w
+        .run(Command::ExpireLease {
+            node: node("z1-n0"),
+            epoch: AgentEpoch(1),
+            silent_in_zone: 10,
+        })
+        .unwrap();
+    assert_eq!(again.effect, Effect::Unchanged);
+}
+
+#[test]
+fn the_guard_lets_a_lone_crash_expire() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 10);
+    let applied = w
+        .run(Command::ExpireLease {
+            node: node("z1-n0"),
+            epoch: AgentEpoch(1),
+            silent_in_zone: 1,
+        })
+        .unwrap();
+    assert!(matches!(applied.effect, Effect::LeaseEnded { marked: 1 }));
+}
+
+#[test]
+fn a_held_lease_is_released_by_a_down_verdict() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 10);
+    w.run(Command::ExpireLease {
+        node: node("z1-n0"),
+        epoch: AgentEpoch(1),
+        silent_in_zone: 10,
+    })
+    .unwrap();
+    w.run(Command::NodeDown {
+        node: node("z1-n0"),
+        epoch: AgentEpoch(1),
+        reporters: vec![node("z1-n1")],
+    })
+    .unwrap();
+    assert_eq!(w.state("z1-i0"), State::Unhealthy);
+    assert_eq!(w.cat.leases().held(), 0);
+}
+
+#[test]
+fn a_held_lease_is_reinstated_when_its_session_returns() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 10);
+    w.run(Command::ExpireLease {
+        node: node("z1-n0"),
+        epoch: AgentEpoch(1),
+        silent_in_zone: 10,
+    })
+    .unwrap();
+    let applied = w.grant("z1-n0", 1, "z1").unwrap();
+    assert_eq!(applied.effect, Effect::LeaseReinstated);
+    assert_eq!(w.cat.leases().held(), 0);
+    assert_eq!(w.state("z1-i0"), State::Ready);
+}
+
+#[test]
+fn a_held_lease_expires_after_the_maximum_hold() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 10);
+    w.run(Command::ExpireLease {
+        node: node("z1-n0"),
+        epoch: AgentEpoch(1),
+        silent_in_zone: 10,
+    })
+    .unwrap();
+    w.now += params().guard.max_hold_ms;
+    let applied = w
+        .run(Command::ExpireLease {
+            node: node("z1-n0"),
+            epoch: AgentEpoch(1),
+            silent_in_zone: 10,
+        })
+        .unwrap();
+    assert!(matches!(applied.effect, Effect::LeaseEnded { marked: 1 }));
+    assert_eq!(w.state("z1-i0"), State::Expired);
+}
+
+#[test]
+fn purge_removes_uncovered_records_then_forgets_the_service() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.run(Command::RevokeLease {
+        node: node("n1"),
+        epoch: AgentEpoch(1),
+    })
+    .unwrap();
+    assert_eq!(
+        w.run(Command::Purge).unwrap().effect,
+        Effect::Unchanged,
+        "retention not yet passed"
+    );
+    w.now += params().expired_retention_ms;
+    let applied = w.run(Command::Purge).unwrap();
+    assert_eq!(
+        applied.effect,
+        Effect::Purged {
+            records: 1,
+            generations: 0,
+            services: 0
+        }
+    );
+    assert!(w.cat.instance(&iid("a")).is_none());
+    // The service stays known (empty), and the generation is remembered.
+    assert_eq!(w.cat.service(&svc("web")).unwrap().records, 0);
+    assert_eq!(
+        w.cat.changes_since(&svc("web"), w.cat.revision()),
+        SinceAnswer::UpToDate
+    );
+    w.grant("n1", 2, "z1").unwrap();
+    assert_eq!(w.register("a", "web", "n1", 2).unwrap(), Generation(2));
+    w.run(Command::Deregister {
+        instance_id: iid("a"),
+        generation: Generation(2),
+    })
+    .unwrap();
+    w.now += params().service_retention_ms;
+    let applied = w.run(Command::Purge).unwrap();
+    assert_eq!(
+        applied.effect,
+        Effect::Purged {
+            records: 0,
+            generations: 1,
+            services: 1
+        }
+    );
+    assert_eq!(
+        w.cat.changes_since(&svc("web"), Revision(0)),
+        SinceAnswer::Unknown
+    );
+}
+
+#[test]
+fn covered_records_are_never_purged() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    w.transition("a", 1, State::Unhealthy).unwrap();
+    w.now += params().service_retention_ms * 2;
+    assert_eq!(w.run(Command::Purge).unwrap().effect, Effect::Unchanged);
+}
+
+#[test]
+fn only_an_empty_service_can_be_deleted() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let err = w
+        .run(Command::DeleteService {
+            service: svc("web"),
+        })
+        .unwrap_err();
+    assert!(matches!(err, Rejection::ServiceNotEmpty { records: 1, .. }));
+    w.run(Command::Deregister {
+        instance_id: iid("a"),
+        generation: Generation(1),
+    })
+    .unwrap();
+    w.run(Command::DeleteService {
+        service: svc("web"),
+    })
+    .unwrap();
+    assert!(w.cat.service(&svc("web")).is_none());
+    assert!(matches!(
+        w.run(Command::DeleteService {
+            service: svc("web")
+        }),
+        Err(Rejection::UnknownService { .. })
+    ));
+}
+
+#[test]
+fn subscribers_get_deltas_a_snapshot_or_a_wait() {
+    let mut p = params();
+    p.delta_log.max_entries = 3;
+    let mut w = World {
+        cat: Catalog::new(p),
+        now: 0,
+    };
+    w.grant("n1", 1, "z1").unwrap();
+    w.register("a", "web", "n1", 1).unwrap();
+    let held = w.cat.service(&svc("web")).unwrap().revision;
+    w.transition("a", 1, State::Unhealthy).unwrap();
+    match w.cat.changes_since(&svc("web"), held) {
+        SinceAnswer::Deltas(d) => {
+            assert_eq!(d.len(), 1);
+            assert_eq!(d[0].prev_revision, held);
+        }
+        other => panic!("{other:?}"),
+    }
+    for _ in 0..3 {
+        w.transition("a", 1, State::Ready).unwrap();
+        w.transition("a", 1, State::Unhealthy).unwrap();
+    }
+    assert_eq!(
+        w.cat.changes_since(&svc("web"), held),
+        SinceAnswer::SnapshotNeeded
+    );
+    let now = w.cat.revision();
+    assert_eq!(w.cat.changes_since(&svc("web"), now), SinceAnswer::UpToDate);
+    assert_eq!(
+        w.cat.changes_since(&svc("web"), now.next()),
+        SinceAnswer::Ahead { current: now }
+    );
+    assert_eq!(
+        w.cat.changes_since(&svc("nope"), Revision(0)),
+        SinceAnswer::Unknown
+    );
+}
+
+#[test]
+fn every_delta_carries_the_new_digest() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    let mut view = crate::view::ServiceView::empty(svc("web"), crate::ids::ShardId(0));
+    w.register("a", "web", "n1", 1).unwrap();
+    w.register("b", "web", "n1", 1).unwrap();
+    w.transition("a", 1, State::Draining).unwrap();
+    let SinceAnswer::Deltas(deltas) = w.cat.changes_since(&svc("web"), Revision(0)) else {
+        panic!()
+    };
+    for d in &deltas {
+        view.apply(d).unwrap();
+        assert_eq!(view.digest(), d.digest);
+    }
+    assert_eq!(view.digest(), w.cat.service(&svc("web")).unwrap().digest);
+}
+
+#[test]
+fn import_of_export_gives_the_same_catalog() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 4);
+    w.run(Command::ExpireLease {
+        node: node("z1-n0"),
+        epoch: AgentEpoch(1),
+        silent_in_zone: 1,
+    })
+    .unwrap();
+    let snap = w.cat.export();
+    let back = Catalog::import(params(), snap.clone()).unwrap();
+    assert_eq!(back.export(), snap);
+    assert_eq!(back.revision(), w.cat.revision());
+}
+
+#[test]
+fn import_refuses_a_snapshot_whose_digest_lies() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 2);
+    let mut snap = w.cat.export();
+    snap.services[0].digest = crate::digest::Digest::EMPTY;
+    assert!(Catalog::import(params(), snap).is_err());
+}

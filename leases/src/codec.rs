@@ -1,0 +1,661 @@
+//! The one place bytes are made and read in this crate: commands, deltas
+//! and snapshots, encoded with postcard (not bincode: it is unmaintained,
+//! RUSTSEC-2025-0141, and foca 2 dropped it).
+//!
+//! Every frame is `[format version][kind][postcard body]`, checked against a
+//! size limit before anything is decoded. Decoding validates every name and
+//! index and never panics: malformed bytes give a `CodecError`.
+//!
+//! Snapshots use a compact form (R6's size budget): the strings shared by
+//! many records (node ids, zones, versions, reasons, origins, label sets)
+//! are stored once in tables and records refer to them by index; instance
+//! ids, sorted, store only what differs from the previous id; times are
+//! offsets from the snapshot's earliest time.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::GenerationMemory;
+use crate::command::Envelope;
+use crate::delta_log::ServiceDelta;
+use crate::digest::Digest;
+use crate::endpoint::{EndpointRecord, Labels, Liveness, Principal, Role, State, Weight};
+use crate::ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+use crate::lease::Lease;
+use crate::name::{
+    InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
+};
+use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
+
+/// The format version written in the first byte of every frame.
+pub const FORMAT_VERSION: u8 = 1;
+/// Largest encoded command.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Largest encoded delta.
+pub const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
+/// Largest encoded snapshot of one service.
+pub const MAX_SERVICE_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
+/// Largest encoded snapshot of a shard.
+pub const MAX_CATALOG_SNAPSHOT_BYTES: usize = 512 * 1024 * 1024;
+
+/// What a frame holds (its second byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// An `Envelope`.
+    Command = 1,
+    /// A `ServiceDelta`.
+    Delta = 2,
+    /// A `ServiceSnapshot`.
+    ServiceSnapshot = 3,
+    /// A `CatalogSnapshot`.
+    CatalogSnapshot = 4,
+}
+
+impl FrameKind {
+    fn name(self) -> &'static str {
+        match self {
+            FrameKind::Command => "command",
+            FrameKind::Delta => "delta",
+            FrameKind::ServiceSnapshot => "service snapshot",
+            FrameKind::CatalogSnapshot => "catalog snapshot",
+        }
+    }
+}
+
+/// Why bytes could not be decoded. Nothing was changed by them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// No bytes at all.
+    #[error("empty {what} frame")]
+    Empty {
+        /// What was expected.
+        what: &'static str,
+    },
+    /// Over the size limit.
+    #[error("{what} frame of {len} bytes exceeds the {limit}-byte limit")]
+    TooLarge {
+        /// What was expected.
+        what: &'static str,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Written by another format version.
+    #[error("{what} frame has format version {got}; this build reads version {FORMAT_VERSION}")]
+    Version {
+        /// What was expected.
+        what: &'static str,
+        /// The version found.
+        got: u8,
+    },
+    /// Another kind of frame.
+    #[error("expected a {what} frame, got frame kind {got}")]
+    WrongKind {
+        /// What was expected.
+        what: &'static str,
+        /// The kind byte found.
+        got: u8,
+    },
+    /// The body does not decode, or holds an invalid value.
+    #[error("malformed {what}: {detail}")]
+    Malformed {
+        /// What was expected.
+        what: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+fn malformed(what: &'static str, detail: impl ToString) -> CodecError {
+    CodecError::Malformed {
+        what,
+        detail: detail.to_string(),
+    }
+}
+
+fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
+    postcard::to_extend(value, vec![FORMAT_VERSION, kind as u8])
+        .expect("in-memory values always encode")
+}
+
+fn unframe<T: DeserializeOwned>(
+    bytes: &[u8],
+    kind: FrameKind,
+    limit: usize,
+) -> Result<T, CodecError> {
+    let what = kind.name();
+    if bytes.len() > limit {
+        return Err(CodecError::TooLarge {
+            what,
+            len: bytes.len(),
+            limit,
+        });
+    }
+    let [version, got, body @ ..] = bytes else {
+        return Err(CodecError::Empty { what });
+    };
+    if *version != FORMAT_VERSION {
+        return Err(CodecError::Version {
+            what,
+            got: *version,
+        });
+    }
+    if *got != kind as u8 {
+        return Err(CodecError::WrongKind { what, got: *got });
+    }
+    let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| malformed(what, e))?;
+    if !rest.is_empty() {
+        return Err(malformed(what, format!("{} trailing bytes", rest.len())));
+    }
+    Ok(value)
+}
+
+/// Encodes a command for the log or the wire.
+pub fn encode_command(env: &Envelope) -> Vec<u8> {
+    frame(FrameKind::Command, env)
+}
+
+/// Decodes a command.
+pub fn decode_command(bytes: &[u8]) -> Result<Envelope, CodecError> {
+    unframe(bytes, FrameKind::Command, MAX_COMMAND_BYTES)
+}
+
+/// Encodes a delta.
+pub fn encode_delta(delta: &ServiceDelta) -> Vec<u8> {
+    frame(FrameKind::Delta, delta)
+}
+
+/// Decodes a delta.
+pub fn decode_delta(bytes: &[u8]) -> Result<ServiceDelta, CodecError> {
+    unframe(bytes, FrameKind::Delta, MAX_DELTA_BYTES)
+}
+
+/// Encodes one service's snapshot in the compact form.
+pub fn encode_service_snapshot(snap: &ServiceSnapshot) -> Vec<u8> {
+    let mut tables = TableBuilder::new(&snap.records);
+    let service = tables.service(
+        &snap.service,
+        snap.revision,
+        None,
+        snap.digest,
+        &snap.records,
+    );
+    let wire = ServiceSnapshotWire {
+        shard: snap.shard,
+        base_ms: tables.base_ms,
+        tables: tables.finish(),
+        service,
+    };
+    frame(FrameKind::ServiceSnapshot, &wire)
+}
+
+/// Decodes one service's snapshot, checking its digest.
+pub fn decode_service_snapshot(bytes: &[u8]) -> Result<ServiceSnapshot, CodecError> {
+    const WHAT: &str = "service snapshot";
+    let wire: ServiceSnapshotWire = unframe(
+        bytes,
+        FrameKind::ServiceSnapshot,
+        MAX_SERVICE_SNAPSHOT_BYTES,
+    )?;
+    let tables = Tables::check(wire.tables, WHAT)?;
+    let entry = tables.service(wire.service, wire.base_ms, WHAT)?;
+    Ok(ServiceSnapshot {
+        shard: wire.shard,
+        service: entry.service,
+        revision: entry.revision,
+        digest: entry.digest,
+        records: entry.records,
+    })
+}
+
+/// Encodes a whole shard in the compact form.
+pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
+    let all: Vec<Arc<EndpointRecord>> = snap
+        .services
+        .iter()
+        .flat_map(|s| s.records.iter().cloned())
+        .collect();
+    let mut tables = TableBuilder::new(&all);
+    let services = snap
+        .services
+        .iter()
+        .map(|s| {
+            tables.service(
+                &s.service,
+                s.revision,
+                s.emptied_at_ms,
+                s.digest,
+                &s.records,
+            )
+        })
+        .collect();
+    let wire = CatalogSnapshotWire {
+        shard: snap.shard,
+        region: snap.region.clone(),
+        revision: snap.revision,
+        base_ms: tables.base_ms,
+        tables: tables.finish(),
+        services,
+        leases: snap.leases.clone(),
+        generations: snap.generations.clone(),
+        guard: snap.guard.clone(),
+    };
+    frame(FrameKind::CatalogSnapshot, &wire)
+}
+
+/// Decodes a whole shard, checking every service's digest.
+pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecError> {
+    const WHAT: &str = "catalog snapshot";
+    let wire: CatalogSnapshotWire = unframe(
+        bytes,
+        FrameKind::CatalogSnapshot,
+        MAX_CATALOG_SNAPSHOT_BYTES,
+    )?;
+    let tables = Tables::check(wire.tables, WHAT)?;
+    let services = wire
+        .services
+        .into_iter()
+        .map(|s| tables.service(s, wire.base_ms, WHAT))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(CatalogSnapshot {
+        shard: wire.shard,
+        region: wire.region,
+        revision: wire.revision,
+        services,
+        leases: wire.leases,
+        generations: wire.generations,
+        guard: wire.guard,
+    })
+}
+
+// ----- the compact snapshot form -----
+
+#[derive(Serialize, Deserialize)]
+struct ServiceSnapshotWire {
+    shard: ShardId,
+    base_ms: u64,
+    tables: TablesWire,
+    service: ServiceWire,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CatalogSnapshotWire {
+    shard: ShardId,
+    region: Label,
+    revision: Revision,
+    base_ms: u64,
+    tables: TablesWire,
+    services: Vec<ServiceWire>,
+    leases: Vec<Lease>,
+    generations: Vec<(InstanceId, GenerationMemory)>,
+    guard: Vec<(Label, Vec<u64>)>,
+}
+
+/// Values shared by many records, each stored once.
+#[derive(Serialize, Deserialize)]
+struct TablesWire {
+    strings: Vec<Arc<str>>,
+    /// (node id string, epoch, lease id)
+    nodes: Vec<(u32, u64, u64)>,
+    /// (role, name string)
+    principals: Vec<(Role, u32)>,
+    /// (key string, value string) pairs
+    label_sets: Vec<Vec<(u32, u32)>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ServiceWire {
+    service: ServiceKey,
+    revision: Revision,
+    emptied_at_ms: Option<u64>,
+    digest: Digest,
+    records: Vec<RecordWire>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum AddrWire {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+#[derive(Serialize, Deserialize)]
+struct RecordWire {
+    /// Bytes shared with the previous instance id in the service.
+    shared: u8,
+    /// The rest of the instance id.
+    suffix: String,
+    generation: Generation,
+    node: u32,
+    address: AddrWire,
+    port: u16,
+    region: u32,
+    zone: u32,
+    version: u32,
+    weight: u32,
+    labels: u32,
+    state: State,
+    reason: u32,
+    origin: u32,
+    liveness: Liveness,
+    revision: Revision,
+    /// Offset from the snapshot's `base_ms`.
+    changed_at: u64,
+}
+
+struct TableBuilder {
+    base_ms: u64,
+    strings: Vec<Arc<str>>,
+    string_index: HashMap<Arc<str>, u32>,
+    nodes: Vec<(u32, u64, u64)>,
+    node_index: HashMap<(u32, u64, u64), u32>,
+    principals: Vec<(Role, u32)>,
+    principal_index: HashMap<(Role, u32), u32>,
+    label_sets: Vec<Vec<(u32, u32)>>,
+    label_index: HashMap<Vec<(u32, u32)>, u32>,
+}
+
+fn intern<K: std::hash::Hash + Eq + Clone>(
+    list: &mut Vec<K>,
+    index: &mut HashMap<K, u32>,
+    key: K,
+) -> u32 {
+    *index.entry(key.clone()).or_insert_with(|| {
+        list.push(key);
+        (list.len() - 1) as u32
+    })
+}
+
+impl TableBuilder {
+    fn new(records: &[Arc<EndpointRecord>]) -> Self {
+        TableBuilder {
+            base_ms: records.iter().map(|r| r.changed_at_ms).min().unwrap_or(0),
+            strings: Vec::new(),
+            string_index: HashMap::new(),
+            nodes: Vec::new(),
+            node_index: HashMap::new(),
+            principals: Vec::new(),
+            principal_index: HashMap::new(),
+            label_sets: Vec::new(),
+            label_index: HashMap::new(),
+        }
+    }
+
+    fn string(&mut self, s: &Arc<str>) -> u32 {
+        intern(&mut self.strings, &mut self.string_index, s.clone())
+    }
+
+    fn service(
+        &mut self,
+        key: &ServiceKey,
+        revision: Revision,
+        emptied_at_ms: Option<u64>,
+        digest: Digest,
+        records: &[Arc<EndpointRecord>],
+    ) -> ServiceWire {
+        let mut previous: &str = "";
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            let id = r.instance_id.as_str();
+            let shared = common_prefix(previous, id).min(u8::MAX as usize);
+            previous = id;
+            let node_name = self.string(r.node_id.as_arc());
+            let node = intern(
+                &mut self.nodes,
+                &mut self.node_index,
+                (node_name, r.epoch.0, r.lease.0),
+            );
+            let origin_name = self.string(r.origin.name.as_arc());
+            let origin = intern(
+                &mut self.principals,
+                &mut self.principal_index,
+                (r.origin.role, origin_name),
+            );
+            let set: Vec<(u32, u32)> = r
+                .labels
+                .iter()
+                .map(|(k, v)| (self.string(k.as_arc()), self.string(v.as_arc())))
+                .collect();
+            let labels = intern(&mut self.label_sets, &mut self.label_index, set);
+            out.push(RecordWire {
+                shared: shared as u8,
+                suffix: id[shared..].to_string(),
+                generation: r.generation,
+                node,
+                address: match r.address {
+                    IpAddr::V4(a) => AddrWire::V4(a.octets()),
+                    IpAddr::V6(a) => AddrWire::V6(a.octets()),
+                },
+                port: r.port,
+                region: self.string(r.region.as_arc()),
+                zone: self.string(r.zone.as_arc()),
+                version: self.string(r.version.as_arc()),
+                weight: r.weight.get(),
+                labels,
+                state: r.state,
+                reason: self.string(r.reason.as_arc()),
+                origin,
+                liveness: r.liveness,
+                revision: r.revision,
+                changed_at: r.changed_at_ms - self.base_ms,
+            });
+        }
+        ServiceWire {
+            service: key.clone(),
+            revision,
+            emptied_at_ms,
+            digest,
+            records: out,
+        }
+    }
+
+    fn finish(self) -> TablesWire {
+        TablesWire {
+            strings: self.strings,
+            nodes: self.nodes,
+            principals: self.principals,
+            label_sets: self.label_sets,
+        }
+    }
+}
+
+/// Byte length of the longest common prefix, on a character boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    a.char_indices()
+        .zip(b.chars())
+        .take_while(|((_, x), y)| x == y)
+        .map(|((i, x), _)| i + x.len_utf8())
+        .last()
+        .unwrap_or(0)
+}
+
+/// Decoded tables, checked for every index before use.
+struct Tables {
+    wire: TablesWire,
+    what: &'static str,
+}
+
+impl Tables {
+    fn check(wire: TablesWire, what: &'static str) -> Result<Tables, CodecError> {
+        let n = wire.strings.len();
+        let bad = |i: u32| (i as usize) >= n;
+        if wire.nodes.iter().any(|(s, _, _)| bad(*s))
+            || wire.principals.iter().any(|(_, s)| bad(*s))
+            || wire
+                .label_sets
+                .iter()
+                .flatten()
+                .any(|(k, v)| bad(*k) || bad(*v))
+        {
+            return Err(malformed(
+                what,
+                "a table entry names a string beyond the string table",
+            ));
+        }
+        Ok(Tables { wire, what })
+    }
+
+    fn get<T>(&self, list: &'static str, items: &[T], i: u32) -> Result<usize, CodecError> {
+        if (i as usize) < items.len() {
+            Ok(i as usize)
+        } else {
+            Err(malformed(
+                self.what,
+                format!(
+                    "a record names {list} entry {i} but the table has {}",
+                    items.len()
+                ),
+            ))
+        }
+    }
+
+    fn string(&self, i: u32) -> Result<Arc<str>, CodecError> {
+        let at = self.get("string", &self.wire.strings, i)?;
+        Ok(self.wire.strings[at].clone())
+    }
+
+    fn typed<T>(
+        &self,
+        i: u32,
+        make: fn(Arc<str>) -> Result<T, crate::name::NameError>,
+    ) -> Result<T, CodecError> {
+        make(self.string(i)?).map_err(|e| malformed(self.what, e))
+    }
+
+    fn service(
+        &self,
+        s: ServiceWire,
+        base_ms: u64,
+        what: &'static str,
+    ) -> Result<ServiceEntry, CodecError> {
+        let mut records = Vec::with_capacity(s.records.len());
+        let mut previous = String::new();
+        for w in s.records {
+            let shared = w.shared as usize;
+            if shared > previous.len() || !previous.is_char_boundary(shared) {
+                return Err(malformed(
+                    what,
+                    format!(
+                        "instance id shares {shared} bytes with a {}-byte predecessor",
+                        previous.len()
+                    ),
+                ));
+            }
+            let id = format!("{}{}", &previous[..shared], w.suffix);
+            let instance_id = InstanceId::new(&id).map_err(|e| malformed(what, e))?;
+            previous = id;
+            let (node_name, epoch, lease) =
+                self.wire.nodes[self.get("node", &self.wire.nodes, w.node)?];
+            let (role, origin_name) =
+                self.wire.principals[self.get("principal", &self.wire.principals, w.origin)?];
+            let set =
+                &self.wire.label_sets[self.get("label set", &self.wire.label_sets, w.labels)?];
+            let labels: Labels = set
+                .iter()
+                .map(|(k, v)| {
+                    Ok((
+                        self.typed(*k, Label::from_arc)?,
+                        self.typed(*v, LabelValue::from_arc)?,
+                    ))
+                })
+                .collect::<Result<_, CodecError>>()?;
+            let changed_at_ms = base_ms
+                .checked_add(w.changed_at)
+                .ok_or_else(|| malformed(what, "a record time overflows"))?;
+            records.push(Arc::new(EndpointRecord {
+                instance_id,
+                generation: w.generation,
+                node_id: self.typed(node_name, NodeId::from_arc)?,
+                epoch: AgentEpoch(epoch),
+                lease: LeaseId(lease),
+                address: match w.address {
+                    AddrWire::V4(a) => IpAddr::V4(Ipv4Addr::from(a)),
+                    AddrWire::V6(a) => IpAddr::V6(Ipv6Addr::from(a)),
+                },
+                port: w.port,
+                region: self.typed(w.region, Label::from_arc)?,
+                zone: self.typed(w.zone, Label::from_arc)?,
+                version: self.typed(w.version, Version::from_arc)?,
+                weight: Weight::new(w.weight).map_err(|e| malformed(what, e))?,
+                labels,
+                state: w.state,
+                reason: self.typed(w.reason, Reason::from_arc)?,
+                origin: Principal {
+                    role,
+                    name: self.typed(origin_name, PrincipalName::from_arc)?,
+                },
+                liveness: w.liveness,
+                revision: w.revision,
+                changed_at_ms,
+            }));
+        }
+        if records
+            .windows(2)
+            .any(|p| p[0].instance_id >= p[1].instance_id)
+        {
+            return Err(malformed(
+                what,
+                format!("records of {} are not sorted by instance id", s.service),
+            ));
+        }
+        let computed = Digest::of_records(records.iter().map(|r| &**r));
+        if computed != s.digest {
+            return Err(malformed(
+                what,
+                format!(
+                    "service {} digest {} does not match its records ({computed})",
+                    s.service, s.digest
+                ),
+            ));
+        }
+        Ok(ServiceEntry {
+            service: s.service,
+            revision: s.revision,
+            emptied_at_ms: s.emptied_at_ms,
+            digest: s.digest,
+            records,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_checked_before_decoding() {
+        assert!(matches!(decode_command(&[]), Err(CodecError::Empty { .. })));
+        assert!(matches!(
+            decode_command(&[9, 1, 0]),
+            Err(CodecError::Version { got: 9, .. })
+        ));
+        assert!(matches!(
+            decode_command(&[FORMAT_VERSION, 2, 0]),
+            Err(CodecError::WrongKind { got: 2, .. })
+        ));
+        let big = vec![FORMAT_VERSION; MAX_COMMAND_BYTES + 1];
+        assert!(matches!(
+            decode_command(&big),
+            Err(CodecError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            decode_command(&[FORMAT_VERSION, 1, 0xff]),
+            Err(CodecError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn common_prefix_respects_char_boundaries() {
+        assert_eq!(
+            common_prefix("checkout-7d9f8b6c4-x2k9p", "checkout-7d9f8b6c4-a1b2c"),
+            19
+        );
+        assert_eq!(common_prefix("", "abc"), 0);
+        assert_eq!(common_prefix("abc", "abc"), 3);
+    }
+}

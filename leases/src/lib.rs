@@ -1,0 +1,54 @@
+//! The catalog model and the lease arbiter's state machine (R2, R3), sans-IO.
+//!
+//! Everything here is deterministic: `Catalog::apply` takes a command that
+//! carries its own time and returns what changed; nothing reads a clock, a
+//! socket or a random source. The arbiter server, the Raft log and the
+//! simulator all drive this same code.
+//!
+//! Map of the crate:
+//! - `name`, `ids`: validated names and numeric identities.
+//! - `endpoint`: the endpoint record, states, liveness, principals.
+//! - `command`: the replicated commands.
+//! - `catalog`: the state machine and its queries.
+//! - `lease`, `guard`: node leases and the mass-expiry guard.
+//! - `delta_log`, `digest`, `snapshot`, `view`: distribution (R6).
+//! - `codec`: the only encoder and decoder.
+//! - `params`: what every replica of a shard must agree on.
+
+pub mod catalog;
+pub mod codec;
+pub mod command;
+pub mod delta_log;
+pub mod digest;
+pub mod endpoint;
+pub mod guard;
+pub mod ids;
+pub mod lease;
+pub mod name;
+pub mod params;
+pub mod snapshot;
+pub mod view;
+
+pub use catalog::{
+    Applied, Catalog, Effect, GenerationMemory, Rejection, ServiceInfo, SinceAnswer,
+};
+pub use command::{Command, Envelope, Registration};
+pub use delta_log::{Change, ServiceDelta};
+pub use digest::Digest;
+pub use endpoint::{EndpointRecord, Liveness, Principal, Role, State, Weight};
+pub use ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+pub use name::{
+    InstanceId, Label, LabelValue, NameError, NodeId, PrincipalName, Reason, ServiceKey, Version,
+};
+pub use params::CatalogParams;
+pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
+pub use view::{ServiceView, ViewError};
+
+/// The shard a service lives in, given the number of shards (R2: services
+/// map to shards by key, so shards can be added without changing any
+/// contract). The hash is fixed (xxh3 of the key's text), never randomised,
+/// so every process agrees.
+pub fn shard_of(service: &ServiceKey, shards: u16) -> ShardId {
+    let hash = xxhash_rust::xxh3::xxh3_64(service.to_string().as_bytes());
+    ShardId((hash % u64::from(shards.max(1))) as u16)
+}

@@ -1,0 +1,81 @@
+//! Snapshots: one service's full record set (what an agent takes when the
+//! delta log no longer reaches back, R6) and the whole shard (what a new or
+//! wiped replica takes, and what the property tests compare).
+//!
+//! These are plain data; `catalog.rs` exports and imports them, `codec.rs`
+//! encodes them compactly.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::GenerationMemory;
+use crate::digest::Digest;
+use crate::endpoint::EndpointRecord;
+use crate::ids::{Revision, ShardId};
+use crate::lease::Lease;
+use crate::name::{InstanceId, Label, ServiceKey};
+
+/// A snapshot could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// It decodes but contradicts itself.
+    #[error("inconsistent snapshot: {0}")]
+    Inconsistent(String),
+}
+
+/// One service's records at its last change.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ServiceSnapshot {
+    /// The shard the service lives in.
+    pub shard: ShardId,
+    /// The service.
+    pub service: ServiceKey,
+    /// The revision of the service's last change: deltas after it chain on.
+    pub revision: Revision,
+    /// The digest of `records`.
+    pub digest: Digest,
+    /// Every record, sorted by instance id.
+    pub records: Vec<Arc<EndpointRecord>>,
+}
+
+/// One service inside a shard snapshot.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    /// The service.
+    pub service: ServiceKey,
+    /// The revision of its last change.
+    pub revision: Revision,
+    /// When its last record was removed, if it is empty.
+    pub emptied_at_ms: Option<u64>,
+    /// The digest of `records`.
+    pub digest: Digest,
+    /// Every record, sorted by instance id.
+    pub records: Vec<Arc<EndpointRecord>>,
+}
+
+/// A whole shard: everything replicated, nothing from a leader's memory.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct CatalogSnapshot {
+    /// The shard.
+    pub shard: ShardId,
+    /// The region that owns it.
+    pub region: Label,
+    /// The revision of the shard's last change.
+    pub revision: Revision,
+    /// Every service, in key order.
+    pub services: Vec<ServiceEntry>,
+    /// Every lease, in node order.
+    pub leases: Vec<Lease>,
+    /// Generation memory, in instance id order.
+    pub generations: Vec<(InstanceId, GenerationMemory)>,
+    /// The mass-expiry guard's recent expiries per zone.
+    pub guard: Vec<(Label, Vec<u64>)>,
+}
+
+impl CatalogSnapshot {
+    /// Number of endpoint records in it.
+    pub fn record_count(&self) -> usize {
+        self.services.iter().map(|s| s.records.len()).sum()
+    }
+}

@@ -1,0 +1,9 @@
+//! The node agent: local registration and heartbeats, probes, the node lease,
+//! the watch client with its on-disk cache, and the data plane (TCP proxy,
+//! DNS, resolve API) that callers on this host use (R4, R6, R7, R8).
+//!
+//! Role: keep serving callers from the local cache whatever the control plane
+//! does. It must never forward a caller to the arbiter, and never invent
+//! catalog truth: local ejection and pending writes stay local.
+//!
+//! Built by the control-plane and agent issues; this crate holds no code yet.
