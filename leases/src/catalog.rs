@@ -10,7 +10,9 @@
 //! are the one exception, and they are deliberately outside the replicated
 //! state (see `lease.rs`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -311,6 +313,8 @@ pub struct Catalog {
     leases: LeaseTable,
     guard: ExpiryGuard,
     log: DeltaLog,
+    /// Reused buffer for encoding records to hash them.
+    scratch: Vec<u8>,
 }
 
 impl Catalog {
@@ -320,13 +324,14 @@ impl Catalog {
         Catalog {
             params,
             revision: Revision(0),
-            services: HashMap::new(),
-            instances: HashMap::new(),
-            generations: HashMap::new(),
-            nodes: HashMap::new(),
+            services: HashMap::default(),
+            instances: HashMap::default(),
+            generations: HashMap::default(),
+            nodes: HashMap::default(),
             leases: LeaseTable::default(),
             guard: ExpiryGuard::default(),
             log,
+            scratch: Vec::new(),
         }
     }
 
@@ -374,9 +379,8 @@ impl Catalog {
                 instance_id,
                 generation,
             } => {
-                let stored = self.live(instance_id, *generation)?;
-                let key = self.instances[instance_id].clone();
-                self.remove_record(&mut batch, &key, &stored.record, env.at_ms);
+                let (key, record) = self.live(instance_id, *generation)?;
+                self.remove_record(&mut batch, &key, &record, env.at_ms);
                 Effect::Changed
             }
             Command::NodeDown {
@@ -780,8 +784,8 @@ impl Catalog {
         to: State,
         reason: &Reason,
     ) -> Result<Effect, Rejection> {
-        let stored = self.live(id, generation)?;
-        let from = stored.record.state;
+        let (key, r) = self.live(id, generation)?;
+        let from = r.state;
         if from == to {
             return Ok(Effect::Unchanged);
         }
@@ -792,20 +796,18 @@ impl Catalog {
                 to,
             });
         }
-        let r = &stored.record;
         if to == State::Ready && !self.leases.is_live(&r.node_id, r.lease) {
             return Err(Rejection::NotCovered {
                 instance_id: id.clone(),
                 node: r.node_id.clone(),
             });
         }
-        let mut record = (**r).clone();
+        let mut record = (*r).clone();
         record.state = to;
         record.reason = reason.clone();
         record.origin = env.actor.clone();
         record.revision = rev;
         record.changed_at_ms = env.at_ms;
-        let key = self.instances[id].clone();
         self.put(batch, &key, record);
         Ok(Effect::Changed)
     }
@@ -819,22 +821,25 @@ impl Catalog {
         generation: Generation,
         liveness: Liveness,
     ) -> Result<Effect, Rejection> {
-        let stored = self.live(id, generation)?;
-        if stored.record.liveness == liveness {
+        let (key, r) = self.live(id, generation)?;
+        if r.liveness == liveness {
             return Ok(Effect::Unchanged);
         }
-        let mut record = (*stored.record).clone();
+        let mut record = (*r).clone();
         record.liveness = liveness;
         record.origin = env.actor.clone();
         record.revision = rev;
         record.changed_at_ms = env.at_ms;
-        let key = self.instances[id].clone();
         self.put(batch, &key, record);
         Ok(Effect::Changed)
     }
 
     /// The live record of `id`, if `generation` is its generation.
-    fn live(&self, id: &InstanceId, generation: Generation) -> Result<Stored, Rejection> {
+    fn live(
+        &self,
+        id: &InstanceId,
+        generation: Generation,
+    ) -> Result<(ServiceKey, Arc<EndpointRecord>), Rejection> {
         let key = self
             .instances
             .get(id)
@@ -849,7 +854,7 @@ impl Catalog {
                 current: stored.record.generation,
             });
         }
-        Ok(stored.clone())
+        Ok((key.clone(), stored.record.clone()))
     }
 
     fn purge(&mut self, batch: &mut Batch, at_ms: u64) -> Effect {
@@ -916,35 +921,46 @@ impl Catalog {
     }
 
     fn put(&mut self, batch: &mut Batch, key: &ServiceKey, record: EndpointRecord) {
-        let hash = Digest::of_record(&record);
+        let hash = Digest::of_record_in(&record, &mut self.scratch);
         let record = Arc::new(record);
         let id = record.instance_id.clone();
-        let svc = self.services.entry(key.clone()).or_default();
+        let svc = match self.services.get_mut(key) {
+            Some(svc) => svc,
+            None => self.services.entry(key.clone()).or_default(),
+        };
         svc.digest.add(hash);
         if record.state.is_routable() {
             svc.ready += 1;
         }
         svc.emptied_at_ms = None;
-        if let Some(old) = svc.records.insert(
-            id.clone(),
-            Stored {
-                record: record.clone(),
-                hash,
-            },
-        ) {
-            svc.digest.remove(old.hash);
-            if old.record.state.is_routable() {
-                svc.ready -= 1;
+        let stored = Stored {
+            record: record.clone(),
+            hash,
+        };
+        // The indexes change only when the record is new to this service or
+        // moved node; a transition in place touches neither.
+        match svc.records.insert(id.clone(), stored) {
+            Some(old) => {
+                svc.digest.remove(old.hash);
+                if old.record.state.is_routable() {
+                    svc.ready -= 1;
+                }
+                if old.record.node_id != record.node_id {
+                    self.unindex_node(&old.record.node_id, &id);
+                    self.nodes
+                        .entry(record.node_id.clone())
+                        .or_default()
+                        .insert(id.clone());
+                }
             }
-            if old.record.node_id != record.node_id {
-                self.unindex_node(&old.record.node_id, &id);
+            None => {
+                self.nodes
+                    .entry(record.node_id.clone())
+                    .or_default()
+                    .insert(id.clone());
+                self.instances.insert(id, key.clone());
             }
         }
-        self.nodes
-            .entry(record.node_id.clone())
-            .or_default()
-            .insert(id.clone());
-        self.instances.insert(id, key.clone());
         batch
             .changes
             .entry(key.clone())

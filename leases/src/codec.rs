@@ -12,7 +12,7 @@
 //! ids, sorted, store only what differs from the previous id; times are
 //! offsets from the snapshot's earliest time.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -376,13 +376,13 @@ impl TableBuilder {
         TableBuilder {
             base_ms: records.iter().map(|r| r.changed_at_ms).min().unwrap_or(0),
             strings: Vec::new(),
-            string_index: HashMap::new(),
+            string_index: HashMap::default(),
             nodes: Vec::new(),
-            node_index: HashMap::new(),
+            node_index: HashMap::default(),
             principals: Vec::new(),
-            principal_index: HashMap::new(),
+            principal_index: HashMap::default(),
             label_sets: Vec::new(),
-            label_index: HashMap::new(),
+            label_index: HashMap::default(),
         }
     }
 

@@ -6,7 +6,9 @@
 //! minutes at 200 changes per second). The log never decides what a change
 //! is; the catalog appends, the distribution layer reads.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -81,7 +83,7 @@ impl DeltaLog {
         DeltaLog {
             entries: VecDeque::new(),
             base_seq: 0,
-            by_service: HashMap::new(),
+            by_service: HashMap::default(),
             floor,
             params,
         }

@@ -24,8 +24,17 @@ impl Digest {
     /// The hash of one record: xxh3-128 of its postcard encoding, which is
     /// canonical (fields in declaration order, no maps).
     pub fn of_record(record: &EndpointRecord) -> u128 {
-        let bytes = postcard::to_allocvec(record).expect("records always encode");
-        xxh3_128(&bytes)
+        Digest::of_record_in(record, &mut Vec::new())
+    }
+
+    /// `of_record`, encoding into a buffer the caller reuses.
+    pub fn of_record_in(record: &EndpointRecord, buf: &mut Vec<u8>) -> u128 {
+        buf.clear();
+        let bytes =
+            postcard::to_extend(record, std::mem::take(buf)).expect("records always encode");
+        let hash = xxh3_128(&bytes);
+        *buf = bytes;
+        hash
     }
 
     /// Adds a record hash to the set.

@@ -7,7 +7,7 @@
 //! them without a log entry, and a new leader starts by extending every
 //! lease by one TTL (`extend_all`) so an election never mass-expires a fleet.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 

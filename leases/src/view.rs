@@ -5,7 +5,9 @@
 //! would not match its digest (divergence) is refused and changes nothing;
 //! the consumer then takes a snapshot of that one service (R6).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::delta_log::{Change, ServiceDelta};
@@ -124,7 +126,7 @@ impl ServiceView {
             });
         }
         // Work out the resulting digest first, so a bad delta changes nothing.
-        let mut pending: HashMap<&InstanceId, Option<u128>> = HashMap::new();
+        let mut pending: HashMap<&InstanceId, Option<u128>> = HashMap::default();
         let mut digest = self.digest;
         let mut divergent = false;
         let mut upsert_hashes = Vec::with_capacity(delta.changes.len());
