@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use rollcall_config::{AgentConfig, ArbiterConfig, Budget, ConfigError};
+use rollcall_config::{AgentConfig, ArbiterConfig, Budget, ConfigError, ConfigFile};
 
 /// Exit code when the command ran but found SLO violations.
 const EXIT_VIOLATIONS: u8 = 1;

@@ -4,11 +4,12 @@
 //! directories or start anything.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{file, rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig};
+use crate::file::ConfigFile;
+use crate::{rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig};
 
 /// Prefix of every field path in agent errors. The file has no `[agent]`
 /// table because it is the agent's own, but errors still say `agent.` so
@@ -83,25 +84,10 @@ impl Default for AgentConfig {
     }
 }
 
-impl AgentConfig {
-    /// Parses and validates agent TOML held in memory.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = file::parse(text, file::INLINE_ORIGIN)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads, parses and validates an agent config file.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let config: Self = file::parse(&file::read(path)?, &path.display().to_string())?;
-        config.validate()?;
-        Ok(config)
-    }
-
+impl ConfigFile for AgentConfig {
     /// Checks every rule; the first broken one is returned, naming its full
     /// dotted field path (`agent.…`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         rules::dns_label("agent.node_id", &self.node_id)?;
         rules::dns_label("agent.region", &self.region)?;
         rules::dns_label("agent.zone", &self.zone)?;

@@ -4,11 +4,12 @@
 //! sockets, touch the data directory or start Raft.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{file, rules, ConfigError};
+use crate::file::ConfigFile;
+use crate::{rules, ConfigError};
 
 /// Renewals per lease TTL: the agent renews its node lease every
 /// `ttl_ms / RENEWALS_PER_TTL`. Fixed rather than configured so that two
@@ -214,25 +215,10 @@ impl Default for DistributionConfig {
     }
 }
 
-impl ArbiterConfig {
-    /// Parses and validates arbiter TOML held in memory.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = file::parse(text, file::INLINE_ORIGIN)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads, parses and validates an arbiter config file.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let config: Self = file::parse(&file::read(path)?, &path.display().to_string())?;
-        config.validate()?;
-        Ok(config)
-    }
-
+impl ConfigFile for ArbiterConfig {
     /// Checks every rule; the first broken one is returned, naming its full
     /// dotted field path (`arbiter.…`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         rules::dns_label("arbiter.name", &self.name)?;
         rules::dns_label("arbiter.region", &self.region)?;
         if self.admin == self.listen {
@@ -258,7 +244,9 @@ impl ArbiterConfig {
         )?;
         self.validate_distribution()
     }
+}
 
+impl ArbiterConfig {
     fn validate_lease(&self) -> Result<(), ConfigError> {
         let lease = &self.lease;
         rules::at_least("arbiter.lease.ttl_ms", lease.ttl_ms, RENEWALS_PER_TTL)?;

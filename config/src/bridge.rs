@@ -3,11 +3,11 @@
 //! only describes and validates settings; it must not connect to peers.
 
 use std::net::SocketAddr;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{file, rules, ConfigError};
+use crate::file::ConfigFile;
+use crate::{rules, ConfigError};
 
 /// Configuration of one region bridge (`rollcall bridge --config bridge.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,25 +53,10 @@ impl Default for BridgeConfig {
     }
 }
 
-impl BridgeConfig {
-    /// Parses and validates bridge TOML held in memory.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = file::parse(text, file::INLINE_ORIGIN)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads, parses and validates a bridge config file.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let config: Self = file::parse(&file::read(path)?, &path.display().to_string())?;
-        config.validate()?;
-        Ok(config)
-    }
-
+impl ConfigFile for BridgeConfig {
     /// Checks every rule; the first broken one is returned, naming its full
     /// dotted field path (`bridge.…`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         rules::dns_label("bridge.name", &self.name)?;
         rules::dns_label("bridge.region", &self.region)?;
         for (i, peer) in self.peers.iter().enumerate() {

@@ -28,3 +28,26 @@ pub(crate) fn parse<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T, 
         message: error.to_string().trim_end().to_owned(),
     })
 }
+
+/// A config file type: parsed from TOML and always validated on the way in,
+/// so no caller can hold a config that skipped its rules.
+pub trait ConfigFile: DeserializeOwned {
+    /// Checks every rule; the first broken one is returned, naming its full
+    /// dotted field path.
+    fn validate(&self) -> Result<(), ConfigError>;
+
+    /// Parses and validates TOML held in memory.
+    fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = parse(text, INLINE_ORIGIN)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a config file.
+    fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let config: Self = parse(&read(path)?, &path.display().to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+}

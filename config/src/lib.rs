@@ -35,4 +35,5 @@ pub use checks::{
     CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
 };
 pub use error::ConfigError;
+pub use file::ConfigFile;
 pub use gossip::{GossipConfig, GossipPreset, SwimSettings};

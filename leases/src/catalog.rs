@@ -554,13 +554,10 @@ impl Catalog {
             if r.state == State::Expired || r.lease == id {
                 continue;
             }
-            let mut record = (**r).clone();
+            let mut record = restamp(r, env, rev);
             record.epoch = epoch;
             record.lease = id;
             record.zone = zone.clone();
-            record.revision = rev;
-            record.changed_at_ms = env.at_ms;
-            record.origin = env.actor.clone();
             self.put(batch, &key, record);
             moved += 1;
         }
@@ -653,12 +650,9 @@ impl Catalog {
             if !affected {
                 continue;
             }
-            let mut record = (**r).clone();
+            let mut record = restamp(r, env, rev);
             record.state = to;
             record.reason = reason.clone();
-            record.origin = env.actor.clone();
-            record.revision = rev;
-            record.changed_at_ms = env.at_ms;
             self.put(batch, &key, record);
             marked += 1;
         }
@@ -802,12 +796,9 @@ impl Catalog {
                 node: r.node_id.clone(),
             });
         }
-        let mut record = (*r).clone();
+        let mut record = restamp(&r, env, rev);
         record.state = to;
         record.reason = reason.clone();
-        record.origin = env.actor.clone();
-        record.revision = rev;
-        record.changed_at_ms = env.at_ms;
         self.put(batch, &key, record);
         Ok(Effect::Changed)
     }
@@ -825,11 +816,8 @@ impl Catalog {
         if r.liveness == liveness {
             return Ok(Effect::Unchanged);
         }
-        let mut record = (*r).clone();
+        let mut record = restamp(&r, env, rev);
         record.liveness = liveness;
-        record.origin = env.actor.clone();
-        record.revision = rev;
-        record.changed_at_ms = env.at_ms;
         self.put(batch, &key, record);
         Ok(Effect::Changed)
     }
@@ -1221,6 +1209,16 @@ impl Catalog {
         cat.guard = ExpiryGuard::import(snap.guard);
         Ok(cat)
     }
+}
+
+/// A copy of `r` as changed by `env` under `rev`: who changed it, when, and
+/// the revision that committed it. Callers then set what changed.
+fn restamp(r: &EndpointRecord, env: &Envelope, rev: Revision) -> EndpointRecord {
+    let mut record = r.clone();
+    record.origin = env.actor.clone();
+    record.revision = rev;
+    record.changed_at_ms = env.at_ms;
+    record
 }
 
 fn sorted_records(svc: &ServiceState) -> Vec<Arc<EndpointRecord>> {
