@@ -2,12 +2,15 @@
 //! crates. It holds no logic of its own beyond printing results and
 //! choosing exit codes.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use rollcall_config::{AgentConfig, ArbiterConfig, Budget, ConfigError, ConfigFile};
+use rollcall_config::{AgentConfig, ArbiterConfig, Budget, ConfigError, ConfigFile, TlsPaths};
+use rollcall_leases::identity::Identity;
+use rollcall_leases::{tls, Label, PrincipalName, Role};
 
 /// Exit code when the command ran but found SLO violations.
 const EXIT_VIOLATIONS: u8 = 1;
@@ -34,6 +37,95 @@ enum Command {
     /// Exits 1 when a worst case exceeds its SLO, 2 when a config cannot
     /// be loaded.
     Budget(BudgetArgs),
+    /// Issue mTLS certificates for control-plane identities (R10).
+    ///
+    /// Writes `<role>-<name>.crt` and `.key` for each identity into DIR,
+    /// signed by DIR/ca.crt and DIR/ca.key, which are generated on first
+    /// use and reused afterwards so certificates can be added later.
+    /// Keys are written with mode 0600.
+    Certs(CertsArgs),
+    /// Run a lease arbiter replica (QUIC + mTLS for agents, admin HTTP for
+    /// operators). Flags override the config file.
+    Arbiter(ArbiterArgs),
+    /// Run a node agent: local registration and resolve API, the node
+    /// lease, the catalog cache.
+    Agent(AgentArgs),
+    /// Run an arbiter and an agent in one process on loopback with a
+    /// throwaway CA: the quickest way to try rollcall.
+    Dev(DevArgs),
+    /// Print the arbiter's audit log: who changed what, at which revision.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+struct ArbiterArgs {
+    /// Arbiter config file (see config/examples/arbiter.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// QUIC address for agents (overrides `listen`).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Admin HTTP address (overrides `admin`).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+    /// Data directory (overrides `data_dir`).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Region (overrides `region`).
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct AgentArgs {
+    /// Agent config file (see config/examples/agent.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// HTTP API address (overrides `http_listen`).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Data directory (overrides `data_dir`).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct DevArgs {
+    /// Data directory; the arbiter and the agent each get a subdirectory.
+    #[arg(long, value_name = "DIR", default_value = "./rollcall-data")]
+    data_dir: PathBuf,
+    /// The agent's HTTP API.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
+    http: SocketAddr,
+    /// The arbiter's admin endpoint.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
+    admin: SocketAddr,
+    /// The arbiter's QUIC address; a free port when omitted.
+    #[arg(long, value_name = "ADDR")]
+    quic: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// The arbiter's admin address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
+    admin: String,
+    /// The operator token file (`admin.token` in the arbiter's data dir).
+    #[arg(
+        long,
+        value_name = "F",
+        default_value = "./rollcall-data/arbiter/admin.token"
+    )]
+    token_file: PathBuf,
+    /// Only changes to this service (`namespace/service/port_name`).
+    #[arg(long, value_name = "S")]
+    service: Option<String>,
+    /// Only changes after this revision.
+    #[arg(long, value_name = "REV")]
+    since: Option<u64>,
+    /// At most this many entries.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
 }
 
 #[derive(Debug, Args)]
@@ -46,10 +138,59 @@ struct BudgetArgs {
     arbiter_config: Option<PathBuf>,
 }
 
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("identities")
+        .required(true)
+        .multiple(true)
+        .args(["agent", "arbiter", "bridge", "controller", "operator"])
+))]
+struct CertsArgs {
+    /// Directory for the CA and certificates; created when missing.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Region of the CA and of every identity (a DNS label).
+    #[arg(long, value_name = "REGION", value_parser = parse_region)]
+    region: Label,
+    /// Node agent identity (its node id); repeatable.
+    #[arg(long, value_name = "NODE", value_parser = parse_principal)]
+    agent: Vec<PrincipalName>,
+    /// Arbiter replica identity; repeatable. Also valid for localhost,
+    /// 127.0.0.1 and ::1.
+    #[arg(long, value_name = "NAME", value_parser = parse_principal)]
+    arbiter: Vec<PrincipalName>,
+    /// Region bridge identity; repeatable. Also valid for localhost,
+    /// 127.0.0.1 and ::1.
+    #[arg(long, value_name = "NAME", value_parser = parse_principal)]
+    bridge: Vec<PrincipalName>,
+    /// Controller (orchestrator) identity; repeatable.
+    #[arg(long, value_name = "NAME", value_parser = parse_principal)]
+    controller: Vec<PrincipalName>,
+    /// Operator identity; repeatable.
+    #[arg(long, value_name = "NAME", value_parser = parse_principal)]
+    operator: Vec<PrincipalName>,
+}
+
+/// Validates `--region` at the edge, so clap reports a bad one as a usage
+/// error naming the rule.
+fn parse_region(value: &str) -> Result<Label, String> {
+    Label::new(value).map_err(|error| format!("region: {error}"))
+}
+
+/// Validates an identity's name at the edge, like `parse_region`.
+fn parse_principal(value: &str) -> Result<PrincipalName, String> {
+    PrincipalName::new(value).map_err(|error| error.to_string())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Budget(args) => budget(&args),
+        Command::Certs(args) => certs(&args),
+        Command::Arbiter(args) => serve(run_arbiter(args)),
+        Command::Agent(args) => serve(run_agent(args)),
+        Command::Dev(args) => serve(run_dev(args)),
+        Command::Audit(args) => serve(audit(args)),
     };
     outcome.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
@@ -81,6 +222,33 @@ fn budget(args: &BudgetArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Issues the requested certificates and lists every file written.
+fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
+    let identities: Vec<Identity> = [
+        (Role::Agent, &args.agent),
+        (Role::Arbiter, &args.arbiter),
+        (Role::Bridge, &args.bridge),
+        (Role::Controller, &args.controller),
+        (Role::Operator, &args.operator),
+    ]
+    .into_iter()
+    .flat_map(|(role, names)| {
+        names
+            .iter()
+            .map(move |name| Identity::new(args.region.clone(), role, name.clone()))
+    })
+    .collect();
+    // TlsError messages already name the file at fault and the remedy.
+    let written = tls::write_certs(&args.out, &args.region, &identities)?;
+    if written.ca_reused {
+        println!("reused CA {}", args.out.join(tls::CA_CERT_FILE).display());
+    }
+    for file in &written.files {
+        println!("wrote {}", file.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Loads the file when one was given, else the defaults. Read and parse
 /// errors name the file themselves; validation errors name the field.
 fn load<T: Default>(
@@ -92,4 +260,168 @@ fn load<T: Default>(
         || Ok(T::default()),
         |path| load(path).with_context(|| format!("{kind} config")),
     )
+}
+
+/// Runs an async command on a multi-thread runtime, with logs on stderr
+/// (`RUST_LOG` sets the level; default `info`).
+fn serve(
+    command: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tls::install_crypto_provider();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(command)
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn tls_material(paths: Option<&TlsPaths>, field: &str) -> anyhow::Result<tls::TlsMaterial> {
+    let paths = paths.with_context(|| format!("{field} is not set: generate certificates with `rollcall certs` and name them in [tls] (ca, cert, key)"))?;
+    let files = tls::TlsFiles {
+        ca: paths.ca.clone(),
+        cert: paths.cert.clone(),
+        key: paths.key.clone(),
+    };
+    Ok(tls::TlsMaterial::load(&files)?)
+}
+
+async fn run_arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
+    let mut config = ArbiterConfig::load(&args.config).context("arbiter config")?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(admin) = args.admin {
+        config.admin = admin;
+    }
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(region) = args.region {
+        config.region = region;
+    }
+    config
+        .validate()
+        .context("arbiter config after command-line overrides")?;
+    let material = tls_material(config.tls.as_ref(), "arbiter.tls")?;
+    let server = rollcall_leases::server::ArbiterServer::start(config, &material).await?;
+    println!(
+        "arbiter serving: QUIC {}, admin http://{} (operator token in {})",
+        server.quic_addr,
+        server.admin_addr,
+        server.token_file.display()
+    );
+    stop_signal().await;
+    server.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    let mut config = AgentConfig::load(&args.config).context("agent config")?;
+    if let Some(http) = args.http {
+        config.http_listen = http;
+    }
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    config
+        .validate()
+        .context("agent config after command-line overrides")?;
+    let material = match config.arbiters.is_empty() {
+        true => None,
+        false => Some(tls_material(config.tls.as_ref(), "agent.tls")?),
+    };
+    let handle = rollcall_node::agent::Agent::start(config.clone(), material.as_ref()).await?;
+    println!(
+        "agent serving: http://{} (node token in {})",
+        handle.http_addr,
+        config.data_dir.join("agent.token").display()
+    );
+    stop_signal().await;
+    handle.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let options = rollcall_node::dev::DevOptions {
+        data_dir: args.data_dir,
+        http: args.http,
+        admin: args.admin,
+        quic: args.quic,
+    };
+    let dev = rollcall_node::dev::Dev::start(options).await?;
+    println!("{}", dev.banner());
+    stop_signal().await;
+    dev.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    let token = rollcall_leases::secret::read_token(&args.token_file)
+        .with_context(|| format!("reading the operator token {}", args.token_file.display()))?;
+    let mut url = format!("http://{}/v1/audit?limit={}", args.admin, args.limit);
+    if let Some(service) = &args.service {
+        url.push_str(&format!("&service={service}"));
+    }
+    if let Some(since) = args.since {
+        url.push_str(&format!("&since={since}"));
+    }
+    let response = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.context("reading the audit answer")?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "the arbiter answered {status}: {}",
+            body["detail"].as_str().unwrap_or("no detail")
+        );
+    }
+    println!(
+        "{:>9}  {:<24}  {:<28}  {:<14}  detail",
+        "revision", "time (UTC ms)", "actor", "command"
+    );
+    for entry in body.as_array().map(Vec::as_slice).unwrap_or_default() {
+        println!(
+            "{:>9}  {:<24}  {:<28}  {:<14}  {}",
+            entry["revision"],
+            entry["at_ms"],
+            entry["actor"].as_str().unwrap_or(""),
+            entry["command"].as_str().unwrap_or(""),
+            entry["detail"].as_str().unwrap_or(""),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::file::ConfigFile;
-use crate::{rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig};
+use crate::{rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig, TlsPaths};
 
 /// Prefix of every field path in agent errors. The file has no `[agent]`
 /// table because it is the agent's own, but errors still say `agent.` so
@@ -56,6 +56,25 @@ pub struct AgentConfig {
     /// single late keep-alive never counts as silence. Keep it at most half
     /// of `silence_ms`; the budget warns otherwise.
     pub keepalive_ms: u64,
+    /// Services to follow from start, as `namespace/service/port_name`;
+    /// others are followed from their first local resolve. Default none.
+    pub services: Vec<String>,
+    /// Shortest wait before reconnecting to the arbiter, in ms; it doubles
+    /// after each failure up to `reconnect_max_ms`, and each wait is drawn
+    /// uniformly below it (full jitter), so 5,000 agents returning after an
+    /// outage spread out. Default 100.
+    pub reconnect_min_ms: u64,
+    /// Longest wait before reconnecting, in ms. Default 5000.
+    pub reconnect_max_ms: u64,
+    /// How long the first resolve of a service not yet followed waits for
+    /// its snapshot, in ms. Default 500.
+    pub first_resolve_wait_ms: u64,
+    /// Longest wait of a drain with `wait=propagated`, in ms. Default 2500,
+    /// inside the 3 s leave budget.
+    pub propagation_timeout_ms: u64,
+    /// `[tls]`: this agent's mTLS files. Required by `rollcall agent` when
+    /// `arbiters` is set; `rollcall dev` makes its own.
+    pub tls: Option<TlsPaths>,
     /// `[checks.*]`: timings of checks whose registration omits them.
     pub checks: ChecksConfig,
     /// `[gossip]`: SWIM membership of this node's zone.
@@ -77,6 +96,12 @@ impl Default for AgentConfig {
             dns_ttl_s: 1,
             arbiters: Vec::new(),
             keepalive_ms: 500,
+            services: Vec::new(),
+            reconnect_min_ms: 100,
+            reconnect_max_ms: 5_000,
+            first_resolve_wait_ms: 500,
+            propagation_timeout_ms: 2_500,
+            tls: None,
             checks: ChecksConfig::default(),
             gossip: GossipConfig::default(),
             budget: BudgetEstimates::default(),
@@ -101,6 +126,23 @@ impl ConfigFile for AgentConfig {
         }
         rules::host_ports("agent.arbiters", &self.arbiters)?;
         rules::at_least("agent.keepalive_ms", self.keepalive_ms, 1)?;
+        for (i, service) in self.services.iter().enumerate() {
+            rules::service_key(&format!("agent.services[{i}]"), service)?;
+        }
+        rules::at_least("agent.reconnect_min_ms", self.reconnect_min_ms, 1)?;
+        rules::at_least(
+            "agent.reconnect_max_ms",
+            self.reconnect_max_ms,
+            self.reconnect_min_ms,
+        )?;
+        rules::at_least(
+            "agent.propagation_timeout_ms",
+            self.propagation_timeout_ms,
+            1,
+        )?;
+        if let Some(tls) = &self.tls {
+            tls.validate("agent.tls")?;
+        }
         self.checks.validate(&format!("{PREFIX}.checks"))?;
         self.gossip.validate(&format!("{PREFIX}.gossip"))?;
         self.budget.validate(&format!("{PREFIX}.budget"))

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::file::ConfigFile;
-use crate::{rules, ConfigError};
+use crate::security::validate_grants;
+use crate::{rules, ConfigError, ControllerGrant, TlsPaths, WatchRule};
 
 /// Renewals per lease TTL: the agent renews its node lease every
 /// `ttl_ms / RENEWALS_PER_TTL`. Fixed rather than configured so that two
@@ -49,6 +50,17 @@ pub struct ArbiterConfig {
     pub delta_log: DeltaLogConfig,
     /// `[distribution]`: watch streams to agents.
     pub distribution: DistributionConfig,
+    /// `[store]`: durable storage in `data_dir`.
+    pub store: StoreConfig,
+    /// `[tls]`: this replica's mTLS files. Required by `rollcall arbiter`;
+    /// `rollcall dev` makes its own.
+    pub tls: Option<TlsPaths>,
+    /// `[[controllers]]`: orchestrator identities and the services each may
+    /// register on any node (R10). Default none.
+    pub controllers: Vec<ControllerGrant>,
+    /// `[[watch_rules]]`: nodes restricted to watching some services.
+    /// Default none: every node may watch every service.
+    pub watch_rules: Vec<WatchRule>,
 }
 
 impl Default for ArbiterConfig {
@@ -64,6 +76,10 @@ impl Default for ArbiterConfig {
             catalog: CatalogConfig::default(),
             delta_log: DeltaLogConfig::default(),
             distribution: DistributionConfig::default(),
+            store: StoreConfig::default(),
+            tls: None,
+            controllers: Vec::new(),
+            watch_rules: Vec::new(),
         }
     }
 }
@@ -199,10 +215,20 @@ pub struct DistributionConfig {
     /// so 5,000 agents returning together cannot stampede the arbiter.
     /// Default 64; at least 1.
     pub max_concurrent_snapshots: u32,
-    /// Bytes queued for one agent before its stream is cut and it must
-    /// resume (a slow agent must not hold arbiter memory). Default 8 MiB
-    /// (8388608), far above one 100,000-endpoint snapshot's share.
+    /// Bytes queued for one agent (its connection's send window): when an
+    /// agent reads slower than changes arrive, its sends stop completing and
+    /// the stall timeout cuts it, so a slow agent never holds more arbiter
+    /// memory than this. Default 8 MiB (8388608), more than two snapshots of
+    /// a 100,000-endpoint service.
     pub max_queued_bytes_per_agent: u64,
+    /// A send to an agent that has not completed after this long gets the
+    /// agent disconnected; it resumes by delta or snapshot when it returns.
+    /// Default 10000 ms.
+    pub stall_timeout_ms: u64,
+    /// What an agent refused a snapshot (the concurrency bound was reached)
+    /// is told to wait before asking again, in ms; agents add their own
+    /// jitter. Default 250.
+    pub snapshot_retry_ms: u64,
 }
 
 impl Default for DistributionConfig {
@@ -211,6 +237,33 @@ impl Default for DistributionConfig {
             coalesce_window_ms: 20,
             max_concurrent_snapshots: 64,
             max_queued_bytes_per_agent: 8 * 1024 * 1024,
+            stall_timeout_ms: 10_000,
+            snapshot_retry_ms: 250,
+        }
+    }
+}
+
+/// `[store]`: the arbiter's durable storage (redb in `data_dir`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Audit log entries kept; the oldest are deleted beyond this. Default
+    /// 1,000,000 (days of a large deploy's changes).
+    pub audit_max_entries: u64,
+    /// Log entries between catalog snapshots; a snapshot lets the log be
+    /// truncated and bounds restart time. Default 50,000.
+    pub compact_every: u64,
+    /// How often the arbiter purges records no lease covers once their
+    /// retention passed, in ms. Default 60000.
+    pub purge_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            audit_max_entries: 1_000_000,
+            compact_every: 50_000,
+            purge_interval_ms: 60_000,
         }
     }
 }
@@ -242,7 +295,22 @@ impl ConfigFile for ArbiterConfig {
             self.delta_log.max_revision_span,
             1,
         )?;
-        self.validate_distribution()
+        self.validate_distribution()?;
+        rules::at_least(
+            "arbiter.store.audit_max_entries",
+            self.store.audit_max_entries,
+            1,
+        )?;
+        rules::at_least("arbiter.store.compact_every", self.store.compact_every, 1)?;
+        rules::at_least(
+            "arbiter.store.purge_interval_ms",
+            self.store.purge_interval_ms,
+            1_000,
+        )?;
+        if let Some(tls) = &self.tls {
+            tls.validate("arbiter.tls")?;
+        }
+        validate_grants("arbiter", &self.controllers, &self.watch_rules)
     }
 }
 
@@ -323,6 +391,16 @@ impl ArbiterConfig {
         rules::at_least(
             "arbiter.distribution.max_queued_bytes_per_agent",
             distribution.max_queued_bytes_per_agent,
+            64 * 1024,
+        )?;
+        rules::at_least(
+            "arbiter.distribution.stall_timeout_ms",
+            distribution.stall_timeout_ms,
+            100,
+        )?;
+        rules::at_least(
+            "arbiter.distribution.snapshot_retry_ms",
+            distribution.snapshot_retry_ms,
             1,
         )
     }

@@ -19,11 +19,12 @@ mod error;
 mod file;
 mod gossip;
 mod rules;
+mod security;
 
 pub use agent::AgentConfig;
 pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
-    MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
+    StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
 };
 pub use bridge::{BridgeConfig, BridgePeer};
 pub use budget::{
@@ -37,3 +38,4 @@ pub use checks::{
 pub use error::ConfigError;
 pub use file::ConfigFile;
 pub use gossip::{GossipConfig, GossipPreset, SwimSettings};
+pub use security::{ControllerGrant, ServicePattern, TlsPaths, WatchRule};

@@ -79,3 +79,43 @@ pub(crate) fn at_least<T: PartialOrd + Display>(
     }
     Ok(())
 }
+
+/// A file setting must not be empty.
+pub(crate) fn non_empty_file(field: &str, value: &Path) -> Result<(), ConfigError> {
+    if value.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(field, "\"\"", "must name a file"));
+    }
+    Ok(())
+}
+
+/// A node or principal name: 1 to 253 of `a-z`, `0-9`, `-` and `.`, not
+/// starting or ending with `-` or `.` (host names are allowed).
+pub(crate) fn node_name(field: &str, value: &str) -> Result<(), ConfigError> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    if value.is_empty()
+        || value.len() > 253
+        || !value.chars().all(allowed)
+        || value.starts_with(['-', '.'])
+        || value.ends_with(['-', '.'])
+    {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{value:?}"),
+            "must be 1 to 253 of a-z, 0-9, '-' and '.', not starting or ending with '-' or '.'",
+        ));
+    }
+    Ok(())
+}
+
+/// A service key `namespace/service/port_name`, each part a DNS label.
+pub(crate) fn service_key(field: &str, value: &str) -> Result<(), ConfigError> {
+    let parts: Vec<&str> = value.split('/').collect();
+    if parts.len() != 3 || parts.iter().any(|p| dns_label(field, p).is_err()) {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{value:?}"),
+            "must be namespace/service/port_name, each a DNS-safe label (e.g. default/web/http)",
+        ));
+    }
+    Ok(())
+}

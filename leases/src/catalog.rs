@@ -1051,6 +1051,14 @@ impl Catalog {
         Some(self.services[key].records[id].record.clone())
     }
 
+    /// Every record on `node`, with its service, sorted by instance id.
+    pub fn instances_on(&self, node: &NodeId) -> Vec<(ServiceKey, Arc<EndpointRecord>)> {
+        self.node_records(node)
+            .into_iter()
+            .map(|(key, stored)| (key, stored.record))
+            .collect()
+    }
+
     /// The service an instance is registered in.
     pub fn service_of(&self, id: &InstanceId) -> Option<&ServiceKey> {
         self.instances.get(id)

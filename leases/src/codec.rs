@@ -29,6 +29,7 @@ use crate::lease::Lease;
 use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
+use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
 /// The format version written in the first byte of every frame.
@@ -41,6 +42,11 @@ pub const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_SERVICE_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
 /// Largest encoded snapshot of a shard.
 pub const MAX_CATALOG_SNAPSHOT_BYTES: usize = 512 * 1024 * 1024;
+/// Largest message an agent sends on its session, and largest request or
+/// response.
+pub const MAX_SMALL_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest session message from an arbiter (an update carrying snapshots).
+pub const MAX_SESSION_DOWN_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a frame holds (its second byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +60,14 @@ pub enum FrameKind {
     ServiceSnapshot = 3,
     /// A `CatalogSnapshot`.
     CatalogSnapshot = 4,
+    /// A `protocol::SessionUp`.
+    SessionUp = 5,
+    /// A `protocol::SessionDown`.
+    SessionDown = 6,
+    /// A `protocol::Request`.
+    Request = 7,
+    /// A `protocol::Response`.
+    Response = 8,
 }
 
 impl FrameKind {
@@ -63,6 +77,10 @@ impl FrameKind {
             FrameKind::Delta => "delta",
             FrameKind::ServiceSnapshot => "service snapshot",
             FrameKind::CatalogSnapshot => "catalog snapshot",
+            FrameKind::SessionUp => "session message from an agent",
+            FrameKind::SessionDown => "session message from an arbiter",
+            FrameKind::Request => "request",
+            FrameKind::Response => "response",
         }
     }
 }
@@ -272,6 +290,98 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         generations: wire.generations,
         guard: wire.guard,
     })
+}
+
+/// Encodes an agent's session message.
+pub fn encode_session_up(m: &SessionUp) -> Vec<u8> {
+    frame(FrameKind::SessionUp, m)
+}
+
+/// Decodes an agent's session message.
+pub fn decode_session_up(bytes: &[u8]) -> Result<SessionUp, CodecError> {
+    unframe(bytes, FrameKind::SessionUp, MAX_SMALL_MESSAGE_BYTES)
+}
+
+/// Encodes an arbiter's session message.
+pub fn encode_session_down(m: &SessionDown) -> Vec<u8> {
+    frame(FrameKind::SessionDown, m)
+}
+
+/// Decodes an arbiter's session message.
+pub fn decode_session_down(bytes: &[u8]) -> Result<SessionDown, CodecError> {
+    unframe(bytes, FrameKind::SessionDown, MAX_SESSION_DOWN_BYTES)
+}
+
+/// Encodes a request.
+pub fn encode_request(m: &Request) -> Vec<u8> {
+    frame(FrameKind::Request, m)
+}
+
+/// Decodes a request.
+pub fn decode_request(bytes: &[u8]) -> Result<Request, CodecError> {
+    unframe(bytes, FrameKind::Request, MAX_SMALL_MESSAGE_BYTES)
+}
+
+/// Encodes a response.
+pub fn encode_response(m: &Response) -> Vec<u8> {
+    frame(FrameKind::Response, m)
+}
+
+/// Decodes a response.
+pub fn decode_response(bytes: &[u8]) -> Result<Response, CodecError> {
+    unframe(bytes, FrameKind::Response, MAX_SMALL_MESSAGE_BYTES)
+}
+
+/// Why a frame could not be read from a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream ended cleanly before a frame began.
+    #[error("stream closed")]
+    Closed,
+    /// The peer announced a frame over the limit; nothing of it was read.
+    #[error("peer announced a {len}-byte frame; the limit is {limit}")]
+    TooLarge {
+        /// The announced length.
+        len: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// The stream failed or ended inside a frame.
+    #[error("stream error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes one frame: a 4-byte big-endian length, then the encoded bytes.
+pub async fn write_frame<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let len = u32::try_from(bytes.len()).map_err(|_| std::io::Error::other("frame over 4 GiB"))?;
+    w.write_all(&len.to_be_bytes()).await?;
+    w.write_all(bytes).await
+}
+
+/// Reads one frame written by `write_frame`, refusing lengths over `limit`
+/// before reading them.
+pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    limit: usize,
+) -> Result<Vec<u8>, FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(FrameError::Io(e)),
+    }
+    let len = u32::from_be_bytes(len) as u64;
+    if len > limit as u64 {
+        return Err(FrameError::TooLarge { len, limit });
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).await?;
+    Ok(buf)
 }
 
 // ----- the compact snapshot form -----

@@ -12,21 +12,31 @@
 //! - `catalog`: the state machine and its queries.
 //! - `lease`, `guard`: node leases and the mass-expiry guard.
 //! - `delta_log`, `digest`, `snapshot`, `view`: distribution (R6).
+//! - `protocol`: the agent ↔ arbiter messages; `distribution`: who gets
+//!   which change when (sans-IO).
 //! - `codec`: the only encoder and decoder.
 //! - `params`: what every replica of a shard must agree on.
 
 pub mod catalog;
+pub mod client;
 pub mod codec;
 pub mod command;
 pub mod delta_log;
 pub mod digest;
+pub mod distribution;
 pub mod endpoint;
 pub mod guard;
+pub mod identity;
 pub mod ids;
 pub mod lease;
 pub mod name;
 pub mod params;
+pub mod protocol;
+pub mod secret;
+pub mod server;
 pub mod snapshot;
+pub mod store;
+pub mod tls;
 pub mod view;
 
 pub use catalog::{

@@ -5,5 +5,12 @@
 //! Role: keep serving callers from the local cache whatever the control plane
 //! does. It must never forward a caller to the arbiter, and never invent
 //! catalog truth: local ejection and pending writes stay local.
-//!
-//! Built by the control-plane and agent issues; this crate holds no code yet.
+
+pub mod agent;
+pub mod api;
+pub mod api_types;
+pub mod cache;
+pub mod dev;
+pub mod durable;
+pub mod registrations;
+pub mod sync;

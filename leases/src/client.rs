@@ -1,0 +1,190 @@
+//! The agent's side of the arbiter protocol: a QUIC connection with mutual
+//! TLS, the session stream, and one stream per request. Thin: what to send
+//! and what an answer means is the agent's business.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::codec::{self, CodecError, FrameError, MAX_SESSION_DOWN_BYTES, MAX_SMALL_MESSAGE_BYTES};
+use crate::protocol::{Request, Response, SessionDown, SessionUp};
+use crate::tls::{self, TlsError, TlsMaterial};
+
+/// Why talking to the arbiter failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address could not be resolved or bound.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// TLS material is unusable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The QUIC connection could not be made.
+    #[error("connecting to arbiter {addr}: {detail}")]
+    Connect {
+        /// The arbiter.
+        addr: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The connection or a stream failed.
+    #[error("arbiter connection: {0}")]
+    Connection(String),
+    /// A frame could not be read.
+    #[error("arbiter stream: {0}")]
+    Frame(#[from] FrameError),
+    /// A frame did not decode.
+    #[error("arbiter sent a bad message: {0}")]
+    Codec(#[from] CodecError),
+}
+
+/// A QUIC client endpoint able to connect to arbiters.
+pub struct ArbiterClient {
+    endpoint: quinn::Endpoint,
+}
+
+impl ArbiterClient {
+    /// A client presenting `material`'s certificate.
+    pub fn new(material: &TlsMaterial) -> Result<Self, ClientError> {
+        let mut config = tls::client_config(material)?;
+        let mut transport = quinn::TransportConfig::default();
+        transport.keep_alive_interval(Some(Duration::from_secs(1)));
+        transport.max_idle_timeout(Some(
+            Duration::from_secs(10)
+                .try_into()
+                .expect("10 s fits a QUIC idle timeout"),
+        ));
+        config.transport_config(std::sync::Arc::new(transport));
+        let bind: SocketAddr = ([0, 0, 0, 0], 0).into();
+        let mut endpoint = quinn::Endpoint::client(bind).map_err(|source| ClientError::Io {
+            what: "binding a QUIC client socket".into(),
+            source,
+        })?;
+        endpoint.set_default_client_config(config);
+        Ok(ArbiterClient { endpoint })
+    }
+
+    /// Connects to `address` (`host:port`); the host is also the name the
+    /// arbiter's certificate must carry.
+    pub async fn connect(&self, address: &str) -> Result<ArbiterConn, ClientError> {
+        let (host, _) = address
+            .rsplit_once(':')
+            .ok_or_else(|| ClientError::Connect {
+                addr: address.into(),
+                detail: "not host:port".into(),
+            })?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addr = tokio::net::lookup_host(address)
+            .await
+            .map_err(|source| ClientError::Io {
+                what: format!("resolving {address}"),
+                source,
+            })?
+            .next()
+            .ok_or_else(|| ClientError::Connect {
+                addr: address.into(),
+                detail: "the name resolves to no address".into(),
+            })?;
+        let connecting = self
+            .endpoint
+            .connect(addr, host)
+            .map_err(|e| ClientError::Connect {
+                addr: address.into(),
+                detail: e.to_string(),
+            })?;
+        let conn = connecting.await.map_err(|e| ClientError::Connect {
+            addr: address.into(),
+            detail: e.to_string(),
+        })?;
+        Ok(ArbiterConn {
+            conn,
+            address: address.to_owned(),
+        })
+    }
+}
+
+/// One connection to an arbiter.
+#[derive(Clone)]
+pub struct ArbiterConn {
+    conn: quinn::Connection,
+    address: String,
+}
+
+impl ArbiterConn {
+    /// The arbiter's address as configured.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Opens the session stream and says `Hello`.
+    pub async fn open_session(
+        &self,
+        hello: &SessionUp,
+    ) -> Result<(SessionWriter, SessionReader), ClientError> {
+        let (send, recv) = self
+            .conn
+            .open_bi()
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        let mut writer = SessionWriter { send };
+        writer.send(hello).await?;
+        Ok((writer, SessionReader { recv }))
+    }
+
+    /// Sends one request on a stream of its own and reads the response.
+    pub async fn request(&self, request: &Request) -> Result<Response, ClientError> {
+        let (mut send, mut recv) = self
+            .conn
+            .open_bi()
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        codec::write_frame(&mut send, &codec::encode_request(request))
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))?;
+        let _ = send.finish();
+        let bytes = codec::read_frame(&mut recv, MAX_SMALL_MESSAGE_BYTES).await?;
+        Ok(codec::decode_response(&bytes)?)
+    }
+
+    /// Closes the connection.
+    pub fn close(&self, reason: &str) {
+        self.conn
+            .close(quinn::VarInt::from_u32(0), reason.as_bytes());
+    }
+
+    /// Why the connection closed, once it has.
+    pub async fn closed(&self) -> String {
+        self.conn.closed().await.to_string()
+    }
+}
+
+/// The agent's half of the session stream.
+pub struct SessionWriter {
+    send: quinn::SendStream,
+}
+
+impl SessionWriter {
+    /// Sends one session message.
+    pub async fn send(&mut self, msg: &SessionUp) -> Result<(), ClientError> {
+        codec::write_frame(&mut self.send, &codec::encode_session_up(msg))
+            .await
+            .map_err(|e| ClientError::Connection(e.to_string()))
+    }
+}
+
+/// The arbiter's half of the session stream.
+pub struct SessionReader {
+    recv: quinn::RecvStream,
+}
+
+impl SessionReader {
+    /// The next message from the arbiter.
+    pub async fn next(&mut self) -> Result<SessionDown, ClientError> {
+        let bytes = codec::read_frame(&mut self.recv, MAX_SESSION_DOWN_BYTES).await?;
+        Ok(codec::decode_session_down(&bytes)?)
+    }
+}

@@ -1,0 +1,253 @@
+//! The messages between a node agent and an arbiter (R3, R6), carried over
+//! QUIC with mutual TLS.
+//!
+//! An agent holds one connection. Its first bidirectional stream is the
+//! session: the agent says `Hello` (which grants or renews its node lease),
+//! then subscribes, acknowledges, renews and keeps the session alive on it,
+//! and the arbiter pushes `Update`s back. Every write (register, transition,
+//! drain, deregister) travels on a bidirectional stream of its own: one
+//! `Request`, one `Response`. Each message is one length-prefixed codec
+//! frame (`codec::write_frame` / `read_frame`).
+//!
+//! This module only defines the vocabulary; who may say what is the
+//! server's authorization, and what it means is the catalog's.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::Registration;
+use crate::delta_log::ServiceDelta;
+use crate::endpoint::{Liveness, State};
+use crate::ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
+
+/// The ALPN protocol id of this protocol.
+pub const ALPN: &[u8] = b"rollcall/1";
+
+/// Agent → arbiter, on the session stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum SessionUp {
+    /// First message: who this agent run is. Grants (or re-grants) the node
+    /// lease; must name the node of the agent's certificate.
+    Hello {
+        /// The node.
+        node: NodeId,
+        /// This agent run.
+        epoch: AgentEpoch,
+        /// The node's zone.
+        zone: Label,
+    },
+    /// Follow a service. `have` is the revision of the service's last change
+    /// the agent holds; `None` asks for a full snapshot.
+    Subscribe {
+        /// The service.
+        service: ServiceKey,
+        /// What the agent already holds.
+        have: Option<Revision>,
+    },
+    /// Stop following a service.
+    Unsubscribe {
+        /// The service.
+        service: ServiceKey,
+    },
+    /// The agent applied the service up to this revision (R6: the arbiter
+    /// learns how far each proxy lags).
+    Ack {
+        /// The service.
+        service: ServiceKey,
+        /// The revision applied.
+        revision: Revision,
+    },
+    /// Renew the node lease (every TTL/3, jittered).
+    Renew,
+    /// The session is alive (every keep-alive interval): the arbiter's own
+    /// silence signal for down verdicts (R4) and the mass-expiry guard.
+    Keepalive,
+}
+
+/// Arbiter → agent, on the session stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum SessionDown {
+    /// Answer to `Hello`: the lease and how to keep it.
+    Welcome {
+        /// The arbiter's region.
+        region: Label,
+        /// The shard this arbiter serves.
+        shard: ShardId,
+        /// The shard's current revision.
+        revision: Revision,
+        /// The node's lease.
+        lease: LeaseId,
+        /// Its time to live; renew every third of it.
+        ttl_ms: u64,
+    },
+    /// Changes for subscribed services, merged when they arrived together.
+    Update(Vec<ServiceUpdate>),
+    /// The session is refused and will be closed.
+    Refused {
+        /// Why, in words an operator can act on.
+        reason: String,
+    },
+}
+
+/// What one service's subscriber gets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ServiceUpdate {
+    /// The changes after the revision the agent holds, oldest first.
+    Deltas(Vec<Arc<ServiceDelta>>),
+    /// A full snapshot, in the codec's compact form
+    /// (`codec::decode_service_snapshot`), replacing what the agent held.
+    Snapshot(Arc<[u8]>),
+    /// Answer to a subscription whose holder is already up to date: what
+    /// it holds is current (so it may stop calling it stale).
+    Current {
+        /// The service.
+        service: ServiceKey,
+        /// The revision of its last change.
+        revision: Revision,
+    },
+    /// The service does not exist (DNS answers NXDOMAIN for it).
+    Unknown {
+        /// The service.
+        service: ServiceKey,
+    },
+    /// A snapshot is needed but too many are being served: subscribe again
+    /// after this many milliseconds (plus the agent's own jitter).
+    RetryAfter {
+        /// The service.
+        service: ServiceKey,
+        /// How long to wait.
+        ms: u64,
+    },
+    /// This agent's identity may not watch the service (the arbiter's
+    /// `watch_rules`).
+    Denied {
+        /// The service.
+        service: ServiceKey,
+        /// Why.
+        reason: String,
+    },
+    /// The agent holds a revision this arbiter has not reached yet (a
+    /// lagging replica): wait or ask another.
+    NotYet {
+        /// The service.
+        service: ServiceKey,
+        /// This arbiter's revision.
+        current: Revision,
+    },
+}
+
+/// A write, on a stream of its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Register an instance on the agent's node (or, for a controller, on
+    /// the node named).
+    Register(Registration),
+    /// Move an instance to another state.
+    Transition {
+        /// The instance.
+        instance_id: InstanceId,
+        /// The generation the caller knows.
+        generation: Generation,
+        /// The new state.
+        to: State,
+        /// Why.
+        reason: Reason,
+    },
+    /// Record a liveness verdict.
+    SetLiveness {
+        /// The instance.
+        instance_id: InstanceId,
+        /// The generation the caller knows.
+        generation: Generation,
+        /// The verdict.
+        liveness: Liveness,
+    },
+    /// Remove an instance.
+    Deregister {
+        /// The instance.
+        instance_id: InstanceId,
+        /// The generation the caller knows.
+        generation: Generation,
+    },
+    /// The agent leaves on purpose: its lease is revoked.
+    Leave {
+        /// The agent run leaving.
+        epoch: AgentEpoch,
+    },
+    /// The records registered on the caller's own node (the agent
+    /// reconciles its local registrations with them, R7).
+    NodeInstances,
+    /// Wait until every agent subscribed to `service` has acknowledged
+    /// `revision`, or `timeout_ms` passed.
+    AwaitPropagation {
+        /// The service.
+        service: ServiceKey,
+        /// The revision to wait for.
+        revision: Revision,
+        /// The longest wait.
+        timeout_ms: u64,
+    },
+}
+
+/// How a request was refused, for the agent to map onto HTTP codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RejectKind {
+    /// The call names another generation than the live one (HTTP 409).
+    StaleGeneration,
+    /// The instance or service does not exist (HTTP 404).
+    NotFound,
+    /// The caller's identity may not do this (HTTP 403).
+    Forbidden,
+    /// The catalog refused the change (HTTP 422).
+    Invalid,
+    /// The arbiter cannot commit now (HTTP 503); retry.
+    Unavailable,
+}
+
+/// The answer to a `Request`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Committed (or nothing to change: `revision` is `None`).
+    Committed {
+        /// The revision that committed it.
+        revision: Option<Revision>,
+        /// The generation a registration got.
+        generation: Option<Generation>,
+        /// The instance's state afterwards, when the request named one.
+        state: Option<State>,
+    },
+    /// The records on the caller's node.
+    Instances(Vec<NodeInstance>),
+    /// Propagation result of `AwaitPropagation`.
+    Propagated {
+        /// Subscribed agents that acknowledged the revision.
+        acked: u32,
+        /// Subscribed agents.
+        total: u32,
+    },
+    /// Refused; nothing changed.
+    Rejected {
+        /// The class of refusal.
+        kind: RejectKind,
+        /// What was wrong and what to do about it.
+        message: String,
+    },
+}
+
+/// One record on a node, as `NodeInstances` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeInstance {
+    /// The service it is registered in.
+    pub service: ServiceKey,
+    /// The instance.
+    pub instance_id: InstanceId,
+    /// Its live generation.
+    pub generation: Generation,
+    /// Its state.
+    pub state: State,
+    /// The role of whoever made its last change (agents reconcile only what
+    /// agents wrote, never a controller's registrations).
+    pub origin: crate::endpoint::Role,
+}

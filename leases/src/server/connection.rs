@@ -1,0 +1,238 @@
+//! One agent's QUIC connection on the arbiter: authenticates the peer by its
+//! certificate, reads the session stream and request streams, writes what
+//! the core sends. Thin: every decision is the core's.
+//!
+//! A frame that is oversized or does not decode closes the whole connection
+//! with an error saying why; it never reaches the core, so it changes
+//! nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::codec::{self, FrameKind, MAX_SMALL_MESSAGE_BYTES};
+use crate::distribution::AgentId;
+use crate::server::core::{CoreMsg, Outbound};
+use crate::tls;
+
+/// QUIC application close codes.
+pub mod close_code {
+    /// Normal close.
+    pub const DONE: u32 = 0;
+    /// The peer's certificate is missing or names no rollcall identity.
+    pub const UNAUTHENTICATED: u32 = 1;
+    /// The arbiter refused the session (reason in the close frame).
+    pub const REFUSED: u32 = 2;
+    /// A frame was oversized or malformed.
+    pub const PROTOCOL: u32 = 3;
+}
+
+fn close(conn: &quinn::Connection, code: u32, reason: &str) {
+    let reason = &reason.as_bytes()[..reason.len().min(1000)];
+    conn.close(quinn::VarInt::from_u32(code), reason);
+}
+
+/// Accepts connections until the endpoint closes.
+pub async fn accept_loop(endpoint: quinn::Endpoint, core: mpsc::Sender<CoreMsg>) {
+    let next = Arc::new(AtomicU64::new(1));
+    while let Some(incoming) = endpoint.accept().await {
+        let agent = next.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(serve(incoming, agent, core.clone()));
+    }
+}
+
+async fn serve(incoming: quinn::Incoming, agent: AgentId, core: mpsc::Sender<CoreMsg>) {
+    let conn = match incoming.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "handshake failed");
+            return;
+        }
+    };
+    let identity = match tls::peer_identity(&conn) {
+        Ok(identity) => identity,
+        Err(e) => {
+            tracing::warn!(remote = %conn.remote_address(), error = %e, "connection without a rollcall identity refused");
+            close(&conn, close_code::UNAUTHENTICATED, &e.to_string());
+            return;
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    if core
+        .send(CoreMsg::Connected {
+            agent,
+            identity,
+            tx,
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let (session_tx, session_rx) = oneshot::channel();
+    let writer = tokio::spawn(write_loop(
+        conn.clone(),
+        agent,
+        rx,
+        session_rx,
+        core.clone(),
+    ));
+    read_streams(&conn, agent, &core, session_tx).await;
+    writer.abort();
+    let _ = core.send(CoreMsg::Closed { agent }).await;
+}
+
+/// Accepts the peer's streams: the first whose first frame is a session
+/// message becomes the session; every other carries one request.
+async fn read_streams(
+    conn: &quinn::Connection,
+    agent: AgentId,
+    core: &mpsc::Sender<CoreMsg>,
+    session_tx: oneshot::Sender<quinn::SendStream>,
+) {
+    let mut session_tx = Some(session_tx);
+    loop {
+        let (send, mut recv) = match conn.accept_bi().await {
+            Ok(pair) => pair,
+            Err(_) => return,
+        };
+        let first = match codec::read_frame(&mut recv, MAX_SMALL_MESSAGE_BYTES).await {
+            Ok(frame) => frame,
+            Err(e) => {
+                close(
+                    conn,
+                    close_code::PROTOCOL,
+                    &format!("bad first frame on a stream: {e}"),
+                );
+                return;
+            }
+        };
+        if first.get(1) == Some(&(FrameKind::SessionUp as u8)) {
+            let Some(tx) = session_tx.take() else {
+                close(
+                    conn,
+                    close_code::PROTOCOL,
+                    "a second session stream on one connection",
+                );
+                return;
+            };
+            let _ = tx.send(send);
+            tokio::spawn(read_session(conn.clone(), agent, recv, first, core.clone()));
+        } else {
+            tokio::spawn(serve_request(
+                conn.clone(),
+                agent,
+                send,
+                first,
+                core.clone(),
+            ));
+        }
+    }
+}
+
+async fn read_session(
+    conn: quinn::Connection,
+    agent: AgentId,
+    mut recv: quinn::RecvStream,
+    first: Vec<u8>,
+    core: mpsc::Sender<CoreMsg>,
+) {
+    let mut frame = first;
+    loop {
+        match codec::decode_session_up(&frame) {
+            Ok(msg) => {
+                if core.send(CoreMsg::Session { agent, msg }).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(agent, error = %e, "malformed session message; closing the connection");
+                close(&conn, close_code::PROTOCOL, &e.to_string());
+                return;
+            }
+        }
+        frame = match codec::read_frame(&mut recv, MAX_SMALL_MESSAGE_BYTES).await {
+            Ok(frame) => frame,
+            Err(codec::FrameError::Closed) => return,
+            Err(e) => {
+                close(&conn, close_code::PROTOCOL, &format!("session stream: {e}"));
+                return;
+            }
+        };
+    }
+}
+
+async fn serve_request(
+    conn: quinn::Connection,
+    agent: AgentId,
+    mut send: quinn::SendStream,
+    frame: Vec<u8>,
+    core: mpsc::Sender<CoreMsg>,
+) {
+    let request = match codec::decode_request(&frame) {
+        Ok(request) => request,
+        Err(e) => {
+            tracing::warn!(agent, error = %e, "malformed request; closing the connection");
+            close(&conn, close_code::PROTOCOL, &e.to_string());
+            return;
+        }
+    };
+    let (reply, answer) = oneshot::channel();
+    if core
+        .send(CoreMsg::Request {
+            agent,
+            request,
+            reply,
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let Ok(response) = answer.await else { return };
+    let bytes = codec::encode_response(&response);
+    if codec::write_frame(&mut send, &bytes).await.is_ok() {
+        let _ = send.finish();
+    }
+}
+
+async fn write_loop(
+    conn: quinn::Connection,
+    agent: AgentId,
+    mut rx: mpsc::UnboundedReceiver<Outbound>,
+    session: oneshot::Receiver<quinn::SendStream>,
+    core: mpsc::Sender<CoreMsg>,
+) {
+    let mut session = Some(session);
+    let mut send: Option<quinn::SendStream> = None;
+    loop {
+        tokio::select! {
+            // The session stream is always installed before the first
+            // message for it (which answers its Hello) is taken.
+            biased;
+            stream = async { session.as_mut().expect("guarded").await }, if session.is_some() => {
+                session = None;
+                send = stream.ok();
+            }
+            out = rx.recv() => match out {
+                None => return,
+                Some(Outbound::Close(reason)) => {
+                    close(&conn, close_code::REFUSED, &reason);
+                    return;
+                }
+                Some(Outbound::Message { message, notify }) => {
+                    let Some(stream) = send.as_mut() else { continue };
+                    let bytes = codec::encode_session_down(&message);
+                    if let Err(e) = codec::write_frame(stream, &bytes).await {
+                        tracing::debug!(agent, error = %e, "session write failed");
+                        return;
+                    }
+                    if notify && core.send(CoreMsg::Sent { agent }).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

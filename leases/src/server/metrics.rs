@@ -1,0 +1,182 @@
+//! The arbiter's Prometheus metrics (R11), names prefixed
+//! `rollcall_arbiter_`. Counters and the commit histogram are updated by the
+//! core as things happen; gauges are set from the core's state at each scrape.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label of per-service series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabel {
+    /// `namespace/service/port_name`.
+    pub service: String,
+}
+
+/// Label of per-agent series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The agent's node.
+    pub node: String,
+}
+
+/// Every arbiter metric.
+pub struct Metrics {
+    registry: Registry,
+    /// Registrations committed.
+    pub registrations: Counter,
+    /// Lease renewals handled (in memory, not logged).
+    pub renewals: Counter,
+    /// Changes committed.
+    pub commits: Counter,
+    /// Requests rejected.
+    pub rejections: Counter,
+    /// Time from a batch's first proposal to its fsync, in seconds.
+    pub commit_latency: Histogram,
+    /// Entries per group commit.
+    pub batch_size: Histogram,
+    /// READY endpoints per service.
+    pub ready: Family<ServiceLabel, Gauge>,
+    /// Largest ack lag of each agent, in revisions.
+    pub ack_lag: Family<NodeLabel, Gauge>,
+    /// Full snapshots sent (fallbacks from deltas).
+    pub snapshots_sent: Gauge,
+    /// Snapshot requests told to retry.
+    pub snapshots_refused: Gauge,
+    /// Snapshots in flight now.
+    pub snapshots_in_flight: Gauge,
+    /// Most snapshots in flight at once since start.
+    pub snapshots_in_flight_max: Gauge,
+    /// Agents connected now.
+    pub connected_agents: Gauge,
+    /// Leases whose expiry the mass-expiry guard holds (alert when above 0).
+    pub held_leases: Gauge,
+    /// Leases held.
+    pub leases: Gauge,
+    /// The shard's revision.
+    pub revision: Gauge,
+    /// Agents disconnected for stalling.
+    pub stalled_agents: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("rollcall_arbiter");
+        let m = Metrics {
+            registrations: Counter::default(),
+            renewals: Counter::default(),
+            commits: Counter::default(),
+            rejections: Counter::default(),
+            commit_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            ready: Family::default(),
+            ack_lag: Family::default(),
+            snapshots_sent: Gauge::default(),
+            snapshots_refused: Gauge::default(),
+            snapshots_in_flight: Gauge::default(),
+            snapshots_in_flight_max: Gauge::default(),
+            connected_agents: Gauge::default(),
+            held_leases: Gauge::default(),
+            leases: Gauge::default(),
+            revision: Gauge::default(),
+            stalled_agents: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "registrations",
+            "Instance registrations committed",
+            m.registrations.clone(),
+        );
+        registry.register(
+            "renewals",
+            "Node lease renewals handled in memory",
+            m.renewals.clone(),
+        );
+        registry.register("commits", "Catalog changes committed", m.commits.clone());
+        registry.register(
+            "rejections",
+            "Requests the catalog or authorization refused",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "commit_latency_seconds",
+            "From a batch's first proposal to its fsync",
+            m.commit_latency.clone(),
+        );
+        registry.register(
+            "commit_batch_entries",
+            "Log entries per group commit",
+            m.batch_size.clone(),
+        );
+        registry.register(
+            "ready_endpoints",
+            "READY endpoints per service",
+            m.ready.clone(),
+        );
+        registry.register(
+            "agent_ack_lag_revisions",
+            "How far each agent's acknowledgements trail its services",
+            m.ack_lag.clone(),
+        );
+        registry.register(
+            "snapshots_sent",
+            "Full snapshots sent to agents (fallbacks from deltas)",
+            m.snapshots_sent.clone(),
+        );
+        registry.register(
+            "snapshots_refused",
+            "Snapshot requests told to retry (concurrency bound)",
+            m.snapshots_refused.clone(),
+        );
+        registry.register(
+            "snapshots_in_flight",
+            "Full snapshots being sent now",
+            m.snapshots_in_flight.clone(),
+        );
+        registry.register(
+            "snapshots_in_flight_max",
+            "Most full snapshots in flight at once since start",
+            m.snapshots_in_flight_max.clone(),
+        );
+        registry.register(
+            "connected_agents",
+            "Agent sessions connected",
+            m.connected_agents.clone(),
+        );
+        registry.register(
+            "held_leases",
+            "Lease expiries held by the mass-expiry guard (alert when above 0)",
+            m.held_leases.clone(),
+        );
+        registry.register("leases", "Node leases held", m.leases.clone());
+        registry.register(
+            "revision",
+            "The shard's current revision",
+            m.revision.clone(),
+        );
+        registry.register(
+            "stalled_agents",
+            "Agents disconnected because a send stalled",
+            m.stalled_agents.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

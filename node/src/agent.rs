@@ -1,0 +1,1161 @@
+//! The node agent's driver (`rollcall agent`): owns the arbiter connection,
+//! the session, the disk cache and the local registrations, and answers the
+//! local API. The decisions live in `sync` (catalog views) and the catalog
+//! itself; this module carries messages, timers and files.
+//!
+//! Outage behaviour (R7): with the arbiter unreachable the agent keeps
+//! serving its views (marked stale) and accepts writes locally as pending;
+//! it reconnects with exponential backoff and full jitter, resumes every
+//! subscription by delta, and replays what is pending.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rollcall_config::AgentConfig;
+use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError};
+use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
+use rollcall_leases::tls::TlsMaterial;
+use rollcall_leases::{
+    AgentEpoch, Generation, InstanceId, Label, LeaseId, NodeId, Reason, Registration, Revision,
+    Role, ServiceKey, ShardId, State,
+};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+use crate::api_types::{
+    ApiError, DrainResponse, EndpointJson, EndpointsResponse, Propagated, RegisterResponse,
+    StatusResponse, SubscriptionStatus, ValidRegistration,
+};
+use crate::api_types::{ArbiterStatus, LeaseStatus};
+use crate::cache::ServiceCache;
+use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
+use crate::sync::{Sync, SyncOut};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A config value this crate cannot use.
+    #[error("agent config: {0}")]
+    Config(String),
+    /// A file or listener failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The registrations file is unusable.
+    #[error(transparent)]
+    Registrations(#[from] RegistrationsError),
+    /// The cache directory is unusable.
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
+    /// The arbiter client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+    let what = what.into();
+    move |source| AgentError::Io { what, source }
+}
+
+/// Wall clock in ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A handle on a running agent (cheap to clone).
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AgentConfig,
+    node: NodeId,
+    zone: Label,
+    epoch: AgentEpoch,
+    started_ms: u64,
+    token: String,
+    cache: ServiceCache,
+    state: Mutex<Shared>,
+    changed: Notify,
+}
+
+struct Shared {
+    sync: Sync,
+    regs: Registrations,
+    link: Option<ArbiterConn>,
+    session: Option<mpsc::UnboundedSender<SessionUp>>,
+    address: Option<String>,
+    last_contact_ms: Option<u64>,
+    lease: Option<(LeaseId, u64)>,
+    shard_revision: Revision,
+    dirty: BTreeSet<ServiceKey>,
+    forget: BTreeSet<ServiceKey>,
+}
+
+/// How a write ended.
+pub enum WriteOutcome<T> {
+    /// The arbiter committed it.
+    Committed(T),
+    /// Accepted locally; sent when the arbiter is back.
+    Pending(T),
+}
+
+/// A running agent: its tasks and its HTTP address.
+pub struct AgentHandle {
+    /// The agent.
+    pub agent: Agent,
+    /// Where the local HTTP API listens.
+    pub http_addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl AgentHandle {
+    /// Stops every task of the agent (the files stay as they are).
+    pub async fn shutdown(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let link = self.agent.lock().link.take();
+        if let Some(link) = link {
+            link.close("agent shutting down");
+        }
+    }
+}
+
+impl Agent {
+    /// Starts the agent: loads its files, serves the cache at once (stale),
+    /// connects to the arbiter (when `arbiters` is set) and serves the local
+    /// HTTP API. `tls` is required when `arbiters` is set.
+    pub async fn start(
+        config: AgentConfig,
+        tls: Option<&TlsMaterial>,
+    ) -> Result<AgentHandle, AgentError> {
+        let node = NodeId::new(&config.node_id).map_err(|e| AgentError::Config(e.to_string()))?;
+        let zone = Label::new(&config.zone).map_err(|e| AgentError::Config(e.to_string()))?;
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(io(format!(
+            "creating data directory {}",
+            data_dir.display()
+        )))?;
+        let epoch = next_epoch(&data_dir)?;
+        let token = rollcall_leases::secret::ensure_token(&data_dir.join("agent.token"))
+            .map_err(io("writing agent.token"))?;
+        let cache = ServiceCache::open(&data_dir)?;
+        let regs = Registrations::open(&data_dir)?;
+        let mut sync = Sync::new(ShardId(0));
+        let report = cache.load_all();
+        for (path, reason) in &report.discarded {
+            tracing::warn!(path = %path.display(), reason = %reason, "cache file discarded; the service is fetched again");
+        }
+        for view in report.views {
+            sync.load_cached(view);
+        }
+        let mut ignored = Vec::new();
+        for service in &config.services {
+            let key: ServiceKey = service
+                .parse()
+                .map_err(|e: rollcall_leases::NameError| AgentError::Config(e.to_string()))?;
+            sync.follow(key, &mut ignored);
+        }
+        let client = match (config.arbiters.is_empty(), tls) {
+            (true, _) => None,
+            (false, Some(tls)) => Some(ArbiterClient::new(tls)?),
+            (false, None) => return Err(AgentError::Config("agent.tls is required when agent.arbiters is set; generate certificates with `rollcall certs`".into())),
+        };
+        let state = Shared {
+            sync,
+            regs,
+            link: None,
+            session: None,
+            address: None,
+            last_contact_ms: None,
+            lease: None,
+            shard_revision: Revision(0),
+            dirty: BTreeSet::new(),
+            forget: BTreeSet::new(),
+        };
+        let agent = Agent {
+            inner: Arc::new(Inner {
+                node,
+                zone,
+                epoch,
+                started_ms: now_ms(),
+                token,
+                cache,
+                state: Mutex::new(state),
+                changed: Notify::new(),
+                config,
+            }),
+        };
+        let mut tasks = Vec::new();
+        if let Some(client) = client {
+            tasks.push(tokio::spawn(agent.clone().link_loop(client)));
+        }
+        tasks.push(tokio::spawn(agent.clone().flush_loop()));
+        let listener = tokio::net::TcpListener::bind(agent.inner.config.http_listen)
+            .await
+            .map_err(io(format!(
+                "binding the agent HTTP API on {}",
+                agent.inner.config.http_listen
+            )))?;
+        let http_addr = listener
+            .local_addr()
+            .map_err(io("reading the HTTP API address"))?;
+        let app = crate::api::router(agent.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "agent HTTP API stopped");
+            }
+        }));
+        tracing::info!(node = %agent.inner.node, epoch = %agent.inner.epoch, http = %http_addr, "agent started");
+        Ok(AgentHandle {
+            agent,
+            http_addr,
+            tasks,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The node token (for operators' calls).
+    pub fn token(&self) -> &str {
+        &self.inner.token
+    }
+
+    /// The check timings a registration's checks default to.
+    pub fn checks_defaults(&self) -> rollcall_config::ChecksConfig {
+        self.inner.config.checks.clone()
+    }
+
+    /// This agent run's epoch.
+    pub fn epoch(&self) -> AgentEpoch {
+        self.inner.epoch
+    }
+
+    // ----- the arbiter link -----
+
+    async fn link_loop(self, client: ArbiterClient) {
+        let arbiters = self.inner.config.arbiters.clone();
+        let min = self.inner.config.reconnect_min_ms;
+        let max = self.inner.config.reconnect_max_ms;
+        let mut failures: u32 = 0;
+        let mut attempt = 0usize;
+        loop {
+            let address = &arbiters[attempt % arbiters.len()];
+            attempt += 1;
+            let started = now_ms();
+            match self.session(&client, address).await {
+                Ok(()) => {}
+                Err(e) => tracing::warn!(arbiter = %address, error = %e, "arbiter session ended"),
+            }
+            self.on_disconnected();
+            // A session that lasted resets the backoff.
+            if now_ms().saturating_sub(started) > 10_000 {
+                failures = 0;
+            }
+            let cap = max.min(min.saturating_mul(1 << failures.min(20)));
+            failures = failures.saturating_add(1);
+            let wait = rand::random_range(0..=cap);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+    }
+
+    fn on_disconnected(&self) {
+        let mut state = self.lock();
+        state.link = None;
+        state.session = None;
+        state.lease = None;
+        state.sync.disconnected(now_ms());
+    }
+
+    async fn session(&self, client: &ArbiterClient, address: &str) -> Result<(), ClientError> {
+        let conn = client.connect(address).await?;
+        let hello = SessionUp::Hello {
+            node: self.inner.node.clone(),
+            epoch: self.inner.epoch,
+            zone: self.inner.zone.clone(),
+        };
+        let (mut writer, mut reader) = conn.open_session(&hello).await?;
+        // The reader runs on its own: a frame read must never be cancelled
+        // half-way by another event.
+        let (down_tx, mut down_rx) = mpsc::unbounded_channel();
+        let reader_task = tokio::spawn(async move {
+            loop {
+                let message = reader.next().await;
+                let end = message.is_err();
+                if down_tx.send(message).is_err() || end {
+                    return;
+                }
+            }
+        });
+        let result = self
+            .run_session(&conn, address, &mut writer, &mut down_rx)
+            .await;
+        reader_task.abort();
+        conn.close("session over");
+        result
+    }
+
+    async fn run_session(
+        &self,
+        conn: &ArbiterConn,
+        address: &str,
+        writer: &mut rollcall_leases::client::SessionWriter,
+        down_rx: &mut mpsc::UnboundedReceiver<Result<SessionDown, ClientError>>,
+    ) -> Result<(), ClientError> {
+        let ttl_ms = match down_rx.recv().await {
+            Some(Ok(SessionDown::Welcome {
+                lease,
+                ttl_ms,
+                revision,
+                ..
+            })) => {
+                let mut state = self.lock();
+                state.lease = Some((lease, ttl_ms));
+                state.shard_revision = state.shard_revision.max(revision);
+                ttl_ms
+            }
+            Some(Ok(SessionDown::Refused { reason })) => {
+                return Err(ClientError::Connection(format!(
+                    "arbiter refused the session: {reason}"
+                )))
+            }
+            Some(Ok(other)) => {
+                return Err(ClientError::Connection(format!(
+                    "expected Welcome, got {other:?}"
+                )))
+            }
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(ClientError::Connection(
+                    "session closed before Welcome".into(),
+                ))
+            }
+        };
+        let (up_tx, mut up_rx) = mpsc::unbounded_channel();
+        let mut outs = Vec::new();
+        {
+            let mut state = self.lock();
+            state.link = Some(conn.clone());
+            state.session = Some(up_tx);
+            state.address = Some(address.to_owned());
+            state.last_contact_ms = Some(now_ms());
+            state.sync.connected(&mut outs);
+        }
+        tracing::info!(arbiter = %address, epoch = %self.inner.epoch, "arbiter session up");
+        self.carry_out(outs, writer).await?;
+        tokio::spawn(self.clone().reconcile(conn.clone()));
+        let mut keepalive =
+            tokio::time::interval(Duration::from_millis(self.inner.config.keepalive_ms));
+        let renew_every = |ttl: u64| {
+            Duration::from_millis((ttl / 3).saturating_sub(rand::random_range(0..=ttl / 30)))
+        };
+        let mut next_renew = tokio::time::Instant::now() + renew_every(ttl_ms);
+        loop {
+            tokio::select! {
+                Some(msg) = up_rx.recv() => writer.send(&msg).await?,
+                _ = keepalive.tick() => writer.send(&SessionUp::Keepalive).await?,
+                _ = tokio::time::sleep_until(next_renew) => {
+                    writer.send(&SessionUp::Renew).await?;
+                    next_renew = tokio::time::Instant::now() + renew_every(ttl_ms);
+                }
+                down = down_rx.recv() => match down {
+                    Some(Ok(SessionDown::Update(items))) => {
+                        let outs = self.apply_updates(items);
+                        self.carry_out(outs, writer).await?;
+                    }
+                    Some(Ok(SessionDown::Refused { reason })) => return Err(ClientError::Connection(format!("arbiter refused the session: {reason}"))),
+                    Some(Ok(SessionDown::Welcome { .. })) => {}
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(ClientError::Connection("session closed".into())),
+                }
+            }
+        }
+    }
+
+    fn apply_updates(&self, items: Vec<rollcall_leases::protocol::ServiceUpdate>) -> Vec<SyncOut> {
+        let now = now_ms();
+        let mut outs = Vec::new();
+        {
+            let mut state = self.lock();
+            state.last_contact_ms = Some(now);
+            for item in items {
+                if let rollcall_leases::protocol::ServiceUpdate::Deltas(ds) = &item {
+                    if let Some(last) = ds.last() {
+                        state.shard_revision = state.shard_revision.max(last.revision);
+                    }
+                }
+                state.sync.update(item, now, &mut outs);
+            }
+            for out in &outs {
+                match out {
+                    SyncOut::Persist(s) => {
+                        state.forget.remove(s);
+                        state.dirty.insert(s.clone());
+                    }
+                    SyncOut::Forget(s) => {
+                        state.dirty.remove(s);
+                        state.forget.insert(s.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.inner.changed.notify_waiters();
+        outs
+    }
+
+    async fn carry_out(
+        &self,
+        outs: Vec<SyncOut>,
+        writer: &mut rollcall_leases::client::SessionWriter,
+    ) -> Result<(), ClientError> {
+        for out in outs {
+            match out {
+                SyncOut::Subscribe { service, have } => {
+                    writer.send(&SessionUp::Subscribe { service, have }).await?
+                }
+                SyncOut::Ack { service, revision } => {
+                    writer.send(&SessionUp::Ack { service, revision }).await?
+                }
+                SyncOut::RetryLater { service, base_ms } => {
+                    let agent = self.clone();
+                    tokio::spawn(async move {
+                        let wait = base_ms + rand::random_range(0..=base_ms);
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                        let mut outs = Vec::new();
+                        let state = &mut *agent.lock();
+                        state.sync.retry(&service, &mut outs);
+                        agent.send_session(state, outs);
+                    });
+                }
+                SyncOut::Persist(_) | SyncOut::Forget(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends subscribe/ack outputs through the session channel (from code
+    /// that does not own the session writer).
+    fn send_session(&self, state: &Shared, outs: Vec<SyncOut>) {
+        let Some(session) = &state.session else {
+            return;
+        };
+        for out in outs {
+            let msg = match out {
+                SyncOut::Subscribe { service, have } => SessionUp::Subscribe { service, have },
+                SyncOut::Ack { service, revision } => SessionUp::Ack { service, revision },
+                _ => continue,
+            };
+            let _ = session.send(msg);
+        }
+    }
+
+    /// Writes changed views to the disk cache (debounced, off the hot path).
+    async fn flush_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let (views, forget) = {
+                let mut state = self.lock();
+                let dirty = std::mem::take(&mut state.dirty);
+                let forget = std::mem::take(&mut state.forget);
+                let views: Vec<_> = dirty
+                    .iter()
+                    .filter_map(|s| state.sync.get(s).and_then(|t| t.view.clone()))
+                    .collect();
+                (views, forget)
+            };
+            if views.is_empty() && forget.is_empty() {
+                continue;
+            }
+            let agent = self.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for view in &views {
+                    if let Err(e) = agent.inner.cache.store(view) {
+                        tracing::warn!(service = %view.service(), error = %e, "cache write failed");
+                    }
+                }
+                for service in &forget {
+                    if let Err(e) = agent.inner.cache.remove(service) {
+                        tracing::warn!(service = %service, error = %e, "cache removal failed");
+                    }
+                }
+            })
+            .await;
+        }
+    }
+
+    // ----- reconciliation (R7) -----
+
+    /// After a (re)connect: replays what is pending and reconciles the local
+    /// registrations with the catalog's records on this node.
+    async fn reconcile(self, conn: ArbiterConn) {
+        let listed = match conn.request(&Request::NodeInstances).await {
+            Ok(Response::Instances(list)) => list,
+            Ok(other) => {
+                tracing::warn!(answer = ?other, "unexpected answer to NodeInstances; reconciliation skipped");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reconciliation interrupted");
+                return;
+            }
+        };
+        let locals: Vec<LocalInstance> = self.lock().regs.iter().cloned().collect();
+        for local in &locals {
+            let id = &local.registration.instance_id;
+            let in_catalog = listed
+                .iter()
+                .find(|l| &l.instance_id == id && l.state != State::Expired);
+            let result = match (local.generation, in_catalog) {
+                (Some(g), Some(c)) if c.generation == g => {
+                    if local.committed {
+                        Ok(())
+                    } else {
+                        self.push_intent(&conn, id).await
+                    }
+                }
+                (Some(g), Some(c)) => {
+                    tracing::warn!(instance = %id, local = %g, catalog = %c.generation, "the catalog holds a newer registration of this instance; dropping the local one");
+                    self.forget_local(id);
+                    Ok(())
+                }
+                (Some(_), None) if local.intent != Intent::Serve => {
+                    self.forget_local(id);
+                    Ok(())
+                }
+                _ => self.register_local(&conn, id).await,
+            };
+            if let Err(e) = result {
+                tracing::warn!(instance = %id, error = %e, "reconciliation interrupted");
+                return;
+            }
+        }
+        // Records an agent wrote on this node that this agent does not know
+        // (it lost its disk): they run nowhere any more.
+        let known: BTreeSet<InstanceId> = self
+            .lock()
+            .regs
+            .iter()
+            .map(|l| l.registration.instance_id.clone())
+            .collect();
+        for stale in listed.iter().filter(|l| {
+            l.origin == Role::Agent && l.state != State::Expired && !known.contains(&l.instance_id)
+        }) {
+            tracing::warn!(instance = %stale.instance_id, "deregistering a record this agent has no local registration of");
+            let request = Request::Deregister {
+                instance_id: stale.instance_id.clone(),
+                generation: stale.generation,
+            };
+            if let Err(e) = conn.request(&request).await {
+                tracing::warn!(error = %e, "reconciliation interrupted");
+                return;
+            }
+        }
+    }
+
+    fn forget_local(&self, id: &InstanceId) {
+        let mut state = self.lock();
+        state.regs.remove(id);
+        if let Err(e) = state.regs.save() {
+            tracing::error!(error = %e, "saving registrations failed");
+        }
+    }
+
+    /// Registers a local instance (pending, or gone from the catalog), then
+    /// carries out its intent.
+    async fn register_local(&self, conn: &ArbiterConn, id: &InstanceId) -> Result<(), ClientError> {
+        let Some(local) = self.lock().regs.get(id).cloned() else {
+            return Ok(());
+        };
+        match conn
+            .request(&Request::Register(self.registration(&local.registration)))
+            .await?
+        {
+            Response::Committed {
+                generation: Some(g),
+                ..
+            } => {
+                let mut state = self.lock();
+                if let Some(l) = state.regs.get_mut(id) {
+                    l.generation = Some(g);
+                    l.committed = l.intent == Intent::Serve;
+                }
+                self.save(&state);
+            }
+            Response::Rejected { message, .. } => {
+                tracing::error!(instance = %id, reason = %message, "the arbiter refused a pending registration; dropping it");
+                drop(self.lock());
+                self.forget_local(id);
+                return Ok(());
+            }
+            other => tracing::warn!(answer = ?other, "unexpected answer to a registration"),
+        }
+        self.push_intent(conn, id).await
+    }
+
+    /// Sends the drain or deregistration a local instance still wants.
+    async fn push_intent(&self, conn: &ArbiterConn, id: &InstanceId) -> Result<(), ClientError> {
+        let Some(local) = self.lock().regs.get(id).cloned() else {
+            return Ok(());
+        };
+        let Some(generation) = local.generation else {
+            return Ok(());
+        };
+        let request = match local.intent {
+            Intent::Serve => return Ok(()),
+            Intent::Drain => Request::Transition {
+                instance_id: id.clone(),
+                generation,
+                to: State::Draining,
+                reason: drain_reason(),
+            },
+            Intent::Leave => Request::Deregister {
+                instance_id: id.clone(),
+                generation,
+            },
+        };
+        let response = conn.request(&request).await?;
+        let mut state = self.lock();
+        match (&response, local.intent) {
+            (Response::Committed { .. }, Intent::Leave)
+            | (
+                Response::Rejected {
+                    kind: RejectKind::NotFound | RejectKind::StaleGeneration,
+                    ..
+                },
+                _,
+            ) => {
+                state.regs.remove(id);
+            }
+            (Response::Committed { .. }, _) => {
+                if let Some(l) = state.regs.get_mut(id) {
+                    l.committed = true;
+                }
+            }
+            (other, _) => {
+                tracing::warn!(instance = %id, answer = ?other, "a pending write was refused")
+            }
+        }
+        self.save(&state);
+        Ok(())
+    }
+
+    fn save(&self, state: &Shared) {
+        if let Err(e) = state.regs.save() {
+            tracing::error!(error = %e, "saving registrations failed");
+        }
+    }
+
+    fn registration(&self, r: &ValidRegistration) -> Registration {
+        Registration {
+            instance_id: r.instance_id.clone(),
+            service: r.service.clone(),
+            node: self.inner.node.clone(),
+            epoch: self.inner.epoch,
+            address: r.address,
+            port: r.port,
+            zone: r.zone.clone(),
+            version: r.version.clone(),
+            weight: r.weight,
+            labels: r.labels.clone(),
+            initial: State::Ready,
+        }
+    }
+
+    // ----- the local API's operations -----
+
+    /// Checks the node token in an `Authorization` header value.
+    pub fn check_token(&self, header: Option<&str>) -> Result<(), ApiError> {
+        match header.and_then(|h| h.strip_prefix("Bearer ")) {
+            Some(t) if t.trim() == self.inner.token => Ok(()),
+            Some(_) => Err(ApiError::unauthorized("the bearer token does not match agent.token in the agent's data directory")),
+            None => Err(ApiError::unauthorized("writes need the node token (agent.token in the agent's data directory) as Authorization: Bearer <token>")),
+        }
+    }
+
+    fn link(&self) -> Option<ArbiterConn> {
+        self.lock().link.clone()
+    }
+
+    /// `PUT /v1/agent/instances`.
+    pub async fn register(
+        &self,
+        reg: ValidRegistration,
+    ) -> Result<WriteOutcome<RegisterResponse>, ApiError> {
+        if reg.checks.is_some() {
+            return Err(ApiError::unprocessable(
+                "checks: health checks (startup, readiness, liveness) are not run by this agent version yet; register without `checks` (the instance is READY while its node's lease holds)",
+            ));
+        }
+        let id = reg.instance_id.clone();
+        if let Some(conn) = self.link() {
+            match conn
+                .request(&Request::Register(self.registration(&reg)))
+                .await
+            {
+                Ok(Response::Committed {
+                    generation: Some(g),
+                    state,
+                    ..
+                }) => {
+                    let mut st = self.lock();
+                    st.regs.put(LocalInstance {
+                        registration: reg,
+                        generation: Some(g),
+                        intent: Intent::Serve,
+                        committed: true,
+                    });
+                    self.save_or_err(&st)?;
+                    let state = state.map_or("READY", |s| s.as_str()).to_owned();
+                    return Ok(WriteOutcome::Committed(RegisterResponse {
+                        instance_id: id,
+                        generation: Some(g.get()),
+                        state,
+                        pending: false,
+                    }));
+                }
+                Ok(Response::Rejected { kind, message }) => return Err(api_error(kind, message)),
+                Ok(other) => {
+                    return Err(ApiError::unavailable(format!(
+                        "unexpected answer from the arbiter: {other:?}"
+                    )))
+                }
+                Err(e) => tracing::warn!(error = %e, "registration not sent; kept pending"),
+            }
+        }
+        let mut st = self.lock();
+        st.regs.put(LocalInstance {
+            registration: reg,
+            generation: None,
+            intent: Intent::Serve,
+            committed: false,
+        });
+        self.save_or_err(&st)?;
+        Ok(WriteOutcome::Pending(RegisterResponse {
+            instance_id: id,
+            generation: None,
+            state: "PENDING".into(),
+            pending: true,
+        }))
+    }
+
+    fn save_or_err(&self, state: &Shared) -> Result<(), ApiError> {
+        state
+            .regs
+            .save()
+            .map_err(|e| ApiError::unavailable(format!("saving the registration failed: {e}")))
+    }
+
+    /// Resolves the generation a call names against the local registration
+    /// (409 when it is not the current one) or, for instances this agent did
+    /// not register, against its views.
+    fn generation_for(
+        &self,
+        id: &InstanceId,
+        given: Option<u64>,
+    ) -> Result<Option<Generation>, ApiError> {
+        let state = self.lock();
+        let current = match state.regs.get(id) {
+            Some(local) => local.generation,
+            None => state.sync.iter().find_map(|(_, t)| {
+                t.view
+                    .as_ref()?
+                    .records()
+                    .find(|r| &r.instance_id == id)
+                    .map(|r| r.generation)
+            }),
+        };
+        let known = state.regs.get(id).is_some() || current.is_some();
+        match (given, current) {
+            (Some(g), Some(c)) if c.get() != g => Err(ApiError::stale_generation(format!(
+                "instance {id} is at generation {c}, not {g}; nothing was changed"
+            ))),
+            (Some(g), _) => Ok(Some(Generation(g))),
+            (None, c) if known => Ok(c),
+            (None, _) => Err(ApiError::not_found(format!(
+                "instance {id} is not registered through this agent; give its generation"
+            ))),
+        }
+    }
+
+    /// `PUT /v1/agent/instances/{id}/heartbeat`.
+    pub fn heartbeat(
+        &self,
+        id: &InstanceId,
+        generation: Option<u64>,
+    ) -> Result<serde_json::Value, ApiError> {
+        let state = self.lock();
+        let Some(local) = state.regs.get(id) else {
+            return Err(ApiError::not_found(format!(
+                "instance {id} is not registered on this agent"
+            )));
+        };
+        if let (Some(g), Some(c)) = (generation, local.generation) {
+            if g != c.get() {
+                return Err(ApiError::stale_generation(format!(
+                    "instance {id} is at generation {c}, not {g}; the heartbeat changes nothing"
+                )));
+            }
+        }
+        Ok(
+            serde_json::json!({"instance_id": id.as_str(), "generation": local.generation.map(|g| g.get())}),
+        )
+    }
+
+    /// `PUT /v1/agent/instances/{id}/drain`: effective in this agent's own
+    /// views at once, committed when the arbiter answers.
+    pub async fn drain(
+        &self,
+        id: &InstanceId,
+        generation: Option<u64>,
+        propagated: bool,
+    ) -> Result<WriteOutcome<DrainResponse>, ApiError> {
+        let generation = self.generation_for(id, generation)?;
+        self.set_intent(id, Intent::Drain)?;
+        let (Some(generation), Some(conn)) = (generation, self.link()) else {
+            return Ok(WriteOutcome::Pending(DrainResponse {
+                revision: None,
+                pending: true,
+                propagated: None,
+            }));
+        };
+        let request = Request::Transition {
+            instance_id: id.clone(),
+            generation,
+            to: State::Draining,
+            reason: drain_reason(),
+        };
+        match conn.request(&request).await {
+            Ok(Response::Committed { revision, .. }) => {
+                self.mark_committed(id);
+                let revision = revision.or_else(|| {
+                    self.lock().sync.iter().find_map(|(_, t)| {
+                        t.view
+                            .as_ref()?
+                            .records()
+                            .find(|r| &r.instance_id == id)
+                            .map(|r| r.revision)
+                    })
+                });
+                let propagated = match (propagated, revision) {
+                    (true, Some(rev)) => Some(self.await_propagation(&conn, id, rev).await?),
+                    _ => None,
+                };
+                Ok(WriteOutcome::Committed(DrainResponse {
+                    revision: revision.map(|r| r.get()),
+                    pending: false,
+                    propagated,
+                }))
+            }
+            Ok(Response::Rejected { kind, message }) => {
+                self.undo_intent(id);
+                Err(api_error(kind, message))
+            }
+            Ok(other) => Err(ApiError::unavailable(format!(
+                "unexpected answer from the arbiter: {other:?}"
+            ))),
+            Err(e) => {
+                tracing::warn!(error = %e, "drain not sent; kept pending");
+                Ok(WriteOutcome::Pending(DrainResponse {
+                    revision: None,
+                    pending: true,
+                    propagated: None,
+                }))
+            }
+        }
+    }
+
+    async fn await_propagation(
+        &self,
+        conn: &ArbiterConn,
+        id: &InstanceId,
+        revision: Revision,
+    ) -> Result<Propagated, ApiError> {
+        let service = self
+            .lock()
+            .regs
+            .get(id)
+            .map(|l| l.registration.service.clone());
+        let service = match service {
+            Some(s) => s,
+            None => self
+                .lock()
+                .sync
+                .iter()
+                .find(|(_, t)| {
+                    t.view
+                        .as_ref()
+                        .is_some_and(|v| v.records().any(|r| &r.instance_id == id))
+                })
+                .map(|(k, _)| k.clone())
+                .ok_or_else(|| {
+                    ApiError::not_found(format!("the service of instance {id} is not known here"))
+                })?,
+        };
+        let request = Request::AwaitPropagation {
+            service,
+            revision,
+            timeout_ms: self.inner.config.propagation_timeout_ms,
+        };
+        match conn.request(&request).await {
+            Ok(Response::Propagated { acked, total }) => Ok(Propagated {
+                acked,
+                total,
+                complete: acked >= total,
+            }),
+            Ok(other) => Err(ApiError::unavailable(format!(
+                "unexpected answer from the arbiter: {other:?}"
+            ))),
+            Err(e) => Err(ApiError::unavailable(format!(
+                "the drain committed but waiting for propagation failed: {e}"
+            ))),
+        }
+    }
+
+    /// `DELETE /v1/agent/instances/{id}`.
+    pub async fn deregister(
+        &self,
+        id: &InstanceId,
+        generation: Option<u64>,
+    ) -> Result<WriteOutcome<serde_json::Value>, ApiError> {
+        let generation = self.generation_for(id, generation)?;
+        self.set_intent(id, Intent::Leave)?;
+        let (Some(generation), Some(conn)) = (generation, self.link()) else {
+            return Ok(WriteOutcome::Pending(
+                serde_json::json!({"revision": null, "pending": true}),
+            ));
+        };
+        match conn
+            .request(&Request::Deregister {
+                instance_id: id.clone(),
+                generation,
+            })
+            .await
+        {
+            Ok(Response::Committed { revision, .. }) => {
+                self.forget_local(id);
+                Ok(WriteOutcome::Committed(
+                    serde_json::json!({"revision": revision.map(|r| r.get()), "pending": false}),
+                ))
+            }
+            Ok(Response::Rejected { kind, message }) => {
+                self.undo_intent(id);
+                Err(api_error(kind, message))
+            }
+            Ok(other) => Err(ApiError::unavailable(format!(
+                "unexpected answer from the arbiter: {other:?}"
+            ))),
+            Err(e) => {
+                tracing::warn!(error = %e, "deregistration not sent; kept pending");
+                Ok(WriteOutcome::Pending(
+                    serde_json::json!({"revision": null, "pending": true}),
+                ))
+            }
+        }
+    }
+
+    fn set_intent(&self, id: &InstanceId, intent: Intent) -> Result<(), ApiError> {
+        let mut state = self.lock();
+        if let Some(local) = state.regs.get_mut(id) {
+            local.intent = intent;
+            local.committed = false;
+            self.save_or_err(&state)?;
+        }
+        Ok(())
+    }
+
+    fn undo_intent(&self, id: &InstanceId) {
+        let mut state = self.lock();
+        if let Some(local) = state.regs.get_mut(id) {
+            local.intent = Intent::Serve;
+            local.committed = true;
+        }
+        self.save(&state);
+    }
+
+    fn mark_committed(&self, id: &InstanceId) {
+        let mut state = self.lock();
+        if let Some(local) = state.regs.get_mut(id) {
+            local.committed = true;
+        }
+        self.save(&state);
+    }
+
+    /// `GET /v1/endpoints/{service}`: answered from the local view only. The
+    /// first resolve of a service not yet followed subscribes and waits up
+    /// to `first_resolve_wait_ms` for it.
+    pub async fn resolve(
+        &self,
+        key: ServiceKey,
+        zone: Option<Label>,
+        all: bool,
+    ) -> Result<EndpointsResponse, ApiError> {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.inner.config.first_resolve_wait_ms);
+        loop {
+            let notified = self.inner.changed.notified();
+            {
+                let mut state = self.lock();
+                if state.sync.get(&key).is_none() {
+                    let mut outs = Vec::new();
+                    state.sync.follow(key.clone(), &mut outs);
+                    self.send_session(&state, outs);
+                }
+                let t = state.sync.get(&key).expect("followed above");
+                if t.unknown && t.view.is_none() {
+                    return Err(ApiError::not_found(format!("service {key} does not exist")));
+                }
+                if let Some(view) = &t.view {
+                    if !view.exists() {
+                        return Err(ApiError::not_found(format!("service {key} does not exist")));
+                    }
+                    return Ok(self.answer(&state, &key, zone.as_ref(), all));
+                }
+                if state.session.is_none() {
+                    return Err(ApiError::unavailable(format!(
+                        "service {key} is not cached here and the arbiter is unreachable"
+                    )));
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(ApiError::unavailable(format!(
+                    "service {key} did not arrive from the arbiter within {} ms",
+                    self.inner.config.first_resolve_wait_ms
+                )));
+            }
+        }
+    }
+
+    fn answer(
+        &self,
+        state: &Shared,
+        key: &ServiceKey,
+        zone: Option<&Label>,
+        all: bool,
+    ) -> EndpointsResponse {
+        let t = state.sync.get(key).expect("checked by the caller");
+        let view = t.view.as_ref().expect("checked by the caller");
+        let leaving = |id: &InstanceId| {
+            state
+                .regs
+                .get(id)
+                .is_some_and(|l| l.intent != Intent::Serve)
+        };
+        let endpoints = view
+            .records()
+            .filter(|r| zone.is_none_or(|z| &r.zone == z))
+            .filter_map(|r| {
+                let mut e = EndpointJson::from_record(r);
+                if leaving(&r.instance_id) && r.state == State::Ready {
+                    // A local drain applies to this agent's own data plane at once.
+                    e.state = State::Draining.as_str().to_owned();
+                }
+                (all || e.state == State::Ready.as_str()).then_some(e)
+            })
+            .collect();
+        EndpointsResponse {
+            service: key.service.clone(),
+            namespace: key.namespace.clone(),
+            port_name: key.port_name.clone(),
+            shard: 0,
+            revision: view.revision().get(),
+            age_ms: t.age_ms(now_ms(), self.inner.started_ms),
+            stale: !t.synced,
+            mode: "normal".into(),
+            endpoints,
+        }
+    }
+
+    /// `GET /v1/status`.
+    pub fn status(&self) -> StatusResponse {
+        let state = self.lock();
+        let now = now_ms();
+        let subscriptions = state
+            .sync
+            .iter()
+            .map(|(service, t)| {
+                let revision = t.view.as_ref().map_or(0, |v| v.revision().get());
+                SubscriptionStatus {
+                    service: service.clone(),
+                    revision,
+                    lag: if t.synced {
+                        0
+                    } else {
+                        state.shard_revision.get().saturating_sub(revision)
+                    },
+                    stale: !t.synced,
+                }
+            })
+            .collect();
+        StatusResponse {
+            node: self.inner.node.clone(),
+            zone: self.inner.zone.clone(),
+            agent_epoch: self.inner.epoch.get(),
+            arbiter: ArbiterStatus {
+                connected: state.session.is_some(),
+                address: state.address.clone(),
+                last_contact_ms: state.last_contact_ms.map(|t| {
+                    if state.session.is_some() {
+                        0
+                    } else {
+                        now.saturating_sub(t)
+                    }
+                }),
+            },
+            lease: state.lease.map(|(id, ttl_ms)| LeaseStatus {
+                id: id.get(),
+                ttl_ms,
+            }),
+            subscriptions,
+            pending_writes: state.regs.pending().len() as u32,
+        }
+    }
+}
+
+fn drain_reason() -> Reason {
+    Reason::new("drain requested through the agent API").expect("a valid constant")
+}
+
+fn api_error(kind: RejectKind, message: String) -> ApiError {
+    match kind {
+        RejectKind::StaleGeneration => ApiError::stale_generation(message),
+        RejectKind::NotFound => ApiError::not_found(message),
+        RejectKind::Forbidden => ApiError::forbidden(message),
+        RejectKind::Invalid => ApiError::unprocessable(message),
+        RejectKind::Unavailable => ApiError::unavailable(message),
+    }
+}
+
+/// A fresh agent epoch, above every earlier one of this data directory: the
+/// wall clock in ms, or the previous epoch + 1 if the clock went back.
+fn next_epoch(data_dir: &Path) -> Result<AgentEpoch, AgentError> {
+    let path = data_dir.join("epoch");
+    let previous = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let epoch = now_ms().max(previous + 1);
+    crate::durable::write_atomic(&path, epoch.to_string().as_bytes())
+        .map_err(|e| AgentError::Config(e.to_string()))?;
+    Ok(AgentEpoch(epoch))
+}

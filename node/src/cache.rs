@@ -1,0 +1,418 @@
+//! The agent's on-disk cache of subscribed services (R7): each service's last
+//! snapshot and revision, so a restarted agent can serve callers at once
+//! (marked stale) while it resyncs with the arbiter.
+//!
+//! One file per service in `<agent data dir>/cache`, named
+//! `<namespace>.<service>.<port_name>.snap`. Every part of a service key is a
+//! DNS label, which cannot contain '.' or '/', so the name is a safe path
+//! component and no two keys share a name. Files are written with
+//! `durable::write_atomic` and hold `codec::encode_service_snapshot` bytes.
+//!
+//! A file that fails any check (durable checksum, codec decode with its
+//! digest, view construction, or a name that does not match the service
+//! inside) is deleted and reported, never served: the agent refetches that
+//! service. This module does not decide staleness or talk to the arbiter.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use rollcall_leases::codec::{self, MAX_SERVICE_SNAPSHOT_BYTES};
+use rollcall_leases::{ServiceKey, ServiceView};
+
+use crate::durable::{self, DurableError};
+
+/// The extension of cache files.
+const EXTENSION: &str = "snap";
+
+/// Why the cache could not be opened or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The cache directory could not be created; the OS error is the `source`.
+    #[error("cannot create the cache directory {}", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// What the operating system said.
+        source: io::Error,
+    },
+    /// A cache file could not be written or removed.
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+}
+
+/// What [`ServiceCache::load_all`] found.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    /// Every intact cached service, sorted by service key. Serve them as
+    /// stale until the arbiter confirms or replaces them.
+    pub views: Vec<ServiceView>,
+    /// Cache files not served, each with the reason, sorted by path. Corrupt
+    /// ones were deleted; ones that could not be read at all (an IO error)
+    /// were left in place for an operator to look at.
+    pub discarded: Vec<(PathBuf, String)>,
+}
+
+/// The on-disk cache of subscribed services.
+#[derive(Debug, Clone)]
+pub struct ServiceCache {
+    dir: PathBuf,
+}
+
+impl ServiceCache {
+    /// Opens (creating it if needed) the cache under the agent's data
+    /// directory: `<data_dir>/cache`.
+    pub fn open(data_dir: &Path) -> Result<Self, CacheError> {
+        let dir = data_dir.join("cache");
+        fs::create_dir_all(&dir).map_err(|source| CacheError::CreateDir {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(ServiceCache { dir })
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file that holds `service`.
+    pub fn path_of(&self, service: &ServiceKey) -> PathBuf {
+        self.dir.join(file_name(service))
+    }
+
+    /// Persists `view` durably, replacing any earlier copy of its service.
+    ///
+    /// A view of a service that does not exist (never snapshotted, or
+    /// deleted by the arbiter) has no snapshot to keep: its file is removed
+    /// instead, so a restart never serves a deleted service as an existing
+    /// empty one.
+    pub fn store(&self, view: &ServiceView) -> Result<(), CacheError> {
+        if !view.exists() {
+            return self.remove(view.service());
+        }
+        let bytes = codec::encode_service_snapshot(&view.to_snapshot());
+        durable::write_atomic(&self.path_of(view.service()), &bytes)?;
+        Ok(())
+    }
+
+    /// Forgets `service` (no longer subscribed, or deleted). Removing a
+    /// service that has no file is not an error.
+    pub fn remove(&self, service: &ServiceKey) -> Result<(), CacheError> {
+        durable::remove(&self.path_of(service))?;
+        Ok(())
+    }
+
+    /// Reads every cached service, verifying each file, deleting corrupt ones
+    /// and ignoring files that are not `*.snap` (such as temporary files a
+    /// crash left behind).
+    ///
+    /// A cache is only a head start: if the directory cannot be listed this
+    /// logs a warning and returns an empty report, and the agent fetches
+    /// everything from the arbiter.
+    pub fn load_all(&self) -> LoadReport {
+        let mut report = LoadReport::default();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(
+                    path = %self.dir.display(),
+                    %error,
+                    "cannot list the service cache; starting without it"
+                );
+                return report;
+            }
+        };
+        for entry in entries {
+            let path = match entry {
+                Ok(entry) => entry.path(),
+                Err(error) => {
+                    tracing::warn!(
+                        path = %self.dir.display(),
+                        %error,
+                        "cannot list an entry of the service cache; skipping it"
+                    );
+                    continue;
+                }
+            };
+            if path.extension().is_none_or(|ext| ext != EXTENSION) {
+                continue;
+            }
+            match load_file(&path) {
+                Ok(view) => report.views.push(view),
+                Err(Unusable::Unreadable(reason)) => {
+                    tracing::warn!(path = %path.display(), %reason, "cannot read a cache file; not serving it");
+                    report.discarded.push((path, reason));
+                }
+                Err(Unusable::Corrupt(reason)) => {
+                    let reason = match durable::remove(&path) {
+                        Ok(_) => reason,
+                        Err(error) => format!("{reason}; deleting it failed: {}", chain(&error)),
+                    };
+                    tracing::warn!(path = %path.display(), %reason, "discarded a corrupt cache file");
+                    report.discarded.push((path, reason));
+                }
+            }
+        }
+        report.views.sort_by(|a, b| a.service().cmp(b.service()));
+        report.discarded.sort();
+        report
+    }
+}
+
+/// `<namespace>.<service>.<port_name>.snap`.
+fn file_name(service: &ServiceKey) -> String {
+    format!(
+        "{}.{}.{}.{EXTENSION}",
+        service.namespace, service.service, service.port_name
+    )
+}
+
+/// Why a cache file cannot be served.
+enum Unusable {
+    /// An IO error: the file may be fine, so it is left alone.
+    Unreadable(String),
+    /// The contents are wrong: the file is deleted.
+    Corrupt(String),
+}
+
+/// An error with its sources, for a one-line log field.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+fn load_file(path: &Path) -> Result<ServiceView, Unusable> {
+    let bytes = match durable::read_verified(path, MAX_SERVICE_SNAPSHOT_BYTES as u64) {
+        Ok(Some(bytes)) => bytes,
+        // Removed between listing and reading: there is nothing to serve.
+        Ok(None) => return Err(Unusable::Unreadable("the file disappeared".to_string())),
+        Err(error @ DurableError::Corrupt { .. }) => return Err(Unusable::Corrupt(chain(&error))),
+        Err(error @ DurableError::Io { .. }) => return Err(Unusable::Unreadable(chain(&error))),
+    };
+    let corrupt = |e: &dyn std::error::Error| Unusable::Corrupt(chain(e));
+    let snapshot = codec::decode_service_snapshot(&bytes).map_err(|e| corrupt(&e))?;
+    let view = ServiceView::from_snapshot(&snapshot).map_err(|e| corrupt(&e))?;
+    let expected = file_name(view.service());
+    if path.file_name().is_none_or(|name| *name != *expected) {
+        return Err(Unusable::Corrupt(format!(
+            "it holds service {} whose file is {expected}",
+            view.service()
+        )));
+    }
+    Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use rollcall_leases::{
+        AgentEpoch, Catalog, CatalogParams, Command, Envelope, Label, NodeId, Principal,
+        PrincipalName, Registration, Role, State, Version, Weight,
+    };
+
+    use super::*;
+
+    fn key(service: &str) -> ServiceKey {
+        ServiceKey::new("shop", service, "http").unwrap()
+    }
+
+    /// A catalog with one node lease and two instances in each service.
+    fn views(services: &[&str]) -> Vec<ServiceView> {
+        let mut catalog = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
+        let mut at_ms = 1_000_000;
+        let mut run = |command: Command| {
+            at_ms += 10;
+            catalog
+                .apply(&Envelope {
+                    at_ms,
+                    actor: Principal {
+                        role: Role::Agent,
+                        name: PrincipalName::new("node-1").unwrap(),
+                    },
+                    command,
+                })
+                .unwrap();
+        };
+        run(Command::GrantLease {
+            node: NodeId::new("node-1").unwrap(),
+            epoch: AgentEpoch(1),
+            zone: Label::new("z1").unwrap(),
+            ttl_ms: 10_000,
+        });
+        for (s, service) in services.iter().enumerate() {
+            for i in 0..2u8 {
+                run(Command::Register(Registration {
+                    instance_id: format!("{service}-{i}").parse().unwrap(),
+                    service: key(service),
+                    node: NodeId::new("node-1").unwrap(),
+                    epoch: AgentEpoch(1),
+                    address: IpAddr::V4(Ipv4Addr::new(10, 0, s as u8, i)),
+                    port: 8080,
+                    zone: None,
+                    version: Version::new("v1").unwrap(),
+                    weight: Weight::DEFAULT,
+                    labels: Vec::new(),
+                    initial: State::Ready,
+                }));
+            }
+        }
+        services
+            .iter()
+            .map(|s| {
+                ServiceView::from_snapshot(&catalog.service_snapshot(&key(s)).unwrap()).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn store_then_load_round_trips() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        assert_eq!(cache.dir(), data.path().join("cache"));
+        let stored = views(&["checkout", "cart"]);
+        for view in &stored {
+            cache.store(view).unwrap();
+        }
+        assert!(cache.path_of(&key("cart")).ends_with("shop.cart.http.snap"));
+
+        let report = cache.load_all();
+        assert!(report.discarded.is_empty(), "{:?}", report.discarded);
+        assert_eq!(report.views.len(), 2);
+        for loaded in &report.views {
+            let original = stored
+                .iter()
+                .find(|v| v.service() == loaded.service())
+                .unwrap();
+            assert_eq!(loaded.revision(), original.revision());
+            assert!(loaded.records().eq(original.records()));
+            assert_eq!(loaded, original);
+        }
+        assert_eq!(report.views[0].service(), &key("cart"), "sorted by key");
+    }
+
+    #[test]
+    fn a_corrupt_file_is_deleted_and_others_still_load() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        for view in views(&["checkout", "cart"]) {
+            cache.store(&view).unwrap();
+        }
+        let bad = cache.path_of(&key("cart"));
+        let mut bytes = fs::read(&bad).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        fs::write(&bad, &bytes).unwrap();
+
+        let report = cache.load_all();
+        assert_eq!(report.views.len(), 1);
+        assert_eq!(report.views[0].service(), &key("checkout"));
+        assert_eq!(report.discarded.len(), 1);
+        assert_eq!(report.discarded[0].0, bad);
+        assert!(
+            report.discarded[0].1.contains("checksum"),
+            "{:?}",
+            report.discarded
+        );
+        assert!(!bad.exists(), "a corrupt file must be deleted");
+    }
+
+    #[test]
+    fn a_truncated_file_is_deleted() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        let view = views(&["checkout"]).remove(0);
+        cache.store(&view).unwrap();
+        let path = cache.path_of(view.service());
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+
+        let report = cache.load_all();
+        assert!(report.views.is_empty());
+        assert!(
+            report.discarded[0].1.contains("truncated"),
+            "{:?}",
+            report.discarded
+        );
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_checksummed_file_with_a_bad_snapshot_is_deleted() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        let path = cache.path_of(&key("checkout"));
+        durable::write_atomic(&path, b"not a snapshot").unwrap();
+
+        let report = cache.load_all();
+        assert!(report.views.is_empty());
+        assert_eq!(report.discarded.len(), 1);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_file_renamed_to_another_service_is_discarded() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        let view = views(&["checkout"]).remove(0);
+        cache.store(&view).unwrap();
+        let wrong = cache.path_of(&key("cart"));
+        fs::rename(cache.path_of(view.service()), &wrong).unwrap();
+
+        let report = cache.load_all();
+        assert!(report.views.is_empty());
+        assert_eq!(report.discarded.len(), 1);
+        assert_eq!(report.discarded[0].0, wrong);
+        assert!(
+            report.discarded[0].1.contains("shop/checkout/http"),
+            "{:?}",
+            report.discarded
+        );
+        assert!(!wrong.exists());
+    }
+
+    #[test]
+    fn files_that_are_not_snapshots_are_ignored() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        cache.store(&views(&["checkout"])[0]).unwrap();
+        let others = [
+            cache.dir().join("README"),
+            cache.dir().join("notes.txt"),
+            cache.dir().join(".shop.checkout.http.snap.tmp.1.0"),
+        ];
+        for other in &others {
+            fs::write(other, b"garbage").unwrap();
+        }
+
+        let report = cache.load_all();
+        assert_eq!(report.views.len(), 1);
+        assert!(report.discarded.is_empty(), "{:?}", report.discarded);
+        assert!(others.iter().all(|p| p.exists()));
+    }
+
+    #[test]
+    fn remove_and_storing_a_deleted_service_forget_it() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        let stored = views(&["checkout", "cart"]);
+        for view in &stored {
+            cache.store(view).unwrap();
+        }
+        cache.remove(&key("checkout")).unwrap();
+        cache.remove(&key("checkout")).unwrap();
+        let gone = ServiceView::empty(key("cart"), stored[1].to_snapshot().shard);
+        cache.store(&gone).unwrap();
+
+        let report = cache.load_all();
+        assert!(report.views.is_empty());
+        assert!(report.discarded.is_empty());
+    }
+}

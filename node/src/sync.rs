@@ -1,0 +1,311 @@
+//! The agent's catalog sync (R6, R7), sans-IO: which services it follows,
+//! the view it holds of each, and what to tell the arbiter after each
+//! update. The driver feeds it connection events and updates, with the time
+//! as a value, and carries out the `SyncOut`s (subscribe, ack, persist).
+//!
+//! Every delta is checked against the held revision and the announced
+//! digest (`ServiceView::apply`); a gap or a mismatch asks for a snapshot of
+//! that one service and keeps serving the previous view meanwhile.
+
+use std::collections::BTreeMap;
+
+use rollcall_leases::codec::decode_service_snapshot;
+use rollcall_leases::protocol::ServiceUpdate;
+use rollcall_leases::{Revision, ServiceKey, ServiceView, ShardId, ViewError};
+
+/// What the driver must do after a sync step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncOut {
+    /// Subscribe (again) holding `have` (`None`: send a snapshot).
+    Subscribe {
+        /// The service.
+        service: ServiceKey,
+        /// The revision held.
+        have: Option<Revision>,
+    },
+    /// Acknowledge what was applied.
+    Ack {
+        /// The service.
+        service: ServiceKey,
+        /// The revision applied.
+        revision: Revision,
+    },
+    /// Write the service's view to the disk cache.
+    Persist(ServiceKey),
+    /// Delete the service's cache file (the arbiter says it does not exist).
+    Forget(ServiceKey),
+    /// Subscribe again after this many milliseconds plus jitter (the
+    /// arbiter's snapshot bound, or a lagging replica).
+    RetryLater {
+        /// The service.
+        service: ServiceKey,
+        /// The wait the arbiter asked for.
+        base_ms: u64,
+    },
+}
+
+/// What the agent knows of one followed service.
+#[derive(Clone, Debug)]
+pub struct Tracked {
+    /// The held view; `None` until the first snapshot or delta.
+    pub view: Option<ServiceView>,
+    /// The arbiter said the service does not exist.
+    pub unknown: bool,
+    /// This session confirmed the view is current (cleared on disconnect).
+    pub synced: bool,
+    /// When the view was last known current (ms); `None` if never.
+    pub confirmed_at_ms: Option<u64>,
+    /// The arbiter refused the watch (its `watch_rules`), with the reason.
+    pub denied: Option<String>,
+}
+
+/// Counters for metrics and the status endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Deltas applied.
+    pub deltas_applied: u64,
+    /// Snapshots applied.
+    pub snapshots_applied: u64,
+    /// Gaps found in a service's revision chain.
+    pub gaps: u64,
+    /// Digest mismatches after applying a delta.
+    pub digest_mismatches: u64,
+    /// Snapshots that did not decode or did not check.
+    pub bad_snapshots: u64,
+}
+
+/// Every followed service.
+#[derive(Debug)]
+pub struct Sync {
+    shard: ShardId,
+    services: BTreeMap<ServiceKey, Tracked>,
+    connected: bool,
+    stats: SyncStats,
+}
+
+impl Sync {
+    /// Nothing followed yet.
+    pub fn new(shard: ShardId) -> Self {
+        Sync {
+            shard,
+            services: BTreeMap::new(),
+            connected: false,
+            stats: SyncStats::default(),
+        }
+    }
+
+    /// Serves a view loaded from the disk cache, marked stale until the
+    /// arbiter confirms it (R7).
+    pub fn load_cached(&mut self, view: ServiceView) {
+        let service = view.service().clone();
+        self.services.insert(
+            service,
+            Tracked {
+                view: Some(view),
+                unknown: false,
+                synced: false,
+                confirmed_at_ms: None,
+                denied: None,
+            },
+        );
+    }
+
+    /// Starts following `service`; subscribes at once when connected.
+    /// Returns `false` if it was already followed.
+    pub fn follow(&mut self, service: ServiceKey, out: &mut Vec<SyncOut>) -> bool {
+        if self.services.contains_key(&service) {
+            return false;
+        }
+        self.services.insert(
+            service.clone(),
+            Tracked {
+                view: None,
+                unknown: false,
+                synced: false,
+                confirmed_at_ms: None,
+                denied: None,
+            },
+        );
+        if self.connected {
+            out.push(SyncOut::Subscribe {
+                service,
+                have: None,
+            });
+        }
+        true
+    }
+
+    /// A session started: subscribe to everything, each holding what it has.
+    pub fn connected(&mut self, out: &mut Vec<SyncOut>) {
+        self.connected = true;
+        for (service, t) in &self.services {
+            out.push(SyncOut::Subscribe {
+                service: service.clone(),
+                have: t.view.as_ref().filter(|v| v.exists()).map(|v| v.revision()),
+            });
+        }
+    }
+
+    /// The session ended: every view is stale from now on.
+    pub fn disconnected(&mut self, now_ms: u64) {
+        self.connected = false;
+        for t in self.services.values_mut() {
+            if t.synced {
+                t.confirmed_at_ms = Some(now_ms);
+            }
+            t.synced = false;
+        }
+    }
+
+    /// Whether a session is up.
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Subscribes again after a `RetryLater` wait.
+    pub fn retry(&mut self, service: &ServiceKey, out: &mut Vec<SyncOut>) {
+        if let (true, Some(t)) = (self.connected, self.services.get(service)) {
+            out.push(SyncOut::Subscribe {
+                service: service.clone(),
+                have: t.view.as_ref().filter(|v| v.exists()).map(|v| v.revision()),
+            });
+        }
+    }
+
+    /// Applies one update from the arbiter.
+    pub fn update(&mut self, update: ServiceUpdate, now_ms: u64, out: &mut Vec<SyncOut>) {
+        match update {
+            ServiceUpdate::Deltas(deltas) => {
+                let Some(service) = deltas.first().map(|d| d.service.clone()) else {
+                    return;
+                };
+                let Some(t) = self.services.get_mut(&service) else {
+                    return;
+                };
+                let view = t
+                    .view
+                    .get_or_insert_with(|| ServiceView::empty(service.clone(), self.shard));
+                for delta in &deltas {
+                    if let Err(e) = view.apply(delta) {
+                        match e {
+                            ViewError::Gap { .. } | ViewError::WrongService { .. } => {
+                                self.stats.gaps += 1
+                            }
+                            ViewError::DigestMismatch { .. } => self.stats.digest_mismatches += 1,
+                        }
+                        tracing::warn!(service = %service, error = %e, "delta refused; taking a snapshot of this service");
+                        t.synced = false;
+                        out.push(SyncOut::Subscribe {
+                            service,
+                            have: None,
+                        });
+                        return;
+                    }
+                    self.stats.deltas_applied += 1;
+                }
+                let revision = view.revision();
+                t.unknown = !view.exists();
+                Self::confirmed(t, now_ms);
+                out.push(SyncOut::Ack {
+                    service: service.clone(),
+                    revision,
+                });
+                out.push(if t.unknown {
+                    SyncOut::Forget(service)
+                } else {
+                    SyncOut::Persist(service)
+                });
+            }
+            ServiceUpdate::Snapshot(bytes) => {
+                let view = decode_service_snapshot(&bytes)
+                    .map_err(|e| e.to_string())
+                    .and_then(|snap| ServiceView::from_snapshot(&snap).map_err(|e| e.to_string()));
+                match view {
+                    Ok(view) => {
+                        let service = view.service().clone();
+                        let Some(t) = self.services.get_mut(&service) else {
+                            return;
+                        };
+                        let revision = view.revision();
+                        t.view = Some(view);
+                        t.unknown = false;
+                        Self::confirmed(t, now_ms);
+                        self.stats.snapshots_applied += 1;
+                        out.push(SyncOut::Ack {
+                            service: service.clone(),
+                            revision,
+                        });
+                        out.push(SyncOut::Persist(service));
+                    }
+                    Err(e) => {
+                        // The service it was for cannot be trusted either:
+                        // the bytes are bad. Keep serving what we hold.
+                        self.stats.bad_snapshots += 1;
+                        tracing::warn!(error = %e, "a snapshot from the arbiter did not check; ignored");
+                    }
+                }
+            }
+            ServiceUpdate::Current { service, .. } => {
+                if let Some(t) = self.services.get_mut(&service) {
+                    Self::confirmed(t, now_ms);
+                }
+            }
+            ServiceUpdate::Unknown { service } => {
+                if let Some(t) = self.services.get_mut(&service) {
+                    t.view = None;
+                    t.unknown = true;
+                    Self::confirmed(t, now_ms);
+                    out.push(SyncOut::Forget(service));
+                }
+            }
+            ServiceUpdate::Denied { service, reason } => {
+                if let Some(t) = self.services.get_mut(&service) {
+                    tracing::warn!(service = %service, reason = %reason, "the arbiter refused this watch");
+                    t.denied = Some(reason);
+                }
+            }
+            ServiceUpdate::RetryAfter { service, ms } => out.push(SyncOut::RetryLater {
+                service,
+                base_ms: ms,
+            }),
+            ServiceUpdate::NotYet { service, .. } => out.push(SyncOut::RetryLater {
+                service,
+                base_ms: 200,
+            }),
+        }
+    }
+
+    fn confirmed(t: &mut Tracked, now_ms: u64) {
+        t.synced = true;
+        t.denied = None;
+        t.confirmed_at_ms = Some(now_ms);
+    }
+
+    /// What is known of one service.
+    pub fn get(&self, service: &ServiceKey) -> Option<&Tracked> {
+        self.services.get(service)
+    }
+
+    /// Every followed service, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ServiceKey, &Tracked)> {
+        self.services.iter()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &SyncStats {
+        &self.stats
+    }
+}
+
+impl Tracked {
+    /// How old the held view is: 0 while this session keeps it current,
+    /// else the time since it was last known current (or since it was
+    /// loaded from the cache, when it never was).
+    pub fn age_ms(&self, now_ms: u64, loaded_at_ms: u64) -> u64 {
+        if self.synced {
+            0
+        } else {
+            now_ms.saturating_sub(self.confirmed_at_ms.unwrap_or(loaded_at_ms))
+        }
+    }
+}
