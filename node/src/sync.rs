@@ -309,3 +309,209 @@ impl Tracked {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Arc;
+
+    use rollcall_leases::{
+        AgentEpoch, Catalog, CatalogParams, Command, Digest, Envelope, InstanceId, Label, NodeId,
+        Principal, PrincipalName, Registration, Role, SinceAnswer, State, Version, Weight,
+    };
+
+    use super::*;
+
+    fn svc(s: &str) -> ServiceKey {
+        ServiceKey::new("default", s, "default").unwrap()
+    }
+
+    fn apply(cat: &mut Catalog, command: Command) {
+        let actor = Principal {
+            role: Role::Operator,
+            name: PrincipalName::new("t").unwrap(),
+        };
+        cat.apply(&Envelope {
+            at_ms: 1,
+            actor,
+            command,
+        })
+        .unwrap();
+    }
+
+    fn register(cat: &mut Catalog, id: &str, service: &str) {
+        apply(
+            cat,
+            Command::Register(Registration {
+                instance_id: InstanceId::new(id).unwrap(),
+                service: svc(service),
+                node: NodeId::new("n1").unwrap(),
+                epoch: AgentEpoch(1),
+                address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 80,
+                zone: None,
+                version: Version::new("v1").unwrap(),
+                weight: Weight::DEFAULT,
+                labels: Vec::new(),
+                initial: State::Ready,
+            }),
+        );
+    }
+
+    /// Two followed services, both synced from the catalog's deltas.
+    fn setup() -> (Catalog, Sync) {
+        let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
+        apply(
+            &mut cat,
+            Command::GrantLease {
+                node: NodeId::new("n1").unwrap(),
+                epoch: AgentEpoch(1),
+                zone: Label::new("z1").unwrap(),
+                ttl_ms: 10_000,
+            },
+        );
+        register(&mut cat, "a1", "a");
+        register(&mut cat, "b1", "b");
+        let mut sync = Sync::new(ShardId(0));
+        let mut out = Vec::new();
+        sync.follow(svc("a"), &mut out);
+        sync.follow(svc("b"), &mut out);
+        sync.connected(&mut out);
+        for s in ["a", "b"] {
+            let SinceAnswer::Deltas(d) = cat.changes_since(&svc(s), Revision(0)) else {
+                panic!()
+            };
+            sync.update(ServiceUpdate::Deltas(d), 10, &mut out);
+        }
+        (cat, sync)
+    }
+
+    fn deltas(cat: &Catalog, s: &str, after: Revision) -> Vec<Arc<rollcall_leases::ServiceDelta>> {
+        let SinceAnswer::Deltas(d) = cat.changes_since(&svc(s), after) else {
+            panic!()
+        };
+        d
+    }
+
+    #[test]
+    fn a_gap_asks_for_a_snapshot_of_that_service_only() {
+        let (mut cat, mut sync) = setup();
+        let held = sync.get(&svc("a")).unwrap().view.clone().unwrap();
+        register(&mut cat, "a2", "a");
+        register(&mut cat, "a3", "a");
+        // Deliver only the last delta: the one before it is missing.
+        let all = deltas(&cat, "a", held.revision());
+        let mut out = Vec::new();
+        sync.update(ServiceUpdate::Deltas(vec![all[1].clone()]), 20, &mut out);
+        assert_eq!(
+            out,
+            vec![SyncOut::Subscribe {
+                service: svc("a"),
+                have: None
+            }]
+        );
+        assert_eq!(
+            sync.get(&svc("a")).unwrap().view.as_ref(),
+            Some(&held),
+            "the held view keeps serving unchanged"
+        );
+        assert!(!sync.get(&svc("a")).unwrap().synced);
+        assert!(
+            sync.get(&svc("b")).unwrap().synced,
+            "the other service is untouched"
+        );
+        assert_eq!(sync.stats().gaps, 1);
+    }
+
+    #[test]
+    fn a_digest_mismatch_asks_for_a_snapshot_of_that_service_only() {
+        let (mut cat, mut sync) = setup();
+        let held = sync.get(&svc("b")).unwrap().view.clone().unwrap();
+        register(&mut cat, "b2", "b");
+        let mut tampered = (*deltas(&cat, "b", held.revision())[0]).clone();
+        tampered.digest = Digest::EMPTY;
+        let mut out = Vec::new();
+        sync.update(
+            ServiceUpdate::Deltas(vec![Arc::new(tampered)]),
+            20,
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![SyncOut::Subscribe {
+                service: svc("b"),
+                have: None
+            }]
+        );
+        assert_eq!(sync.get(&svc("b")).unwrap().view.as_ref(), Some(&held));
+        assert!(sync.get(&svc("a")).unwrap().synced);
+        assert_eq!(sync.stats().digest_mismatches, 1);
+    }
+
+    #[test]
+    fn good_deltas_are_acknowledged_and_persisted() {
+        let (mut cat, mut sync) = setup();
+        let held = sync
+            .get(&svc("a"))
+            .unwrap()
+            .view
+            .as_ref()
+            .unwrap()
+            .revision();
+        register(&mut cat, "a2", "a");
+        let mut out = Vec::new();
+        sync.update(ServiceUpdate::Deltas(deltas(&cat, "a", held)), 20, &mut out);
+        let now = cat.service(&svc("a")).unwrap().revision;
+        assert_eq!(
+            out,
+            vec![
+                SyncOut::Ack {
+                    service: svc("a"),
+                    revision: now
+                },
+                SyncOut::Persist(svc("a"))
+            ]
+        );
+        assert_eq!(
+            sync.get(&svc("a"))
+                .unwrap()
+                .view
+                .as_ref()
+                .unwrap()
+                .ready()
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_bad_snapshot_is_ignored_and_the_view_kept() {
+        let (_, mut sync) = setup();
+        let held = sync.get(&svc("a")).unwrap().view.clone();
+        let mut out = Vec::new();
+        sync.update(
+            ServiceUpdate::Snapshot(Arc::from(&b"\x01\x03garbage"[..])),
+            20,
+            &mut out,
+        );
+        assert!(out.is_empty());
+        assert_eq!(sync.get(&svc("a")).unwrap().view, held);
+        assert_eq!(sync.stats().bad_snapshots, 1);
+    }
+
+    #[test]
+    fn a_disconnect_makes_views_stale_and_ages_them() {
+        let (_, mut sync) = setup();
+        sync.disconnected(1_000);
+        let t = sync.get(&svc("a")).unwrap();
+        assert!(!t.synced);
+        assert_eq!(t.age_ms(1_500, 0), 500);
+        let mut out = Vec::new();
+        sync.connected(&mut out);
+        assert!(
+            out.iter()
+                .all(|o| matches!(o, SyncOut::Subscribe { have: Some(_), .. })),
+            "reconnects resume by delta: {out:?}"
+        );
+    }
+}

@@ -28,6 +28,10 @@ pub mod close_code {
     pub const PROTOCOL: u32 = 3;
 }
 
+/// How long a refused peer gets to read the refusal before the arbiter
+/// closes the connection itself.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn close(conn: &quinn::Connection, code: u32, reason: &str) {
     let reason = &reason.as_bytes()[..reason.len().min(1000)];
     conn.close(quinn::VarInt::from_u32(code), reason);
@@ -218,6 +222,13 @@ async fn write_loop(
             out = rx.recv() => match out {
                 None => return,
                 Some(Outbound::Close(reason)) => {
+                    // Let a refusal written just before reach the peer: finish
+                    // the stream and give the peer a moment to read it and
+                    // close first.
+                    if let Some(stream) = send.as_mut() {
+                        let _ = stream.finish();
+                        let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+                    }
                     close(&conn, close_code::REFUSED, &reason);
                     return;
                 }

@@ -1,0 +1,350 @@
+//! The arbiter over real QUIC on loopback, spoken to with raw protocol
+//! clients: the snapshot bound under a reconnect storm, and malformed or
+//! oversize frames.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_config::ArbiterConfig;
+use rollcall_leases::client::ArbiterClient;
+use rollcall_leases::codec::{decode_service_snapshot, FORMAT_VERSION};
+use rollcall_leases::identity::Identity;
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::server::ArbiterServer;
+use rollcall_leases::tls::{self, Ca, TlsMaterial};
+use rollcall_leases::{
+    AgentEpoch, InstanceId, Label, NodeId, PrincipalName, Registration, Role, ServiceKey,
+    ServiceView, State, Version, Weight,
+};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
+    let identity = Identity::new(
+        Label::new("r1").unwrap(),
+        role,
+        PrincipalName::new(name).unwrap(),
+    );
+    TlsMaterial::from_issued(ca, &ca.issue(&identity, &[], &[]).unwrap())
+}
+
+async fn arbiter(
+    ca: &Ca,
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut ArbiterConfig),
+) -> ArbiterServer {
+    let mut config = ArbiterConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.join("arbiter"),
+        ..ArbiterConfig::default()
+    };
+    tune(&mut config);
+    ArbiterServer::start(config, &material(ca, Role::Arbiter, "arbiter-1"))
+        .await
+        .unwrap()
+}
+
+async fn revision(server: &ArbiterServer) -> u64 {
+    let token = std::fs::read_to_string(&server.token_file).unwrap();
+    let status: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://{}/v1/status", server.admin_addr))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    status["revision"].as_u64().unwrap()
+}
+
+async fn metric(server: &ArbiterServer, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", server.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+fn service() -> ServiceKey {
+    ServiceKey::new("default", "web", "default").unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_storm_never_exceeds_the_snapshot_bound_and_everyone_converges() {
+    const AGENTS: usize = 200;
+    const BOUND: u32 = 4;
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |c| {
+        c.distribution.max_concurrent_snapshots = BOUND;
+        c.distribution.snapshot_retry_ms = 20;
+    })
+    .await;
+    let addr = server.quic_addr.to_string();
+
+    // One agent fills the service.
+    let seed = ArbiterClient::new(&material(&ca, Role::Agent, "seed")).unwrap();
+    let conn = seed.connect(&addr).await.unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new("seed").unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("z1").unwrap(),
+    };
+    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
+    assert!(matches!(
+        r.next().await.unwrap(),
+        SessionDown::Welcome { .. }
+    ));
+    for i in 0..50u8 {
+        let reg = Registration {
+            instance_id: InstanceId::new(&format!("web-{i}")).unwrap(),
+            service: service(),
+            node: NodeId::new("seed").unwrap(),
+            epoch: AgentEpoch(1),
+            address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
+            port: 8080,
+            zone: None,
+            version: Version::new("v1").unwrap(),
+            weight: Weight::DEFAULT,
+            labels: Vec::new(),
+            initial: State::Ready,
+        };
+        assert!(matches!(
+            conn.request(&Request::Register(reg)).await.unwrap(),
+            Response::Committed { .. }
+        ));
+    }
+
+    // 200 agents open sessions, then all ask for a snapshot at once.
+    let mut sessions = Vec::new();
+    for i in 0..AGENTS {
+        let node = format!("node-{i}");
+        let client = ArbiterClient::new(&material(&ca, Role::Agent, &node)).unwrap();
+        let conn = client.connect(&addr).await.unwrap();
+        let hello = SessionUp::Hello {
+            node: NodeId::new(&node).unwrap(),
+            epoch: AgentEpoch(1),
+            zone: Label::new("z1").unwrap(),
+        };
+        let (w, mut r) = conn.open_session(&hello).await.unwrap();
+        assert!(matches!(
+            r.next().await.unwrap(),
+            SessionDown::Welcome { .. }
+        ));
+        sessions.push((client, conn, w, r));
+    }
+    let expected = revision(&server).await;
+    let start = Arc::new(tokio::sync::Barrier::new(AGENTS));
+    let mut tasks = Vec::new();
+    for (client, conn, mut w, mut r) in sessions {
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            let _keep = (client, conn);
+            start.wait().await;
+            w.send(&SessionUp::Subscribe {
+                service: service(),
+                have: None,
+            })
+            .await
+            .unwrap();
+            let mut retries = 0u32;
+            loop {
+                let SessionDown::Update(items) = r.next().await.unwrap() else {
+                    continue;
+                };
+                for item in items {
+                    match item {
+                        ServiceUpdate::Snapshot(bytes) => {
+                            return (
+                                ServiceView::from_snapshot(
+                                    &decode_service_snapshot(&bytes).unwrap(),
+                                )
+                                .unwrap(),
+                                retries,
+                            )
+                        }
+                        ServiceUpdate::RetryAfter { ms, .. } => {
+                            retries += 1;
+                            tokio::time::sleep(Duration::from_millis(
+                                ms + rand::random_range(0..=ms),
+                            ))
+                            .await;
+                            w.send(&SessionUp::Subscribe {
+                                service: service(),
+                                have: None,
+                            })
+                            .await
+                            .unwrap();
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        }));
+    }
+    let mut retries = 0;
+    let mut digests = HashSet::new();
+    for task in tasks {
+        let (view, r) = tokio::time::timeout(PATIENCE, task)
+            .await
+            .expect("every agent converges")
+            .unwrap();
+        assert_eq!(view.ready().count(), 50);
+        digests.insert(view.digest());
+        retries += r;
+    }
+    assert_eq!(digests.len(), 1, "every agent holds the same service");
+    let max_seen = metric(&server, "rollcall_arbiter_snapshots_in_flight_max").await;
+    assert!(
+        max_seen <= f64::from(BOUND),
+        "at most {BOUND} snapshots in flight, saw {max_seen}"
+    );
+    assert_eq!(
+        revision(&server).await,
+        expected,
+        "subscribing changes nothing"
+    );
+    println!(
+        "{AGENTS} agents converged; most snapshots in flight {max_seen}; {retries} retry answers"
+    );
+    server.shutdown().await;
+}
+
+/// Connects with an agent certificate and returns the raw QUIC connection.
+async fn raw(ca: &Ca, server: &ArbiterServer) -> quinn::Connection {
+    let config = tls::client_config(&material(ca, Role::Agent, "node-x")).unwrap();
+    let mut endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    endpoint.set_default_client_config(config);
+    endpoint
+        .connect(server.quic_addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap()
+}
+
+async fn closed_with_protocol_error(conn: &quinn::Connection) -> String {
+    match tokio::time::timeout(PATIENCE, conn.closed())
+        .await
+        .expect("the arbiter closes the connection")
+    {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(
+                close.error_code,
+                quinn::VarInt::from_u32(3),
+                "protocol-error close code"
+            );
+            String::from_utf8_lossy(&close.reason).into_owned()
+        }
+        other => panic!("closed otherwise: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_frame_closes_the_connection_and_changes_nothing() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let before = revision(&server).await;
+    let conn = raw(&ca, &server).await;
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    // A session frame whose body is not a valid message.
+    let body = [FORMAT_VERSION, 5, 0xff, 0xff, 0xff];
+    send.write_all(&(body.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    send.write_all(&body).await.unwrap();
+    let reason = closed_with_protocol_error(&conn).await;
+    assert!(reason.contains("malformed"), "{reason}");
+    assert_eq!(revision(&server).await, before);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_frame_is_refused_before_it_is_read() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let before = revision(&server).await;
+    let conn = raw(&ca, &server).await;
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let reason = closed_with_protocol_error(&conn).await;
+    assert!(reason.contains("limit"), "{reason}");
+    assert_eq!(revision(&server).await, before);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_must_start_with_hello_for_the_certificates_node() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let before = revision(&server).await;
+    let client = ArbiterClient::new(&material(&ca, Role::Agent, "node-a")).unwrap();
+    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new("node-b").unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("z1").unwrap(),
+    };
+    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
+    match r.next().await.unwrap() {
+        SessionDown::Refused { reason } => assert!(reason.contains("node-a"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(revision(&server).await, before, "no lease was granted");
+    // An operator certificate cannot hold a lease either.
+    let operator = ArbiterClient::new(&material(&ca, Role::Operator, "ops")).unwrap();
+    let conn = operator
+        .connect(&server.quic_addr.to_string())
+        .await
+        .unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new("ops").unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("z1").unwrap(),
+    };
+    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
+    assert!(matches!(
+        r.next().await.unwrap(),
+        SessionDown::Refused { .. }
+    ));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_from_another_ca_gets_nothing() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let rogue = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let before = revision(&server).await;
+    // The handshake may appear to succeed client-side (TLS 1.3); the first
+    // exchange fails.
+    let outcome = async {
+        let client = ArbiterClient::new(&material(&rogue, Role::Agent, "node-a")).ok()?;
+        let conn = client.connect(&server.quic_addr.to_string()).await.ok()?;
+        let hello = SessionUp::Hello {
+            node: NodeId::new("node-a").unwrap(),
+            epoch: AgentEpoch(1),
+            zone: Label::new("z1").unwrap(),
+        };
+        let (_w, mut r) = conn.open_session(&hello).await.ok()?;
+        r.next().await.ok()
+    };
+    assert!(tokio::time::timeout(PATIENCE, outcome)
+        .await
+        .expect("the attempt ends")
+        .is_none());
+    assert_eq!(revision(&server).await, before);
+    server.shutdown().await;
+}

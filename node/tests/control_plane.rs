@@ -1,0 +1,571 @@
+//! Issue 3's integration tests: a real arbiter and real agents on loopback,
+//! driven through the public HTTP API.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::{eventually, Cluster, Http};
+use rollcall_config::{ControllerGrant, ServicePattern};
+use rollcall_leases::client::ArbiterClient;
+use rollcall_leases::codec::{decode_service_snapshot, MAX_SERVICE_SNAPSHOT_BYTES};
+use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
+use rollcall_leases::{
+    AgentEpoch, Generation, InstanceId, Label, NodeId, Registration, Role, ServiceKey, ServiceView,
+    State, Version, Weight,
+};
+use rollcall_node::agent::{Agent, AgentHandle};
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_resolve_drain() {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent("node-a").await;
+    let http = Http::of(&agent);
+    eventually("agent connected", || async {
+        http.status().await["arbiter"]["connected"]
+            .as_bool()
+            .unwrap()
+            .then_some(())
+    })
+    .await;
+    let (status, body) = http.register("web", "web-1", 8080).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 1);
+    assert_eq!(body["state"], "READY");
+    assert_eq!(http.ready_ids("web").await.unwrap(), vec!["web-1"]);
+    let (status, body) = http.drain("web-1", "?generation=1").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["revision"].as_u64().unwrap() > 0);
+    assert_eq!(http.ready_ids("web").await.unwrap(), Vec::<String>::new());
+}
+
+/// The instance ids in a resolve answer body.
+fn ids(body: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = body["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["instance_id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The endpoint `id` in a resolve answer body.
+fn endpoint<'a>(body: &'a Value, id: &str) -> Option<&'a Value> {
+    body["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["instance_id"] == id)
+}
+
+/// Waits until `http` resolves `service` to exactly `want` (READY ids), from
+/// a view the arbiter confirmed (not stale).
+async fn wait_ready(http: &Http, service: &str, want: &[&str]) {
+    let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    eventually(
+        &format!("{service} resolves to {want:?}, not stale"),
+        || async {
+            let (status, body) = http.resolve(service).await;
+            (status == 200 && body["stale"] == false && ids(&body) == want).then_some(())
+        },
+    )
+    .await;
+}
+
+async fn connected_agent(cluster: &Cluster, node: &str) -> (AgentHandle, Http) {
+    let handle = cluster.agent(node).await;
+    let http = Http::of(&handle);
+    http.wait_connected().await;
+    (handle, http)
+}
+
+fn registration(id: &str, service: &str, node: &str, epoch: AgentEpoch) -> Registration {
+    Registration {
+        instance_id: InstanceId::new(id).unwrap(),
+        service: ServiceKey::new("default", service, "default").unwrap(),
+        node: NodeId::new(node).unwrap(),
+        epoch,
+        address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 9000,
+        zone: None,
+        version: Version::new("").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_generation_cannot_touch_its_successor() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let (status, body) = http.register("web", "web-1", 8080).await;
+    assert_eq!(
+        (status, body["generation"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    let (status, body) = http.register("web", "web-1", 8081).await;
+    assert_eq!(
+        (status, body["generation"].as_u64()),
+        (200, Some(2)),
+        "{body}"
+    );
+
+    eventually("the view holds generation 2", || async {
+        let (_, body) = http.resolve("web").await;
+        endpoint(&body, "web-1")
+            .is_some_and(|e| e["generation"] == 2)
+            .then_some(())
+    })
+    .await;
+    let admin = cluster.admin();
+    let before = admin.revision().await;
+
+    let (status, body) = http.heartbeat("web-1", "?generation=1").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "stale_generation");
+    let (status, body) = http.deregister("web-1", "?generation=1").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "stale_generation");
+    assert_eq!(
+        admin.revision().await,
+        before,
+        "a stale call changed the catalog"
+    );
+
+    let (status, body) = http.resolve("web").await;
+    assert_eq!(status, 200, "{body}");
+    let successor = endpoint(&body, "web-1").expect("the successor is still listed");
+    assert_eq!(successor["generation"], 2);
+    assert_eq!(successor["state"], "READY");
+    assert_eq!(successor["port"], 8081);
+    let (status, body) = http.heartbeat("web-1", "?generation=2").await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_resume_by_delta_after_an_arbiter_restart() {
+    let mut cluster = Cluster::start().await;
+    let (_a, http_a) = connected_agent(&cluster, "node-a").await;
+    let (_b, http_b) = connected_agent(&cluster, "node-b").await;
+    for id in ["web-1", "web-2"] {
+        assert_eq!(http_a.register("web", id, 8080).await.0, 200);
+    }
+    assert_eq!(http_b.register("web", "web-3", 8080).await.0, 200);
+    wait_ready(&http_a, "web", &["web-1", "web-2", "web-3"]).await;
+    wait_ready(&http_b, "web", &["web-1", "web-2", "web-3"]).await;
+    let before = cluster.admin().revision().await;
+
+    cluster.stop_arbiter().await;
+    http_a.wait_disconnected().await;
+    http_b.wait_disconnected().await;
+    cluster.start_arbiter().await;
+    http_a.wait_connected().await;
+    http_b.wait_connected().await;
+
+    let admin = cluster.admin();
+    assert!(
+        admin.revision().await >= before,
+        "the catalog revision went back"
+    );
+    wait_ready(&http_a, "web", &["web-1", "web-2", "web-3"]).await;
+    wait_ready(&http_b, "web", &["web-1", "web-2", "web-3"]).await;
+    let (status, body) = http_a.register("web", "web-4", 8080).await;
+    assert_eq!(
+        (status, body["generation"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    wait_ready(&http_b, "web", &["web-1", "web-2", "web-3", "web-4"]).await;
+    assert_eq!(
+        admin.metric("rollcall_arbiter_snapshots_sent").await,
+        0.0,
+        "an agent was sent a full snapshot instead of deltas"
+    );
+    // The control: a newcomer's first subscription is a snapshot, and counts.
+    let (_c, http_c) = connected_agent(&cluster, "node-c").await;
+    wait_ready(&http_c, "web", &["web-1", "web-2", "web-3", "web-4"]).await;
+    eventually("the newcomer's snapshot is counted", || async {
+        (admin.metric("rollcall_arbiter_snapshots_sent").await >= 1.0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_serves_its_cache_while_the_arbiter_is_down() {
+    let mut cluster = Cluster::start().await;
+    let (agent, http) = connected_agent(&cluster, "node-a").await;
+    assert_eq!(http.register("web", "web-1", 8080).await.0, 200);
+    wait_ready(&http, "web", &["web-1"]).await;
+    let cache_file = cluster
+        .agent_dir("node-a")
+        .join("cache")
+        .join("default.web.default.snap");
+    eventually("the cache file is written", || async {
+        cache_file.exists().then_some(())
+    })
+    .await;
+
+    cluster.stop_arbiter().await;
+    agent.shutdown().await;
+    let agent = cluster.agent("node-a").await;
+    let http = Http::of(&agent);
+    let (status, body) = http.resolve("web").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stale"], true, "{body}");
+    assert_eq!(ids(&body), vec!["web-1"]);
+    assert_eq!(http.status().await["arbiter"]["connected"], false);
+    let (status, body) = http.resolve("api").await;
+    assert_eq!(
+        status, 503,
+        "a service neither cached nor reachable cannot be known: {body}"
+    );
+
+    cluster.start_arbiter().await;
+    wait_ready(&http, "web", &["web-1"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_while_the_arbiter_is_down_applies_locally_then_commits() {
+    let mut cluster = Cluster::start().await;
+    let (_a, http) = connected_agent(&cluster, "node-a").await;
+    for id in ["web-1", "web-2"] {
+        assert_eq!(http.register("web", id, 8080).await.0, 200);
+    }
+    wait_ready(&http, "web", &["web-1", "web-2"]).await;
+
+    cluster.stop_arbiter().await;
+    http.wait_disconnected().await;
+    let (status, body) = http.drain("web-1", "?generation=1").await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["pending"], true, "{body}");
+    let (status, body) = http.resolve("web").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        ids(&body),
+        vec!["web-2"],
+        "a local drain applies to this agent at once"
+    );
+    assert!(http.status().await["pending_writes"].as_u64().unwrap() >= 1);
+
+    cluster.start_arbiter().await;
+    eventually("the pending drain is committed", || async {
+        (http.status().await["pending_writes"] == 0).then_some(())
+    })
+    .await;
+    let (_b, http_b) = connected_agent(&cluster, "node-b").await;
+    wait_ready(&http_b, "web", &["web-2"]).await;
+    let (status, body) = http_b.resolve_all("web").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        endpoint(&body, "web-1").expect("web-1 is listed with all=true")["state"],
+        "DRAINING"
+    );
+    assert_eq!(endpoint(&body, "web-2").unwrap()["state"], "READY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_while_the_arbiter_is_down_is_pending_until_it_returns() {
+    let mut cluster = Cluster::start().await;
+    let (_a, http_a) = connected_agent(&cluster, "node-a").await;
+    let (_b, http_b) = connected_agent(&cluster, "node-b").await;
+    assert_eq!(http_a.register("web", "web-1", 8080).await.0, 200);
+    wait_ready(&http_a, "web", &["web-1"]).await;
+    wait_ready(&http_b, "web", &["web-1"]).await;
+
+    cluster.stop_arbiter().await;
+    http_a.wait_disconnected().await;
+    let (status, body) = http_a.register("web", "web-2", 8080).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["generation"], Value::Null, "{body}");
+    assert_eq!(body["pending"], true, "{body}");
+    for http in [&http_a, &http_b] {
+        let (status, body) = http.resolve_all("web").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            ids(&body),
+            vec!["web-1"],
+            "a pending registration is invisible"
+        );
+    }
+
+    cluster.start_arbiter().await;
+    wait_ready(&http_b, "web", &["web-1", "web-2"]).await;
+    wait_ready(&http_a, "web", &["web-1", "web-2"]).await;
+    let (_, body) = http_b.resolve("web").await;
+    let registered = endpoint(&body, "web-2").unwrap();
+    assert_eq!(registered["generation"], 1);
+    assert_eq!(registered["state"], "READY");
+    eventually("the agent has nothing pending", || async {
+        (http_a.status().await["pending_writes"] == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_cache_file_is_discarded_and_refetched() {
+    let cluster = Cluster::start().await;
+    let (agent, http) = connected_agent(&cluster, "node-a").await;
+    assert_eq!(http.register("web", "web-1", 8080).await.0, 200);
+    wait_ready(&http, "web", &["web-1"]).await;
+    let cache_file = cluster
+        .agent_dir("node-a")
+        .join("cache")
+        .join("default.web.default.snap");
+    eventually("the cache file is written", || async {
+        cache_file.exists().then_some(())
+    })
+    .await;
+    agent.shutdown().await;
+
+    let mut corrupted = std::fs::read(&cache_file).unwrap();
+    let middle = corrupted.len() / 2;
+    corrupted[middle] ^= 0x5a;
+    std::fs::write(&cache_file, &corrupted).unwrap();
+
+    let agent = cluster.agent("node-a").await;
+    let http = Http::of(&agent);
+    eventually("web resolves from the arbiter", || async {
+        let (status, body) = http.resolve("web").await;
+        if status == 200 {
+            assert_eq!(body["stale"], false, "the corrupt cache was served: {body}");
+        }
+        (status == 200 && ids(&body) == ["web-1"]).then_some(())
+    })
+    .await;
+    let rewritten = eventually("the cache file is rewritten", || async {
+        let bytes =
+            rollcall_node::durable::read_verified(&cache_file, MAX_SERVICE_SNAPSHOT_BYTES as u64)
+                .ok()??;
+        Some(bytes)
+    })
+    .await;
+    assert_ne!(std::fs::read(&cache_file).unwrap(), corrupted);
+    let view = ServiceView::from_snapshot(&decode_service_snapshot(&rewritten).unwrap()).unwrap();
+    assert_eq!(
+        view.records()
+            .map(|r| r.instance_id.as_str().to_owned())
+            .collect::<Vec<_>>(),
+        vec!["web-1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_node_gets_no_lease_and_writes_nothing() {
+    let cluster = Cluster::start().await;
+    let admin = cluster.admin();
+    let config_b = cluster.agent_config("node-b");
+    let impostor = Agent::start(config_b, Some(&cluster.tls(Role::Agent, "node-a")))
+        .await
+        .unwrap();
+    let http = Http::of(&impostor);
+    // A bounded observation window: this asserts that something does NOT happen.
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until {
+        assert!(
+            !http.connected().await,
+            "an agent with node-a's certificate connected as node-b"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = admin.status().await;
+    assert!(
+        status["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["node"] != "node-b"),
+        "{status}"
+    );
+    assert_eq!(status["leases"], 0, "{status}");
+    impostor.shutdown().await;
+
+    let client = ArbiterClient::new(&cluster.tls(Role::Agent, "node-a")).unwrap();
+    let conn = client
+        .connect(&cluster.quic_addr().to_string())
+        .await
+        .unwrap();
+    let epoch = AgentEpoch(1);
+    let hello = SessionUp::Hello {
+        node: NodeId::new("node-a").unwrap(),
+        epoch,
+        zone: Label::new("z1").unwrap(),
+    };
+    let (_writer, mut reader) = conn.open_session(&hello).await.unwrap();
+    let welcome = reader.next().await.unwrap();
+    assert!(
+        matches!(welcome, SessionDown::Welcome { .. }),
+        "{welcome:?}"
+    );
+    let before = admin.revision().await;
+    let answer = conn
+        .request(&Request::Register(registration(
+            "web-9", "web", "node-c", epoch,
+        )))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Response::Rejected {
+                kind: RejectKind::Forbidden,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(admin.revision().await, before);
+    conn.close("test over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_writes_only_the_services_of_its_grant() {
+    let cluster = Cluster::start_with(|c| {
+        c.controllers = vec![ControllerGrant {
+            name: "deployer".into(),
+            services: vec![ServicePattern::try_from("default/web/*".to_string()).unwrap()],
+        }];
+    })
+    .await;
+    let (agent, http) = connected_agent(&cluster, "node-a").await;
+    let epoch = agent.agent.epoch();
+
+    let client = ArbiterClient::new(&cluster.tls(Role::Controller, "deployer")).unwrap();
+    let conn = client
+        .connect(&cluster.quic_addr().to_string())
+        .await
+        .unwrap();
+    let answer = conn
+        .request(&Request::Register(registration(
+            "web-c1", "web", "node-a", epoch,
+        )))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Response::Committed {
+                generation: Some(Generation(1)),
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    wait_ready(&http, "web", &["web-c1"]).await;
+
+    let before = cluster.admin().revision().await;
+    let answer = conn
+        .request(&Request::Register(registration(
+            "api-c1", "api", "node-a", epoch,
+        )))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Response::Rejected {
+                kind: RejectKind::Forbidden,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(cluster.admin().revision().await, before);
+    conn.close("test over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_change_through_the_agent_is_audited() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    assert_eq!(http.register("web", "web-1", 8080).await.0, 200);
+    assert_eq!(http.drain("web-1", "?generation=1").await.0, 200);
+    let (status, body) = http.deregister("web-1", "?generation=1").await;
+    assert_eq!(status, 200, "{body}");
+
+    let admin = cluster.admin();
+    let (status, body) = admin.get("/v1/audit?service=default/web/default").await;
+    assert_eq!(status, 200, "{body}");
+    let entries = body.as_array().unwrap();
+    let commands: Vec<&str> = entries
+        .iter()
+        .map(|e| e["command"].as_str().unwrap())
+        .filter(|c| *c != "grant-lease")
+        .collect();
+    assert_eq!(commands, ["register", "transition", "deregister"], "{body}");
+    let revisions: Vec<u64> = entries
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert!(
+        revisions.windows(2).all(|w| w[0] < w[1]),
+        "not in revision order: {revisions:?}"
+    );
+    for entry in entries {
+        assert_eq!(entry["actor"], "agent:node-a", "{entry}");
+        assert!(
+            entry["services"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "default/web/default"),
+            "{entry}"
+        );
+    }
+    for entry in entries.iter().filter(|e| e["command"] != "grant-lease") {
+        assert_eq!(entry["instance"], "web-1", "{entry}");
+    }
+    assert_eq!(admin.get_without_token("/v1/audit").await, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_registrations_change_nothing() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let admin = cluster.admin();
+    let before = admin.revision().await;
+    let put = |body: Vec<u8>, with_token: bool| {
+        http.send_raw(
+            reqwest::Method::PUT,
+            "/v1/agent/instances",
+            body,
+            with_token,
+        )
+    };
+    let valid = serde_json::json!({"service": "web", "instance_id": "web-1", "address": "127.0.0.1", "port": 8080});
+    let with = |field: &str, value: Value| {
+        let mut body = valid.clone();
+        body[field] = value;
+        serde_json::to_vec(&body).unwrap()
+    };
+
+    let (status, body) = put(br#"{"service": "web", "instance_id": "#.to_vec(), true).await;
+    assert_eq!(status, 400, "malformed JSON: {body}");
+    let (status, body) = put(with("colour", "blue".into()), true).await;
+    assert_eq!(status, 400, "unknown field: {body}");
+    let (status, body) = put(with("port", 0.into()), true).await;
+    assert_eq!(status, 422, "port 0: {body}");
+    let mut oversized = serde_json::to_vec(&valid).unwrap();
+    oversized.resize(64 * 1024 + 1, b' ');
+    let (status, body) = put(oversized, true).await;
+    assert_eq!(status, 413, "a body over 64 KiB: {body}");
+    assert_eq!(body["error"], "too_large", "{body}");
+    let (status, body) = put(
+        with("checks", serde_json::json!({"readiness": {"kind": "tcp"}})),
+        true,
+    )
+    .await;
+    assert_eq!(status, 422, "checks: {body}");
+    let (status, body) = put(serde_json::to_vec(&valid).unwrap(), false).await;
+    assert_eq!(status, 401, "no token: {body}");
+
+    assert_eq!(admin.revision().await, before);
+    assert_eq!(http.status().await["pending_writes"], 0);
+    assert_eq!(http.resolve("web").await.0, 404, "nothing registered web");
+}
