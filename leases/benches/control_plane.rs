@@ -248,6 +248,7 @@ async fn run() {
         for &s in &picks {
             subscribers[s] += 1;
             w.send(&SessionUp::Subscribe {
+                shard: rollcall_leases::ShardId(0),
                 service: service(s),
                 have: None,
             })
@@ -293,6 +294,7 @@ async fn run() {
                             acks.clear();
                             let _ = w
                                 .send(&SessionUp::Subscribe {
+                                    shard: rollcall_leases::ShardId(0),
                                     service,
                                     have: None,
                                 })

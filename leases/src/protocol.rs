@@ -38,11 +38,13 @@ pub enum SessionUp {
         /// The node's zone.
         zone: Label,
     },
-    /// Follow a service. `have` is the revision of the service's last change
-    /// the agent holds; `None` asks for a full snapshot.
+    /// Follow a service of a shard. `have` is the revision of the service's
+    /// last change the agent holds; `None` asks for a full snapshot.
     Subscribe {
         /// The service.
         service: ServiceKey,
+        /// The shard the agent expects it in (resume tokens name the shard).
+        shard: ShardId,
         /// What the agent already holds.
         have: Option<Revision>,
     },

@@ -151,6 +151,7 @@ async fn a_reconnect_storm_never_exceeds_the_snapshot_bound_and_everyone_converg
             let _keep = (client, conn);
             start.wait().await;
             w.send(&SessionUp::Subscribe {
+                shard: rollcall_leases::ShardId(0),
                 service: service(),
                 have: None,
             })
@@ -179,6 +180,7 @@ async fn a_reconnect_storm_never_exceeds_the_snapshot_bound_and_everyone_converg
                             ))
                             .await;
                             w.send(&SessionUp::Subscribe {
+                                shard: rollcall_leases::ShardId(0),
                                 service: service(),
                                 have: None,
                             })

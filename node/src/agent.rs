@@ -19,8 +19,8 @@ use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError};
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
 use rollcall_leases::tls::TlsMaterial;
 use rollcall_leases::{
-    AgentEpoch, Generation, InstanceId, Label, LeaseId, NodeId, Reason, Registration, Revision,
-    Role, ServiceKey, ShardId, State,
+    shard_of, AgentEpoch, Generation, InstanceId, Label, LeaseId, NodeId, Reason, Registration,
+    Revision, Role, ServiceKey, ShardId, State,
 };
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -63,6 +63,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     let what = what.into();
     move |source| AgentError::Io { what, source }
 }
+
+/// Catalog shards per region. One today; services map to shards by key
+/// (`shard_of`), so more can be added without changing the protocol.
+const SHARDS: u16 = 1;
 
 /// Wall clock in ms since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -431,7 +435,13 @@ impl Agent {
         for out in outs {
             match out {
                 SyncOut::Subscribe { service, have } => {
-                    writer.send(&SessionUp::Subscribe { service, have }).await?
+                    writer
+                        .send(&SessionUp::Subscribe {
+                            shard: shard_of(&service, SHARDS),
+                            service,
+                            have,
+                        })
+                        .await?
                 }
                 SyncOut::Ack { service, revision } => {
                     writer.send(&SessionUp::Ack { service, revision }).await?
@@ -461,7 +471,11 @@ impl Agent {
         };
         for out in outs {
             let msg = match out {
-                SyncOut::Subscribe { service, have } => SessionUp::Subscribe { service, have },
+                SyncOut::Subscribe { service, have } => SessionUp::Subscribe {
+                    shard: shard_of(&service, SHARDS),
+                    service,
+                    have,
+                },
                 SyncOut::Ack { service, revision } => SessionUp::Ack { service, revision },
                 _ => continue,
             };

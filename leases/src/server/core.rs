@@ -326,8 +326,23 @@ impl Core {
                 self.close(agent, "a second Hello on one session".into())
             }
             (_, None) => self.close(agent, "the session must start with Hello".into()),
-            (SessionUp::Subscribe { service, have }, Some((node, _))) => {
-                if let Err(reason) = self.may_watch(&node, &service) {
+            (
+                SessionUp::Subscribe {
+                    service,
+                    shard,
+                    have,
+                },
+                Some((node, _)),
+            ) => {
+                let ours = self.catalog.params().shard;
+                let allowed = if shard == ours {
+                    self.may_watch(&node, &service)
+                } else {
+                    Err(format!(
+                        "this arbiter serves shard {ours}, not shard {shard}"
+                    ))
+                };
+                if let Err(reason) = allowed {
                     let update =
                         SessionDown::Update(vec![ServiceUpdate::Denied { service, reason }]);
                     self.send(agent, update);
