@@ -169,6 +169,14 @@ struct CertsArgs {
     /// Operator identity; repeatable.
     #[arg(long, value_name = "NAME", value_parser = parse_principal)]
     operator: Vec<PrincipalName>,
+    /// A DNS name agents use to reach the arbiters (or peers the bridges),
+    /// added to arbiter and bridge certificates; repeatable.
+    #[arg(long, value_name = "NAME")]
+    dns: Vec<String>,
+    /// An IP address likewise added to arbiter and bridge certificates;
+    /// repeatable.
+    #[arg(long, value_name = "ADDR")]
+    ip: Vec<std::net::IpAddr>,
 }
 
 /// Validates `--region` at the edge, so clap reports a bad one as a usage
@@ -239,7 +247,11 @@ fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
     })
     .collect();
     // TlsError messages already name the file at fault and the remedy.
-    let written = tls::write_certs(&args.out, &args.region, &identities)?;
+    let names = tls::ServerNames {
+        dns: args.dns.clone(),
+        ips: args.ip.clone(),
+    };
+    let written = tls::write_certs(&args.out, &args.region, &identities, &names)?;
     if written.ca_reused {
         println!("reused CA {}", args.out.join(tls::CA_CERT_FILE).display());
     }

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::file::ConfigFile;
 use crate::{rules, BudgetEstimates, ChecksConfig, ConfigError, GossipConfig, TlsPaths};
+use crate::{
+    DataPlaneConfig, DrainConfig, ProbesConfig, ProxyEntry, StalenessConfig, WorkloadGrant,
+};
 
 /// Prefix of every field path in agent errors. The file has no `[agent]`
 /// table because it is the agent's own, but errors still say `agent.` so
@@ -77,6 +80,19 @@ pub struct AgentConfig {
     pub tls: Option<TlsPaths>,
     /// `[checks.*]`: timings of checks whose registration omits them.
     pub checks: ChecksConfig,
+    /// `[[proxy]]`: local TCP proxy listeners, one per service. Default none.
+    pub proxy: Vec<ProxyEntry>,
+    /// `[data_plane]`: endpoint choice, retries, ejection, panic, protection.
+    pub data_plane: DataPlaneConfig,
+    /// `[staleness]`: maximum age of a service's copy and what happens past it.
+    pub staleness: StalenessConfig,
+    /// `[[workloads]]`: uids/gids allowed to register and drain services
+    /// through the agent's unix socket. Default none.
+    pub workloads: Vec<WorkloadGrant>,
+    /// `[drain]`: the drain sequence.
+    pub drain: DrainConfig,
+    /// `[probes]`: the probe runner.
+    pub probes: ProbesConfig,
     /// `[gossip]`: SWIM membership of this node's zone.
     pub gossip: GossipConfig,
     /// `[budget]`: estimates `rollcall budget` uses for what settings cannot
@@ -103,6 +119,12 @@ impl Default for AgentConfig {
             propagation_timeout_ms: 2_500,
             tls: None,
             checks: ChecksConfig::default(),
+            proxy: Vec::new(),
+            data_plane: DataPlaneConfig::default(),
+            staleness: StalenessConfig::default(),
+            workloads: Vec::new(),
+            drain: DrainConfig::default(),
+            probes: ProbesConfig::default(),
             gossip: GossipConfig::default(),
             budget: BudgetEstimates::default(),
         }
@@ -143,6 +165,15 @@ impl ConfigFile for AgentConfig {
         if let Some(tls) = &self.tls {
             tls.validate("agent.tls")?;
         }
+        crate::data_plane::validate(
+            PREFIX,
+            &self.proxy,
+            &self.data_plane,
+            &self.staleness,
+            &self.workloads,
+            &self.drain,
+            &self.probes,
+        )?;
         self.checks.validate(&format!("{PREFIX}.checks"))?;
         self.gossip.validate(&format!("{PREFIX}.gossip"))?;
         self.budget.validate(&format!("{PREFIX}.budget"))
@@ -171,6 +202,18 @@ mod tests {
         );
     }
 
+    /// The example file with every `# <start>…` line uncommented, for each
+    /// `start` (a key followed by ` = `, or a table header).
+    fn uncommented_example(starts: &[&str]) -> String {
+        include_str!("../examples/agent.toml")
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if starts.iter().any(|s| rest.starts_with(s)) => rest,
+                _ => line,
+            })
+            .fold(String::new(), |acc, line| acc + line + "\n")
+    }
+
     /// The example lists the gossip overrides commented out, with the `lan`
     /// preset's values; uncommented they must parse and change nothing.
     #[test]
@@ -184,13 +227,9 @@ mod tests {
             "announce_ms",
             "max_transmissions",
         ];
-        let text: String = include_str!("../examples/agent.toml")
-            .lines()
-            .map(|line| match line.strip_prefix("# ") {
-                Some(rest) if keys.iter().any(|k| rest.starts_with(&format!("{k} = "))) => rest,
-                _ => line,
-            })
-            .fold(String::new(), |acc, line| acc + line + "\n");
+        let starts: Vec<String> = keys.iter().map(|k| format!("{k} = ")).collect();
+        let starts: Vec<&str> = starts.iter().map(String::as_str).collect();
+        let text = uncommented_example(&starts);
         let config = AgentConfig::from_toml_str(&text).expect("uncommented example must load");
         for key in keys {
             assert!(
@@ -201,6 +240,47 @@ mod tests {
             );
         }
         assert_eq!(config.gossip.effective(), GossipPreset::Lan.settings());
+    }
+
+    /// The example shows the optional `[tls]` table commented out, with the
+    /// paths `rollcall certs --out /etc/rollcall/certs --region r1 --agent
+    /// node-17` writes; uncommented it must parse, validate and change
+    /// nothing else.
+    #[test]
+    fn example_tls_table_parses_and_validates() {
+        let text = uncommented_example(&["[tls]", "ca = ", "cert = ", "key = "]);
+        let mut config = AgentConfig::from_toml_str(&text).expect("uncommented example must load");
+        assert_eq!(
+            config.tls.take(),
+            Some(TlsPaths {
+                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                cert: PathBuf::from("/etc/rollcall/certs/agent-node-17.crt"),
+                key: PathBuf::from("/etc/rollcall/certs/agent-node-17.key"),
+            })
+        );
+        assert_eq!(config, AgentConfig::default());
+    }
+
+    /// Every key of the config appears in the example (set or commented
+    /// out), so a key added later cannot be forgotten there.
+    #[test]
+    fn example_names_every_key() {
+        let example = include_str!("../examples/agent.toml");
+        let mut config = AgentConfig::default();
+        config.tls = Some(TlsPaths {
+            ca: "ca".into(),
+            cert: "cert".into(),
+            key: "key".into(),
+        });
+        let full = toml::to_string(&config).expect("serializable");
+        for line in full.lines().filter(|l| !l.is_empty()) {
+            let key = line.split(" = ").next().expect("a key or header");
+            let shown = example
+                .lines()
+                .map(|l| l.strip_prefix("# ").unwrap_or(l))
+                .any(|l| l == key || l.starts_with(&format!("{key} = ")));
+            assert!(shown, "{key} is not in examples/agent.toml");
+        }
     }
 
     #[test]

@@ -427,6 +427,97 @@ mod tests {
         );
     }
 
+    /// The example file with every `# <start>…` line uncommented, for each
+    /// `start` (a key followed by ` = `, or a table header).
+    fn uncommented_example(starts: &[&str]) -> String {
+        include_str!("../examples/arbiter.toml")
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if starts.iter().any(|s| rest.starts_with(s)) => rest,
+                _ => line,
+            })
+            .fold(String::new(), |acc, line| acc + line + "\n")
+    }
+
+    fn pattern(text: &str) -> crate::ServicePattern {
+        crate::ServicePattern::try_from(text.to_owned()).expect("valid pattern")
+    }
+
+    /// The example shows the optional `[tls]`, `[[controllers]]` and
+    /// `[[watch_rules]]` tables commented out; uncommented they must parse,
+    /// validate and change nothing else.
+    #[test]
+    fn example_optional_tables_parse_and_validate() {
+        let text = uncommented_example(&[
+            "[tls]",
+            "ca = ",
+            "cert = ",
+            "key = ",
+            "[[controllers]]",
+            "name = ",
+            "services = ",
+            "[[watch_rules]]",
+            "nodes = ",
+        ]);
+        let mut config =
+            ArbiterConfig::from_toml_str(&text).expect("uncommented example must load");
+        assert_eq!(
+            config.tls.take(),
+            Some(TlsPaths {
+                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                cert: PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.crt"),
+                key: PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.key"),
+            })
+        );
+        assert_eq!(
+            std::mem::take(&mut config.controllers),
+            vec![ControllerGrant {
+                name: "deployer".to_owned(),
+                services: vec![pattern("default/web/*"), pattern("shop/*")],
+            }]
+        );
+        assert_eq!(
+            std::mem::take(&mut config.watch_rules),
+            vec![WatchRule {
+                nodes: vec!["edge-1".to_owned(), "edge-2".to_owned()],
+                services: vec![pattern("default/web/*"), pattern("shop/cart/http")],
+            }]
+        );
+        assert_eq!(config, ArbiterConfig::default());
+    }
+
+    /// Every key of the config appears in the example (set or commented
+    /// out), so a key added later cannot be forgotten there.
+    #[test]
+    fn example_names_every_key() {
+        let example = include_str!("../examples/arbiter.toml");
+        let config = ArbiterConfig {
+            tls: Some(TlsPaths {
+                ca: "ca".into(),
+                cert: "cert".into(),
+                key: "key".into(),
+            }),
+            controllers: vec![ControllerGrant {
+                name: "c".to_owned(),
+                services: vec![pattern("*")],
+            }],
+            watch_rules: vec![WatchRule {
+                nodes: vec!["n".to_owned()],
+                services: vec![pattern("*")],
+            }],
+            ..ArbiterConfig::default()
+        };
+        let full = toml::to_string(&config).expect("serializable");
+        for line in full.lines().filter(|l| !l.is_empty()) {
+            let key = line.split(" = ").next().expect("a key or header");
+            let shown = example
+                .lines()
+                .map(|l| l.strip_prefix("# ").unwrap_or(l))
+                .any(|l| l == key || l.starts_with(&format!("{key} = ")));
+            assert!(shown, "{key} is not in examples/arbiter.toml");
+        }
+    }
+
     #[test]
     fn default_round_trips_through_toml() {
         let text = toml::to_string(&ArbiterConfig::default()).expect("serializable");

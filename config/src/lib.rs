@@ -15,6 +15,7 @@ mod arbiter;
 mod bridge;
 mod budget;
 mod checks;
+mod data_plane;
 mod error;
 mod file;
 mod gossip;
@@ -34,6 +35,10 @@ pub use budget::{
 };
 pub use checks::{
     CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
+};
+pub use data_plane::{
+    DataPlaneConfig, DrainConfig, ProbesConfig, ProxyEntry, StaleBehaviour, StalenessConfig,
+    StalenessOverride, WorkloadGrant,
 };
 pub use error::ConfigError;
 pub use file::ConfigFile;

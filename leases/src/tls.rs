@@ -556,15 +556,28 @@ pub fn bundle_name(identity: &Identity) -> String {
     )
 }
 
+/// Extra names put in server certificates (arbiters and bridges), beyond
+/// `localhost`, 127.0.0.1 and ::1: the host names and addresses peers dial,
+/// which the TLS handshake checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerNames {
+    /// DNS names.
+    pub dns: Vec<String>,
+    /// IP addresses.
+    pub ips: Vec<IpAddr>,
+}
+
 /// Issues a bundle for each identity into `out` (created if missing), named
 /// by `bundle_name`. Reuses `out/ca.crt` and `out/ca.key` when both exist,
 /// so certificates can be added later; generates and writes a CA when
 /// neither does; refuses when only one does. Every identity must belong to
-/// `region`, and so must a reused CA.
+/// `region`, and so must a reused CA. Arbiter and bridge certificates also carry
+/// `server_names`.
 pub fn write_certs(
     out: &Path,
     region: &Label,
     identities: &[Identity],
+    server_names: &ServerNames,
 ) -> Result<WrittenCerts, TlsError> {
     if let Some(stranger) = identities.iter().find(|id| &id.region != region) {
         return Err(TlsError::RegionMismatch {
@@ -614,7 +627,12 @@ pub fn write_certs(
     let mut done = BTreeSet::new();
     for identity in identities {
         if done.insert(identity) {
-            let issued = ca.issue(identity, &[], &[])?;
+            let issued = match identity.principal.role {
+                Role::Arbiter | Role::Bridge => {
+                    ca.issue(identity, &server_names.dns, &server_names.ips)?
+                }
+                _ => ca.issue(identity, &[], &[])?,
+            };
             files.extend(write_bundle(out, &bundle_name(identity), &issued)?);
         }
     }
@@ -1083,6 +1101,44 @@ mod tests {
     }
 
     #[test]
+    fn write_certs_puts_server_names_in_server_certificates_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = ServerNames {
+            dns: vec!["arb-1.r1.example".to_owned()],
+            ips: vec!["10.0.0.5".parse().expect("ip")],
+        };
+        let arbiter = id("r1", Role::Arbiter, "arb-1");
+        let agent = id("r1", Role::Agent, "node-1");
+        write_certs(
+            dir.path(),
+            &region("r1"),
+            &[arbiter.clone(), agent.clone()],
+            &names,
+        )
+        .expect("write");
+        let der = |identity: &Identity| {
+            let files = TlsFiles::in_dir(dir.path(), identity);
+            TlsMaterial::load(&files).expect("load").cert_chain[0].to_vec()
+        };
+        let arbiter_sans = sans(&der(&arbiter));
+        assert!(
+            arbiter_sans.contains(&"DNS(arb-1.r1.example)".to_owned()),
+            "{arbiter_sans:?}"
+        );
+        assert!(
+            arbiter_sans.contains(&"IP(10.0.0.5)".to_owned()),
+            "{arbiter_sans:?}"
+        );
+        let agent_sans = sans(&der(&agent));
+        assert!(
+            !agent_sans
+                .iter()
+                .any(|s| s.contains("arb-1.r1.example") || s.contains("10.0.0.5")),
+            "{agent_sans:?}"
+        );
+    }
+
+    #[test]
     fn servers_get_loopback_names_and_agents_do_not() {
         let ca = Ca::generate(&region("r1")).expect("CA");
         let arbiter = ca
@@ -1164,8 +1220,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("certs");
         let agent = id("r1", Role::Agent, "node-17");
-        let written =
-            write_certs(&out, &region("r1"), &[agent.clone(), agent.clone()]).expect("write");
+        let written = write_certs(
+            &out,
+            &region("r1"),
+            &[agent.clone(), agent.clone()],
+            &ServerNames::default(),
+        )
+        .expect("write");
         assert!(!written.ca_reused);
         let names: Vec<_> = written
             .files
@@ -1193,19 +1254,34 @@ mod tests {
 
         let ca_before = fs::read(out.join("ca.crt")).expect("ca.crt");
         let arbiter = id("r1", Role::Arbiter, "arb-1");
-        let written =
-            write_certs(&out, &region("r1"), std::slice::from_ref(&arbiter)).expect("again");
+        let written = write_certs(
+            &out,
+            &region("r1"),
+            std::slice::from_ref(&arbiter),
+            &ServerNames::default(),
+        )
+        .expect("again");
         assert!(written.ca_reused);
         assert_eq!(written.files.len(), 2);
         assert_eq!(fs::read(out.join("ca.crt")).expect("ca.crt"), ca_before);
         let loaded = TlsMaterial::load(&TlsFiles::in_dir(&out, &arbiter)).expect("load");
         server_config(&loaded).expect("loaded material makes a server config");
 
-        let error =
-            write_certs(&out, &region("r2"), &[id("r2", Role::Agent, "a")]).expect_err("CA of r1");
+        let error = write_certs(
+            &out,
+            &region("r2"),
+            &[id("r2", Role::Agent, "a")],
+            &ServerNames::default(),
+        )
+        .expect_err("CA of r1");
         assert!(matches!(error, TlsError::CaOfOtherRegion { .. }), "{error}");
-        let error = write_certs(&out, &region("r1"), &[id("r2", Role::Agent, "a")])
-            .expect_err("identity of r2");
+        let error = write_certs(
+            &out,
+            &region("r1"),
+            &[id("r2", Role::Agent, "a")],
+            &ServerNames::default(),
+        )
+        .expect_err("identity of r2");
         assert!(matches!(error, TlsError::RegionMismatch { .. }), "{error}");
     }
 
@@ -1218,8 +1294,13 @@ mod tests {
         assert!(matches!(error, TlsError::CaExists { .. }), "{error}");
 
         fs::remove_file(dir.path().join("ca.key")).expect("remove key");
-        let error = write_certs(dir.path(), &region("r1"), &[id("r1", Role::Agent, "a")])
-            .expect_err("key missing");
+        let error = write_certs(
+            dir.path(),
+            &region("r1"),
+            &[id("r1", Role::Agent, "a")],
+            &ServerNames::default(),
+        )
+        .expect_err("key missing");
         assert!(matches!(error, TlsError::IncompleteCa { .. }), "{error}");
         assert!(error.to_string().contains("ca.key"), "{error}");
     }
@@ -1244,7 +1325,13 @@ mod tests {
     fn load_errors_name_the_file_and_the_remedy() {
         let dir = tempfile::tempdir().expect("temp dir");
         let agent = id("r1", Role::Agent, "a");
-        write_certs(dir.path(), &region("r1"), std::slice::from_ref(&agent)).expect("write");
+        write_certs(
+            dir.path(),
+            &region("r1"),
+            std::slice::from_ref(&agent),
+            &ServerNames::default(),
+        )
+        .expect("write");
         let files = TlsFiles::in_dir(dir.path(), &agent);
 
         fs::write(&files.cert, "no pem here\n").expect("overwrite cert");
