@@ -266,12 +266,14 @@ mod tests {
     #[test]
     fn example_names_every_key() {
         let example = include_str!("../examples/agent.toml");
-        let mut config = AgentConfig::default();
-        config.tls = Some(TlsPaths {
-            ca: "ca".into(),
-            cert: "cert".into(),
-            key: "key".into(),
-        });
+        let config = AgentConfig {
+            tls: Some(TlsPaths {
+                ca: "ca".into(),
+                cert: "cert".into(),
+                key: "key".into(),
+            }),
+            ..AgentConfig::default()
+        };
         let full = toml::to_string(&config).expect("serializable");
         for line in full.lines().filter(|l| !l.is_empty()) {
             let key = line.split(" = ").next().expect("a key or header");
