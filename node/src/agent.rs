@@ -8,19 +8,19 @@
 //! it reconnects with exponential backoff and full jitter, resumes every
 //! subscription by delta, and replays what is pending.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rollcall_config::AgentConfig;
+use rollcall_config::{AgentConfig, StaleBehaviour};
 use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError};
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
 use rollcall_leases::tls::TlsMaterial;
 use rollcall_leases::{
     shard_of, AgentEpoch, Generation, InstanceId, Label, LeaseId, NodeId, Reason, Registration,
-    Revision, Role, ServiceKey, ShardId, State,
+    EndpointRecord, Revision, Role, ServiceKey, ShardId, State,
 };
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -32,6 +32,8 @@ use crate::api_types::{
 use crate::api_types::{ArbiterStatus, LeaseStatus};
 use crate::cache::ServiceCache;
 use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
+use crate::endpoints::{Selection, ServiceMemory};
+use crate::metrics::{AgentMetrics, ServiceLabel};
 use crate::sync::{Sync, SyncOut};
 
 /// Why the agent could not start.
@@ -82,6 +84,8 @@ pub struct Agent {
 }
 
 struct Inner {
+    metrics: AgentMetrics,
+    sessions: std::sync::atomic::AtomicU64,
     config: AgentConfig,
     node: NodeId,
     zone: Label,
@@ -104,7 +108,50 @@ struct Shared {
     shard_revision: Revision,
     dirty: BTreeSet<ServiceKey>,
     forget: BTreeSet<ServiceKey>,
+    /// The shared endpoint view's memory, per service.
+    memory: HashMap<ServiceKey, ServiceMemory>,
+    /// Recent failed connects (instance, when), to learn whether the view
+    /// was stale when the catalog then takes them out of READY.
+    recent_failures: VecDeque<(InstanceId, u64)>,
+    /// Sync counters already reported to metrics.
+    reported: crate::sync::SyncStats,
 }
+
+/// What the shared endpoint view answers for a service.
+#[derive(Clone, Debug)]
+pub enum Lookup {
+    /// Endpoints to use (possibly none).
+    Serve(Answer),
+    /// The arbiter says the service does not exist.
+    Unknown,
+    /// The agent cannot know: not cached and the arbiter unreachable, or
+    /// not arrived yet.
+    CannotKnow(String),
+    /// The copy is past its maximum age and the service's policy refuses.
+    Refused(String),
+}
+
+/// A served lookup.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    /// The service.
+    pub service: ServiceKey,
+    /// Revision of its last change held.
+    pub revision: Revision,
+    /// Not confirmed by the arbiter in this session.
+    pub stale: bool,
+    /// Age of the copy, ms.
+    pub age_ms: u64,
+    /// The endpoints to use, and how they were chosen.
+    pub selection: Selection,
+    /// Every record held.
+    pub records: Vec<Arc<EndpointRecord>>,
+    /// Instances this agent drained or deregistered (shown as DRAINING).
+    pub leaving: BTreeSet<InstanceId>,
+}
+
+/// How long a failed connect waits for the catalog to prove the view stale.
+const STALE_FAILURE_WINDOW_MS: u64 = 30_000;
 
 /// How a write ended.
 pub enum WriteOutcome<T> {
@@ -190,9 +237,14 @@ impl Agent {
             shard_revision: Revision(0),
             dirty: BTreeSet::new(),
             forget: BTreeSet::new(),
+            memory: HashMap::new(),
+            recent_failures: VecDeque::new(),
+            reported: crate::sync::SyncStats::default(),
         };
         let agent = Agent {
             inner: Arc::new(Inner {
+                metrics: AgentMetrics::new(),
+                sessions: std::sync::atomic::AtomicU64::new(0),
                 node,
                 zone,
                 epoch,
@@ -365,6 +417,9 @@ impl Agent {
             state.sync.connected(&mut outs);
         }
         tracing::info!(arbiter = %address, epoch = %self.inner.epoch, "arbiter session up");
+        if self.inner.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0 {
+            self.inner.metrics.reconnects.inc();
+        }
         self.carry_out(outs, writer).await?;
         tokio::spawn(self.clone().reconcile(conn.clone()));
         let mut keepalive =
@@ -409,6 +464,7 @@ impl Agent {
                 }
                 state.sync.update(item, now, &mut outs);
             }
+            self.report_sync(&mut state, now);
             for out in &outs {
                 match out {
                     SyncOut::Persist(s) => {
@@ -425,6 +481,25 @@ impl Agent {
         }
         self.inner.changed.notify_waiters();
         outs
+    }
+
+    /// Moves new sync counters into metrics, and counts failed connects
+    /// to endpoints the catalog has since taken out of READY.
+    fn report_sync(&self, state: &mut Shared, now: u64) {
+        let m = &self.inner.metrics;
+        let stats = state.sync.stats().clone();
+        m.revision_gaps.inc_by(stats.gaps - state.reported.gaps);
+        m.digest_mismatches.inc_by(stats.digest_mismatches - state.reported.digest_mismatches);
+        m.snapshots_applied.inc_by(stats.snapshots_applied - state.reported.snapshots_applied);
+        state.reported = stats;
+        while state.recent_failures.front().is_some_and(|(_, t)| now.saturating_sub(*t) > STALE_FAILURE_WINDOW_MS) {
+            state.recent_failures.pop_front();
+        }
+        let sync = &state.sync;
+        let gone = |id: &InstanceId| !sync.iter().any(|(_, t)| t.view.as_ref().is_some_and(|v| v.ready().any(|r| &r.instance_id == id)));
+        let before = state.recent_failures.len();
+        state.recent_failures.retain(|(id, _)| !gone(id));
+        m.connect_failures_to_stale.inc_by((before - state.recent_failures.len()) as u64);
     }
 
     async fn carry_out(
@@ -1015,89 +1090,167 @@ impl Agent {
         self.save(&state);
     }
 
-    /// `GET /v1/endpoints/{service}`: answered from the local view only. The
-    /// first resolve of a service not yet followed subscribes and waits up
-    /// to `first_resolve_wait_ms` for it.
-    pub async fn resolve(
-        &self,
-        key: ServiceKey,
-        zone: Option<Label>,
-        all: bool,
-    ) -> Result<EndpointsResponse, ApiError> {
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_millis(self.inner.config.first_resolve_wait_ms);
+    /// The shared endpoint view of a service (proxy, DNS and the resolve
+    /// API all use it). A service not followed yet is followed from now on;
+    /// this call does not wait for it.
+    pub fn lookup(&self, key: &ServiceKey) -> Lookup {
+        let now = now_ms();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.sync.get(key).is_none() {
+            let mut outs = Vec::new();
+            state.sync.follow(key.clone(), &mut outs);
+            self.send_session(state, outs);
+        }
+        let t = state.sync.get(key).expect("followed above");
+        let Some(view) = t.view.as_ref().filter(|v| v.exists()) else {
+            if t.unknown {
+                return Lookup::Unknown;
+            }
+            if let Some(reason) = &t.denied {
+                return Lookup::CannotKnow(format!("the arbiter refused this agent's watch of {key}: {reason}"));
+            }
+            return Lookup::CannotKnow(match state.session {
+                Some(_) => format!("service {key} has not arrived from the arbiter yet"),
+                None => format!("service {key} is not cached here and the arbiter is unreachable"),
+            });
+        };
+        let age_ms = t.age_ms(now, self.inner.started_ms);
+        let stale = !t.synced;
+        let (max_age, behaviour) = self.inner.config.staleness.for_service(key.namespace.as_str(), key.service.as_str(), key.port_name.as_str());
+        if age_ms > max_age {
+            match behaviour {
+                StaleBehaviour::Refuse => {
+                    self.inner.metrics.stale_refused.inc();
+                    return Lookup::Refused(format!("the copy of {key} is {age_ms} ms old, past its maximum age of {max_age} ms; its staleness policy refuses"));
+                }
+                StaleBehaviour::Degrade => {
+                    self.inner.metrics.stale_served.inc();
+                }
+                StaleBehaviour::Keep => {}
+            }
+        }
+        let records: Vec<Arc<EndpointRecord>> = view.records().cloned().collect();
+        let revision = view.revision();
+        let leaving: BTreeSet<InstanceId> = state.regs.iter().filter(|l| l.intent != Intent::Serve).map(|l| l.registration.instance_id.clone()).collect();
+        let memory = state.memory.entry(key.clone()).or_default();
+        let selection = memory.select(&records, &leaving, now, &self.inner.config.data_plane);
+        Lookup::Serve(Answer { service: key.clone(), revision, stale, age_ms, selection, records, leaving })
+    }
+
+    /// `lookup`, waiting up to `first_resolve_wait_ms` for a service that
+    /// has not arrived yet (the first resolve of a service).
+    pub async fn lookup_wait(&self, key: &ServiceKey) -> Lookup {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.inner.config.first_resolve_wait_ms);
         loop {
             let notified = self.inner.changed.notified();
-            {
-                let mut state = self.lock();
-                if state.sync.get(&key).is_none() {
-                    let mut outs = Vec::new();
-                    state.sync.follow(key.clone(), &mut outs);
-                    self.send_session(&state, outs);
-                }
-                let t = state.sync.get(&key).expect("followed above");
-                if t.unknown && t.view.is_none() {
-                    return Err(ApiError::not_found(format!("service {key} does not exist")));
-                }
-                if let Some(view) = &t.view {
-                    if !view.exists() {
-                        return Err(ApiError::not_found(format!("service {key} does not exist")));
-                    }
-                    return Ok(self.answer(&state, &key, zone.as_ref(), all));
-                }
-                if state.session.is_none() {
-                    return Err(ApiError::unavailable(format!(
-                        "service {key} is not cached here and the arbiter is unreachable"
-                    )));
-                }
+            let answer = self.lookup(key);
+            let waiting = matches!(answer, Lookup::CannotKnow(_)) && self.lock().session.is_some();
+            if !waiting {
+                return answer;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(ApiError::unavailable(format!(
-                    "service {key} did not arrive from the arbiter within {} ms",
-                    self.inner.config.first_resolve_wait_ms
-                )));
+                return self.lookup(key);
             }
         }
     }
 
-    fn answer(
-        &self,
-        state: &Shared,
-        key: &ServiceKey,
-        zone: Option<&Label>,
-        all: bool,
-    ) -> EndpointsResponse {
-        let t = state.sync.get(key).expect("checked by the caller");
-        let view = t.view.as_ref().expect("checked by the caller");
-        let leaving = |id: &InstanceId| {
-            state
-                .regs
-                .get(id)
-                .is_some_and(|l| l.intent != Intent::Serve)
+    /// A connect to an endpoint failed: counts toward its local ejection.
+    pub fn connect_failed(&self, key: &ServiceKey, id: &InstanceId) {
+        let now = now_ms();
+        let mut state = self.lock();
+        let ready = state.sync.get(key).and_then(|t| t.view.as_ref()).map_or(0, |v| v.ready().count());
+        state.recent_failures.push_back((id.clone(), now));
+        while state.recent_failures.len() > 10_000 {
+            state.recent_failures.pop_front();
+        }
+        let ejected = state.memory.entry(key.clone()).or_default().connect_failed(id, ready, now, &self.inner.config.data_plane);
+        self.inner.metrics.connect_failures.inc();
+        if ejected {
+            tracing::warn!(service = %key, instance = %id, "endpoint ejected locally after consecutive connect failures");
+            self.inner.metrics.ejections.get_or_create(&ServiceLabel { service: key.to_string() }).inc();
+        }
+    }
+
+    /// A connect to an endpoint succeeded.
+    pub fn connect_succeeded(&self, key: &ServiceKey, id: &InstanceId) {
+        if let Some(m) = self.lock().memory.get_mut(key) {
+            m.connect_succeeded(id);
+        }
+    }
+
+    /// This node's zone.
+    pub fn zone(&self) -> &Label {
+        &self.inner.zone
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.inner.metrics
+    }
+
+    /// The agent's config.
+    pub fn config(&self) -> &AgentConfig {
+        &self.inner.config
+    }
+
+    /// `GET /metrics`: refreshes the per-service gauges and renders.
+    pub fn metrics_text(&self) -> String {
+        let now = now_ms();
+        {
+            let state = self.lock();
+            let m = &self.inner.metrics;
+            m.snapshot_age.clear();
+            m.watch_lag.clear();
+            for (service, t) in state.sync.iter() {
+                let label = ServiceLabel { service: service.to_string() };
+                m.snapshot_age.get_or_create(&label).set((t.age_ms(now, self.inner.started_ms) / 1000) as i64);
+                let revision = t.view.as_ref().map_or(0, |v| v.revision().get());
+                let lag = if t.synced { 0 } else { state.shard_revision.get().saturating_sub(revision) };
+                m.watch_lag.get_or_create(&label).set(lag as i64);
+            }
+        }
+        self.inner.metrics.render()
+    }
+
+    /// `GET /v1/endpoints/{service}`: answered from the local view only. The
+    /// first resolve of a service not yet followed subscribes and waits up
+    /// to `first_resolve_wait_ms` for it.
+    pub async fn resolve(&self, key: ServiceKey, zone: Option<Label>, all: bool) -> Result<EndpointsResponse, ApiError> {
+        let answer = match self.lookup_wait(&key).await {
+            Lookup::Serve(answer) => answer,
+            Lookup::Unknown => return Err(ApiError::not_found(format!("service {key} does not exist"))),
+            Lookup::CannotKnow(reason) | Lookup::Refused(reason) => return Err(ApiError::unavailable(reason)),
         };
-        let endpoints = view
-            .records()
-            .filter(|r| zone.is_none_or(|z| &r.zone == z))
-            .filter_map(|r| {
-                let mut e = EndpointJson::from_record(r);
-                if leaving(&r.instance_id) && r.state == State::Ready {
-                    // A local drain applies to this agent's own data plane at once.
-                    e.state = State::Draining.as_str().to_owned();
-                }
-                (all || e.state == State::Ready.as_str()).then_some(e)
-            })
-            .collect();
-        EndpointsResponse {
+        let in_zone = |r: &EndpointRecord| zone.as_ref().is_none_or(|z| &r.zone == z);
+        let endpoints = if all {
+            answer
+                .records
+                .iter()
+                .filter(|r| in_zone(r))
+                .map(|r| {
+                    let mut e = EndpointJson::from_record(r);
+                    if answer.leaving.contains(&r.instance_id) && r.state == State::Ready {
+                        // A local drain applies to this agent's own data plane at once.
+                        e.state = State::Draining.as_str().to_owned();
+                    }
+                    e
+                })
+                .collect()
+        } else {
+            answer.selection.candidates.iter().filter(|c| in_zone(&c.record)).map(|c| EndpointJson::from_record(&c.record)).collect()
+        };
+        Ok(EndpointsResponse {
             service: key.service.clone(),
             namespace: key.namespace.clone(),
             port_name: key.port_name.clone(),
-            shard: 0,
-            revision: view.revision().get(),
-            age_ms: t.age_ms(now_ms(), self.inner.started_ms),
-            stale: !t.synced,
-            mode: "normal".into(),
+            shard: shard_of(&key, SHARDS).0,
+            revision: answer.revision.get(),
+            age_ms: answer.age_ms,
+            stale: answer.stale,
+            mode: answer.selection.mode.as_str().into(),
             endpoints,
-        }
+        })
     }
 
     /// `GET /v1/status`.

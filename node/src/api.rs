@@ -5,6 +5,7 @@
 //! - `DELETE /v1/agent/instances/{id}?generation=N`
 //! - `GET /v1/endpoints/{service}[?namespace=&port_name=&zone=&all=true]`
 //! - `GET /v1/status`
+//! - `GET /metrics` (Prometheus text)
 //!
 //! Writes need the node token as `Authorization: Bearer <token>`; reads
 //! need none. Errors are JSON `{error, detail}`; bad input gets a 4xx and
@@ -36,6 +37,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/instances/{id}", delete(deregister))
         .route("/v1/endpoints/{service}", get(endpoints))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         // Our own limit answers 413 with a JSON body; axum's would answer first.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES + 1))
         .with_state(agent)
@@ -168,4 +170,8 @@ async fn endpoints(
 
 async fn status(State(agent): State<Agent>) -> Response {
     Json(agent.status()).into_response()
+}
+
+async fn metrics(State(agent): State<Agent>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], agent.metrics_text()).into_response()
 }

@@ -1,0 +1,987 @@
+//! The health of one registered instance (R4): which of its probes are due,
+//! and how their results move it between STARTING, READY and UNHEALTHY, and
+//! its liveness between unknown, passing and failing.
+//!
+//! Sans-IO like the other state machines: time comes in as `now_ms`
+//! (milliseconds on whatever monotonic clock the caller keeps, the same one
+//! for every call), randomness as a `&mut impl Rng` (the agent passes its
+//! thread rng, tests a seeded `StdRng`, so a failing seed replays). The probes
+//! it wants run come out of [`InstanceHealth::due`] as [`ProbeTask`]s; the
+//! driver runs them (`prober.rs`) and feeds each outcome back through
+//! [`InstanceHealth::result`]. TTL checks need no IO and are evaluated here
+//! when they are due. This module must not read clocks, open sockets, spawn
+//! tasks or talk to the arbiter: it only says what changed.
+//!
+//! Rules:
+//! - Startup gates the others: until it has passed `success_threshold`
+//!   consecutive times, readiness and liveness are not probed and the
+//!   instance is STARTING. Failing `failure_threshold` times before that
+//!   keeps it STARTING (with a reason, [`HealthEvent::StartupFailing`]) and
+//!   probing continues. Once passed, startup is never probed again.
+//! - After startup (at once without a startup check): READY after
+//!   `success_threshold` consecutive readiness passes, or at once without a
+//!   readiness check. `failure_threshold` consecutive readiness failures make
+//!   it UNHEALTHY, `success_threshold` consecutive passes READY again.
+//! - Liveness flips between passing and failing by the same thresholds and
+//!   never changes the state: it is for the supervisor.
+//! - A TTL check passes at a tick iff the last heartbeat (the registration
+//!   counts as the first) is at most `ttl_ms` old.
+//! - Each check's first probe falls at a random offset within its first
+//!   interval, so a node's probes never fire in lockstep. Each next probe
+//!   starts `interval_ms × (1 + U[0, jitter])` after the previous one
+//!   *started* (as `CheckTiming::interval_ms` defines it, and as the
+//!   detection budget counts it), or as soon as its result is in if that is
+//!   later. A check whose probe is running is never started again.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use rand::{Rng, RngExt};
+use rollcall_config::CheckTiming;
+use rollcall_leases::{Liveness, State};
+
+use crate::api_types::{Check, CheckKind, ValidChecks};
+
+/// Which of an instance's three checks a probe or result belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Which {
+    /// Gates the other two until it first passes.
+    Startup,
+    /// Failing removes new traffic.
+    Readiness,
+    /// Failing is reported to the supervisor.
+    Liveness,
+}
+
+impl Which {
+    /// The name used in reasons and logs (`readiness`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Which::Startup => "startup",
+            Which::Readiness => "readiness",
+            Which::Liveness => "liveness",
+        }
+    }
+}
+
+impl fmt::Display for Which {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A probe that needs IO: the kinds of [`CheckKind`] the prober runs. TTL
+/// checks have no variant here because this state machine evaluates them,
+/// so a TTL check can never be handed to the prober by mistake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// GET `path` on the instance; 2xx and 3xx pass.
+    Http {
+        /// Starts with '/' (validated at registration).
+        path: String,
+    },
+    /// A TCP connect to the instance.
+    Tcp,
+}
+
+/// A probe to start now; report its outcome with [`InstanceHealth::result`]
+/// and the same `which`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTask {
+    /// The check it belongs to.
+    pub which: Which,
+    /// The instance's address and port.
+    pub target: SocketAddr,
+    /// What to do.
+    pub kind: ProbeKind,
+    /// How long the probe may take before it counts as failed, in ms.
+    pub timeout_ms: u64,
+}
+
+/// A change of the instance's health, emitted only when something changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// The instance became READY (startup and readiness passed, or passed
+    /// again after UNHEALTHY).
+    Ready,
+    /// Readiness failed its threshold: the instance is UNHEALTHY.
+    Unhealthy {
+        /// Which check, what it probed and what happened, e.g. `readiness
+        /// http GET /healthz: status 503 (3 consecutive failures)`.
+        reason: String,
+    },
+    /// Startup failed its threshold without ever passing. The instance stays
+    /// STARTING (it never routes) and startup keeps being probed; this is
+    /// for logs, the status API and the supervisor.
+    StartupFailing {
+        /// Same shape as [`HealthEvent::Unhealthy`]'s reason.
+        reason: String,
+    },
+    /// The liveness verdict changed.
+    Liveness(Liveness),
+}
+
+/// What [`InstanceHealth::due`] found due.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Probes to start now, at most one per check.
+    pub probes: Vec<ProbeTask>,
+    /// Changes caused by TTL checks, which were evaluated on the spot.
+    pub events: Vec<HealthEvent>,
+}
+
+/// Where one check is in its cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    /// Waiting for startup to pass.
+    Gated,
+    /// Next probe due at this time.
+    At(u64),
+    /// A probe started at this time and has not reported yet.
+    Running { since: u64 },
+    /// A startup check that has passed: never probed again.
+    Done,
+}
+
+/// One configured check and its counters.
+#[derive(Debug, Clone)]
+struct Slot {
+    which: Which,
+    check: Check,
+    schedule: Schedule,
+    /// `None` until the first threshold is reached, then whether it passes.
+    verdict: Option<bool>,
+    passes: u32,
+    failures: u32,
+}
+
+impl Slot {
+    /// Counts one result; returns the new verdict if it changed.
+    fn count(&mut self, passed: bool) -> Option<bool> {
+        let timing = &self.check.timing;
+        let reached = if passed {
+            self.passes = self.passes.saturating_add(1);
+            self.failures = 0;
+            self.passes >= timing.success_threshold
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.passes = 0;
+            self.failures >= timing.failure_threshold
+        };
+        (reached && self.verdict != Some(passed)).then(|| {
+            self.verdict = Some(passed);
+            passed
+        })
+    }
+}
+
+/// The health of one instance: its checks, their schedules and counters, and
+/// the resulting state and liveness. One per registration (a re-registration
+/// starts a new one); the driver must feed back the outcome of every
+/// [`ProbeTask`] it got, exactly once.
+#[derive(Debug, Clone)]
+pub struct InstanceHealth {
+    target: SocketAddr,
+    /// The configured checks, in the order startup, readiness, liveness.
+    slots: Vec<Slot>,
+    state: State,
+    reason: Option<String>,
+    liveness: Liveness,
+    last_heartbeat_ms: u64,
+}
+
+impl InstanceHealth {
+    /// The health of an instance registered at `now_ms` with `checks`
+    /// (`None`: no checks, READY at once) and probed at `target`. Each
+    /// startable check gets its first probe at a random point of its first
+    /// interval. Check [`InstanceHealth::state`] afterwards: an instance
+    /// without startup and readiness checks starts READY, with no event.
+    pub fn new<R: Rng + ?Sized>(
+        checks: Option<&ValidChecks>,
+        target: SocketAddr,
+        now_ms: u64,
+        rng: &mut R,
+    ) -> Self {
+        let (startup, readiness, liveness) = checks.map_or((None, None, None), |c| {
+            (
+                c.startup.as_ref(),
+                c.readiness.as_ref(),
+                c.liveness.as_ref(),
+            )
+        });
+        let gated = startup.is_some();
+        let slots = [
+            (Which::Startup, startup),
+            (Which::Readiness, readiness),
+            (Which::Liveness, liveness),
+        ]
+        .into_iter()
+        .filter_map(|(which, check)| {
+            let check = check?.clone();
+            let schedule = if gated && which != Which::Startup {
+                Schedule::Gated
+            } else {
+                Schedule::At(first_due(now_ms, &check.timing, rng))
+            };
+            Some(Slot {
+                which,
+                check,
+                schedule,
+                verdict: None,
+                passes: 0,
+                failures: 0,
+            })
+        })
+        .collect();
+        InstanceHealth {
+            target,
+            slots,
+            state: if gated || readiness.is_some() {
+                State::Starting
+            } else {
+                State::Ready
+            },
+            reason: None,
+            liveness: Liveness::Unknown,
+            last_heartbeat_ms: now_ms,
+        }
+    }
+
+    /// The current state: STARTING, READY or UNHEALTHY.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The current liveness verdict (unknown without a liveness check or
+    /// until it reaches a threshold).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness
+    }
+
+    /// Why the instance is UNHEALTHY, or why it is stuck STARTING (startup
+    /// failed its threshold); `None` otherwise.
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    /// Records a heartbeat from the instance at `now_ms`. TTL checks look at
+    /// it at their next tick, not now.
+    pub fn heartbeat(&mut self, now_ms: u64) {
+        self.last_heartbeat_ms = self.last_heartbeat_ms.max(now_ms);
+    }
+
+    /// When [`InstanceHealth::due`] has something to do next; `None` while
+    /// every check is running, gated or done (a result or a passing startup
+    /// check reschedules).
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.slots
+            .iter()
+            .filter_map(|s| match s.schedule {
+                Schedule::At(at) => Some(at),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Starts every check that is due at `now_ms` and not running: returns
+    /// the probes to run, and evaluates due TTL checks on the spot (their
+    /// changes are in [`Due::events`]).
+    pub fn due<R: Rng + ?Sized>(&mut self, now_ms: u64, rng: &mut R) -> Due {
+        let mut due = Due::default();
+        // By index: a passing TTL startup check opens the gate, which
+        // schedules the later slots while this loop runs.
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if !matches!(slot.schedule, Schedule::At(at) if at <= now_ms) {
+                continue;
+            }
+            slot.schedule = Schedule::Running { since: now_ms };
+            let which = slot.which;
+            let probe = match &slot.check.kind {
+                CheckKind::Http { path } => ProbeKind::Http { path: path.clone() },
+                CheckKind::Tcp => ProbeKind::Tcp,
+                CheckKind::Ttl { ttl_ms } => {
+                    let ttl_ms = *ttl_ms;
+                    let age = now_ms.saturating_sub(self.last_heartbeat_ms);
+                    let passed = age <= ttl_ms;
+                    let detail = if passed {
+                        format!("last heartbeat {age} ms ago (ttl {ttl_ms} ms)")
+                    } else {
+                        format!("no heartbeat for {age} ms (ttl {ttl_ms} ms)")
+                    };
+                    let events = self.record(which, passed, &detail, now_ms, rng);
+                    due.events.extend(events);
+                    continue;
+                }
+            };
+            due.probes.push(ProbeTask {
+                which,
+                target: self.target,
+                kind: probe,
+                timeout_ms: slot.check.timing.timeout_ms,
+            });
+        }
+        due
+    }
+
+    /// Feeds the outcome of a probe of `which` that finished at `now_ms`
+    /// (`detail` as the prober words it: "status 503", "connection
+    /// refused"), schedules that check's next probe and returns what
+    /// changed. A result for a check with no probe running (not configured,
+    /// a TTL check, or already reported) is ignored.
+    pub fn result<R: Rng + ?Sized>(
+        &mut self,
+        which: Which,
+        passed: bool,
+        detail: &str,
+        now_ms: u64,
+        rng: &mut R,
+    ) -> Vec<HealthEvent> {
+        self.record(which, passed, detail, now_ms, rng)
+    }
+
+    fn record<R: Rng + ?Sized>(
+        &mut self,
+        which: Which,
+        passed: bool,
+        detail: &str,
+        now_ms: u64,
+        rng: &mut R,
+    ) -> Vec<HealthEvent> {
+        let mut events = Vec::new();
+        let Some(slot) = self.slots.iter_mut().find(|s| s.which == which) else {
+            return events;
+        };
+        let Schedule::Running { since } = slot.schedule else {
+            return events;
+        };
+        slot.schedule = Schedule::At(next_due(since, now_ms, &slot.check.timing, rng));
+        let Some(verdict) = slot.count(passed) else {
+            return events;
+        };
+        let reason = || {
+            let n = slot.failures;
+            let s = if n == 1 { "" } else { "s" };
+            format!(
+                "{}: {detail} ({n} consecutive failure{s})",
+                describe(which, &slot.check.kind, self.target)
+            )
+        };
+        match (which, verdict) {
+            (Which::Startup, true) => {
+                slot.schedule = Schedule::Done;
+                self.open_gate(now_ms, rng, &mut events);
+            }
+            (Which::Startup, false) => {
+                let reason = reason();
+                self.reason = Some(reason.clone());
+                events.push(HealthEvent::StartupFailing { reason });
+            }
+            (Which::Readiness, true) => self.become_ready(&mut events),
+            (Which::Readiness, false) => {
+                let reason = reason();
+                if self.state != State::Unhealthy {
+                    self.state = State::Unhealthy;
+                    self.reason = Some(reason.clone());
+                    events.push(HealthEvent::Unhealthy { reason });
+                }
+            }
+            (Which::Liveness, passed) => {
+                self.liveness = if passed {
+                    Liveness::Passing
+                } else {
+                    Liveness::Failing
+                };
+                events.push(HealthEvent::Liveness(self.liveness));
+            }
+        }
+        events
+    }
+
+    /// Startup passed: schedules the gated checks, READY at once without a
+    /// readiness check.
+    fn open_gate<R: Rng + ?Sized>(
+        &mut self,
+        now_ms: u64,
+        rng: &mut R,
+        events: &mut Vec<HealthEvent>,
+    ) {
+        self.reason = None;
+        for slot in &mut self.slots {
+            if slot.schedule == Schedule::Gated {
+                slot.schedule = Schedule::At(first_due(now_ms, &slot.check.timing, rng));
+            }
+        }
+        if !self.slots.iter().any(|s| s.which == Which::Readiness) {
+            self.become_ready(events);
+        }
+    }
+
+    fn become_ready(&mut self, events: &mut Vec<HealthEvent>) {
+        if self.state != State::Ready {
+            self.state = State::Ready;
+            self.reason = None;
+            events.push(HealthEvent::Ready);
+        }
+    }
+}
+
+/// "readiness http GET /healthz", "liveness tcp connect 10.0.0.5:8080",
+/// "startup ttl": the start of a reason.
+fn describe(which: Which, kind: &CheckKind, target: SocketAddr) -> String {
+    match kind {
+        CheckKind::Http { path } => format!("{which} http GET {path}"),
+        CheckKind::Tcp => format!("{which} tcp connect {target}"),
+        CheckKind::Ttl { .. } => format!("{which} ttl"),
+    }
+}
+
+/// A uniformly random point of the first interval after `now_ms`.
+fn first_due<R: Rng + ?Sized>(now_ms: u64, timing: &CheckTiming, rng: &mut R) -> u64 {
+    now_ms.saturating_add(rng.random_range(0..timing.interval_ms.max(1)))
+}
+
+/// `interval × (1 + U[0, jitter])` after the probe started, and not before
+/// its result is in.
+fn next_due<R: Rng + ?Sized>(
+    started_ms: u64,
+    now_ms: u64,
+    timing: &CheckTiming,
+    rng: &mut R,
+) -> u64 {
+    let stretch = timing.interval_ms as f64 * timing.jitter * rng.random::<f64>();
+    // `as` saturates: a NaN or negative stretch (impossible after
+    // validation) counts as none.
+    let interval = timing.interval_ms.saturating_add(stretch.round() as u64);
+    started_ms.saturating_add(interval).max(now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    const TARGET: &str = "127.0.0.1:8080";
+
+    fn target() -> SocketAddr {
+        TARGET.parse().expect("valid address")
+    }
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    fn check(kind: CheckKind, failure_threshold: u32, success_threshold: u32) -> Check {
+        Check {
+            kind,
+            timing: CheckTiming {
+                interval_ms: 1_000,
+                timeout_ms: 500,
+                failure_threshold,
+                success_threshold,
+                jitter: 0.1,
+            },
+        }
+    }
+
+    fn http(path: &str) -> CheckKind {
+        CheckKind::Http { path: path.into() }
+    }
+
+    fn checks(
+        startup: Option<Check>,
+        readiness: Option<Check>,
+        liveness: Option<Check>,
+    ) -> ValidChecks {
+        ValidChecks {
+            startup,
+            readiness,
+            liveness,
+        }
+    }
+
+    /// Advances to the next due time and starts what is due there.
+    fn step(h: &mut InstanceHealth, rng: &mut StdRng) -> (u64, Due) {
+        let at = h.next_due_ms().expect("something is scheduled");
+        (at, h.due(at, rng))
+    }
+
+    /// Steps to the next probe of `which` and answers it 10 ms later
+    /// (answering any other probe started meanwhile with a pass).
+    fn probe(
+        h: &mut InstanceHealth,
+        rng: &mut StdRng,
+        which: Which,
+        passed: bool,
+        detail: &str,
+    ) -> Vec<HealthEvent> {
+        loop {
+            let (at, due) = step(h, rng);
+            assert!(due.events.is_empty(), "{due:?}");
+            if let Some(task) = due.probes.iter().find(|t| t.which == which) {
+                assert_eq!(task.target, target());
+                // Answer the others so they do not stay running.
+                for other in due.probes.iter().filter(|t| t.which != which) {
+                    h.result(other.which, true, "ok", at + 10, rng);
+                }
+                return h.result(which, passed, detail, at + 10, rng);
+            }
+            for other in &due.probes {
+                h.result(other.which, true, "ok", at + 10, rng);
+            }
+        }
+    }
+
+    #[test]
+    fn no_checks_is_ready_at_once() {
+        let mut rng = rng();
+        let h = InstanceHealth::new(None, target(), 0, &mut rng);
+        assert_eq!(h.state(), State::Ready);
+        assert_eq!(h.liveness(), Liveness::Unknown);
+        assert_eq!(h.next_due_ms(), None);
+        let only_liveness = checks(None, None, Some(check(CheckKind::Tcp, 3, 1)));
+        let h = InstanceHealth::new(Some(&only_liveness), target(), 0, &mut rng);
+        assert_eq!(h.state(), State::Ready);
+    }
+
+    #[test]
+    fn readiness_fails_threshold_times_then_unhealthy_then_ready_again() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(http("/healthz"), 3, 1)), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        assert_eq!(h.state(), State::Starting);
+        let r = Which::Readiness;
+        assert_eq!(
+            probe(&mut h, &mut rng, r, true, "status 200"),
+            [HealthEvent::Ready]
+        );
+        assert!(probe(&mut h, &mut rng, r, false, "status 503").is_empty());
+        assert!(probe(&mut h, &mut rng, r, false, "status 503").is_empty());
+        assert_eq!(h.state(), State::Ready, "two failures are not enough");
+        let reason = "readiness http GET /healthz: status 503 (3 consecutive failures)";
+        assert_eq!(
+            probe(&mut h, &mut rng, r, false, "status 503"),
+            [HealthEvent::Unhealthy {
+                reason: reason.into()
+            }]
+        );
+        assert_eq!(h.state(), State::Unhealthy);
+        assert_eq!(h.reason(), Some(reason));
+        assert!(probe(&mut h, &mut rng, r, false, "status 503").is_empty());
+        assert_eq!(
+            probe(&mut h, &mut rng, r, true, "status 200"),
+            [HealthEvent::Ready]
+        );
+        assert_eq!(h.reason(), None);
+    }
+
+    #[test]
+    fn a_pass_between_failures_resets_the_count() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(CheckKind::Tcp, 3, 1)), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let r = Which::Readiness;
+        probe(&mut h, &mut rng, r, true, "connected");
+        for passed in [false, false, true, false, false] {
+            assert!(probe(&mut h, &mut rng, r, passed, "connection refused").is_empty());
+        }
+        assert_eq!(
+            probe(&mut h, &mut rng, r, false, "connection refused"),
+            [HealthEvent::Unhealthy {
+                reason: "readiness tcp connect 127.0.0.1:8080: connection refused (3 consecutive failures)".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn success_threshold_needs_consecutive_passes() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(CheckKind::Tcp, 1, 2)), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let r = Which::Readiness;
+        assert!(probe(&mut h, &mut rng, r, true, "connected").is_empty());
+        assert_eq!(h.state(), State::Starting);
+        assert_eq!(
+            probe(&mut h, &mut rng, r, true, "connected"),
+            [HealthEvent::Ready]
+        );
+        assert!(matches!(
+            probe(&mut h, &mut rng, r, false, "timed out after 500 ms")[..],
+            [HealthEvent::Unhealthy { .. }]
+        ));
+        assert!(probe(&mut h, &mut rng, r, true, "connected").is_empty());
+        assert_eq!(h.state(), State::Unhealthy);
+        assert_eq!(
+            probe(&mut h, &mut rng, r, true, "connected"),
+            [HealthEvent::Ready]
+        );
+    }
+
+    #[test]
+    fn readiness_failing_before_first_pass_is_unhealthy() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(CheckKind::Tcp, 2, 1)), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        probe(
+            &mut h,
+            &mut rng,
+            Which::Readiness,
+            false,
+            "connection refused",
+        );
+        let events = probe(
+            &mut h,
+            &mut rng,
+            Which::Readiness,
+            false,
+            "connection refused",
+        );
+        assert!(matches!(events[..], [HealthEvent::Unhealthy { .. }]));
+        assert_eq!(h.state(), State::Unhealthy);
+    }
+
+    #[test]
+    fn startup_gates_readiness_and_liveness() {
+        let mut rng = rng();
+        let c = checks(
+            Some(check(http("/started"), 3, 1)),
+            Some(check(http("/ready"), 3, 1)),
+            Some(check(CheckKind::Tcp, 3, 1)),
+        );
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        for _ in 0..2 {
+            let (at, due) = step(&mut h, &mut rng);
+            assert_eq!(
+                due.probes.iter().map(|t| t.which).collect::<Vec<_>>(),
+                [Which::Startup]
+            );
+            assert!(h
+                .result(Which::Startup, false, "status 503", at + 5, &mut rng)
+                .is_empty());
+        }
+        // The third failure reaches the threshold: still STARTING, reason given.
+        let events = probe(&mut h, &mut rng, Which::Startup, false, "status 503");
+        let reason = "startup http GET /started: status 503 (3 consecutive failures)";
+        assert_eq!(
+            events,
+            [HealthEvent::StartupFailing {
+                reason: reason.into()
+            }]
+        );
+        assert_eq!(h.state(), State::Starting);
+        assert_eq!(h.reason(), Some(reason));
+        for _ in 0..10 {
+            let (at, due) = step(&mut h, &mut rng);
+            assert_eq!(due.probes.len(), 1);
+            assert_eq!(due.probes[0].which, Which::Startup);
+            let next = h.next_due_ms();
+            assert_eq!(next, None, "only startup was scheduled and it is running");
+            let events = h.result(Which::Startup, false, "status 503", at + 5, &mut rng);
+            assert!(events.is_empty(), "reported once: {events:?}");
+        }
+        assert!(probe(&mut h, &mut rng, Which::Startup, true, "status 200").is_empty());
+        assert_eq!(h.state(), State::Starting, "readiness has not passed yet");
+        assert_eq!(h.reason(), None);
+        assert_eq!(
+            probe(&mut h, &mut rng, Which::Readiness, true, "status 200"),
+            [HealthEvent::Ready]
+        );
+        // Startup is never probed again.
+        for _ in 0..20 {
+            let (at, due) = step(&mut h, &mut rng);
+            for t in due.probes {
+                assert_ne!(t.which, Which::Startup);
+                h.result(t.which, true, "ok", at + 1, &mut rng);
+            }
+        }
+    }
+
+    #[test]
+    fn startup_without_readiness_is_ready_when_it_passes() {
+        let mut rng = rng();
+        let c = checks(Some(check(CheckKind::Tcp, 30, 1)), None, None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        assert_eq!(h.state(), State::Starting);
+        assert_eq!(
+            probe(&mut h, &mut rng, Which::Startup, true, "connected"),
+            [HealthEvent::Ready]
+        );
+        assert_eq!(h.next_due_ms(), None);
+    }
+
+    fn ttl_readiness() -> ValidChecks {
+        checks(
+            None,
+            Some(check(CheckKind::Ttl { ttl_ms: 5_000 }, 3, 1)),
+            None,
+        )
+    }
+
+    #[test]
+    fn ttl_without_heartbeats_becomes_unhealthy() {
+        let mut rng = rng();
+        let mut h = InstanceHealth::new(Some(&ttl_readiness()), target(), 0, &mut rng);
+        let mut events = Vec::new();
+        while !matches!(events.last(), Some(HealthEvent::Unhealthy { .. })) {
+            let (at, due) = step(&mut h, &mut rng);
+            assert!(due.probes.is_empty(), "ttl checks need no probe");
+            assert!(at < 60_000, "never became unhealthy");
+            events.extend(due.events.into_iter().map(|e| (at, e)).map(|(at, e)| {
+                if let HealthEvent::Unhealthy { reason } = &e {
+                    // Three ticks past the ttl, each at least one interval apart.
+                    assert!(at > 5_000 + 2 * 1_000, "{at}");
+                    assert!(
+                        reason.starts_with("readiness ttl: no heartbeat for ")
+                            && reason.ends_with(" ms (ttl 5000 ms) (3 consecutive failures)"),
+                        "{reason}"
+                    );
+                }
+                e
+            }));
+        }
+        assert_eq!(events[0], HealthEvent::Ready, "registration is a heartbeat");
+        assert_eq!(h.state(), State::Unhealthy);
+    }
+
+    #[test]
+    fn ttl_heartbeats_keep_it_ready() {
+        let mut rng = rng();
+        let mut h = InstanceHealth::new(Some(&ttl_readiness()), target(), 0, &mut rng);
+        let mut events = Vec::new();
+        let mut last_heartbeat = 0;
+        while let Some(at) = h.next_due_ms().filter(|&at| at < 120_000) {
+            while last_heartbeat + 4_000 <= at {
+                last_heartbeat += 4_000;
+                h.heartbeat(last_heartbeat);
+            }
+            events.extend(h.due(at, &mut rng).events);
+        }
+        assert_eq!(events, [HealthEvent::Ready]);
+        assert_eq!(h.state(), State::Ready);
+        // Then the heartbeats stop, and start again.
+        let mut now = last_heartbeat;
+        while h.state() == State::Ready {
+            now = h.next_due_ms().expect("scheduled");
+            h.due(now, &mut rng);
+        }
+        h.heartbeat(now);
+        let now = h.next_due_ms().expect("scheduled");
+        assert_eq!(h.due(now, &mut rng).events, [HealthEvent::Ready]);
+    }
+
+    #[test]
+    fn ttl_startup_opens_the_gate_in_the_same_call() {
+        let mut rng = rng();
+        let c = checks(
+            Some(check(CheckKind::Ttl { ttl_ms: 5_000 }, 3, 1)),
+            Some(check(CheckKind::Tcp, 3, 1)),
+            None,
+        );
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let (at, due) = step(&mut h, &mut rng);
+        assert!(due.probes.is_empty() && due.events.is_empty(), "{due:?}");
+        let next = h.next_due_ms().expect("readiness scheduled");
+        assert!((at..at + 1_000).contains(&next), "{at} {next}");
+        assert_eq!(h.state(), State::Starting);
+    }
+
+    #[test]
+    fn liveness_never_changes_ready() {
+        let mut rng = rng();
+        let c = checks(
+            None,
+            Some(check(CheckKind::Tcp, 3, 1)),
+            Some(check(http("/live"), 3, 1)),
+        );
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        probe(&mut h, &mut rng, Which::Readiness, true, "connected");
+        assert_eq!(h.state(), State::Ready);
+        let l = Which::Liveness;
+        assert_eq!(
+            probe(&mut h, &mut rng, l, true, "status 200"),
+            [HealthEvent::Liveness(Liveness::Passing)]
+        );
+        assert!(probe(&mut h, &mut rng, l, false, "status 500").is_empty());
+        assert!(probe(&mut h, &mut rng, l, false, "status 500").is_empty());
+        assert_eq!(
+            probe(&mut h, &mut rng, l, false, "status 500"),
+            [HealthEvent::Liveness(Liveness::Failing)]
+        );
+        assert_eq!(h.liveness(), Liveness::Failing);
+        assert_eq!(h.state(), State::Ready);
+        assert_eq!(h.reason(), None);
+        for _ in 0..5 {
+            assert!(probe(&mut h, &mut rng, l, false, "status 500").is_empty());
+        }
+        assert_eq!(h.state(), State::Ready);
+        assert_eq!(
+            probe(&mut h, &mut rng, l, true, "status 200"),
+            [HealthEvent::Liveness(Liveness::Passing)]
+        );
+    }
+
+    #[test]
+    fn first_probes_of_many_instances_spread_over_the_interval() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(CheckKind::Tcp, 3, 1)), None);
+        let firsts: Vec<u64> = (0..100)
+            .map(|_| {
+                let h = InstanceHealth::new(Some(&c), target(), 10_000, &mut rng);
+                h.next_due_ms().expect("scheduled") - 10_000
+            })
+            .collect();
+        assert!(firsts.iter().all(|&f| f < 1_000), "{firsts:?}");
+        let (min, max) = (firsts.iter().min(), firsts.iter().max());
+        assert!(min < Some(&100) && max > Some(&900), "{min:?} {max:?}");
+        // In every tenth of the interval some instance starts.
+        for tenth in 0..10 {
+            assert!(
+                firsts.iter().any(|f| f / 100 == tenth),
+                "no first probe in [{}, {}) ms: {firsts:?}",
+                tenth * 100,
+                (tenth + 1) * 100
+            );
+        }
+    }
+
+    #[test]
+    fn a_running_probe_is_not_started_twice() {
+        let mut rng = rng();
+        let c = checks(None, Some(check(CheckKind::Tcp, 3, 1)), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let (at, due) = step(&mut h, &mut rng);
+        assert_eq!(due.probes.len(), 1);
+        assert_eq!(h.next_due_ms(), None);
+        for later in [at, at + 1_000, at + 60_000] {
+            assert_eq!(h.due(later, &mut rng), Due::default());
+        }
+        assert!(
+            h.result(Which::Readiness, true, "connected", at + 60_001, &mut rng)[..]
+                .contains(&HealthEvent::Ready)
+        );
+        // A late result makes the next probe due at once, not in the past.
+        assert_eq!(h.next_due_ms(), Some(at + 60_001));
+        // A second result for the same probe, and one for an unconfigured
+        // check, are ignored.
+        assert!(h
+            .result(Which::Readiness, false, "x", at + 60_002, &mut rng)
+            .is_empty());
+        assert!(h
+            .result(Which::Liveness, false, "x", at + 60_002, &mut rng)
+            .is_empty());
+        assert_eq!(h.next_due_ms(), Some(at + 60_001));
+    }
+
+    #[test]
+    fn jitter_keeps_intervals_within_bounds() {
+        let mut rng = rng();
+        let mut c = check(CheckKind::Tcp, 3, 1);
+        c.timing.jitter = 0.2;
+        let c = checks(None, Some(c), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let mut starts = Vec::new();
+        for i in 0..500u64 {
+            let (at, due) = step(&mut h, &mut rng);
+            assert_eq!(due.probes.len(), 1);
+            starts.push(at);
+            // Results arrive after varying latencies below the timeout.
+            h.result(Which::Readiness, i % 2 == 0, "x", at + i % 500, &mut rng);
+        }
+        let gaps: Vec<u64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|g| (1_000..=1_200).contains(g)), "{gaps:?}");
+        let (min, max) = (gaps.iter().min(), gaps.iter().max());
+        assert!(min < Some(&1_020) && max > Some(&1_180), "{min:?} {max:?}");
+    }
+
+    /// Random outcomes, heartbeats and call times over many seeds: the
+    /// invariants hold whatever happens.
+    #[test]
+    fn invariants_hold_under_random_outcomes() {
+        use rand::RngExt;
+        for seed in 0..200 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let c = checks(
+                rng.random_bool(0.5)
+                    .then(|| check(http("/s"), rng.random_range(1..4), 1)),
+                rng.random_bool(0.7).then(|| {
+                    if rng.random_bool(0.5) {
+                        check(CheckKind::Ttl { ttl_ms: 2_500 }, 2, rng.random_range(1..3))
+                    } else {
+                        check(
+                            CheckKind::Tcp,
+                            rng.random_range(1..4),
+                            rng.random_range(1..3),
+                        )
+                    }
+                }),
+                rng.random_bool(0.5).then(|| check(CheckKind::Tcp, 2, 1)),
+            );
+            let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+            let mut running: Vec<(Which, u64)> = Vec::new();
+            let mut startup_passed = c.startup.is_none();
+            let mut state = h.state();
+            let mut liveness = h.liveness();
+            let mut now = 0;
+            for _ in 0..300 {
+                now += rng.random_range(0..400);
+                if rng.random_bool(0.3) {
+                    h.heartbeat(now);
+                }
+                let mut events = Vec::new();
+                // Finish some running probes.
+                let mut still = Vec::new();
+                for (which, started) in running.drain(..) {
+                    if now >= started + 500 || rng.random_bool(0.5) {
+                        let passed = rng.random_bool(0.6);
+                        // Startup's success threshold is 1 here.
+                        startup_passed |= which == Which::Startup && passed;
+                        events.extend(h.result(which, passed, "x", now, &mut rng));
+                    } else {
+                        still.push((which, started));
+                    }
+                }
+                running = still;
+                let due = h.due(now, &mut rng);
+                events.extend(due.events);
+                for t in due.probes {
+                    assert!(
+                        !running.iter().any(|(w, _)| *w == t.which),
+                        "seed {seed}: {:?} started twice",
+                        t.which
+                    );
+                    if t.which != Which::Startup {
+                        assert!(startup_passed, "seed {seed}: probed before startup");
+                    } else {
+                        assert!(!startup_passed, "seed {seed}: startup probed again");
+                    }
+                    running.push((t.which, now));
+                }
+                for e in events {
+                    match e {
+                        HealthEvent::Ready => {
+                            assert_ne!(state, State::Ready, "seed {seed}");
+                            state = State::Ready;
+                        }
+                        HealthEvent::Unhealthy { .. } => {
+                            assert_ne!(state, State::Unhealthy, "seed {seed}");
+                            state = State::Unhealthy;
+                        }
+                        HealthEvent::StartupFailing { .. } => {
+                            assert_eq!(state, State::Starting, "seed {seed}")
+                        }
+                        HealthEvent::Liveness(l) => {
+                            assert_ne!(l, liveness, "seed {seed}");
+                            liveness = l;
+                        }
+                    }
+                }
+                assert_eq!(h.state(), state, "seed {seed}: a change without an event");
+                assert_eq!(h.liveness(), liveness, "seed {seed}");
+                if !startup_passed {
+                    assert_eq!(h.state(), State::Starting, "seed {seed}");
+                }
+            }
+        }
+    }
+}

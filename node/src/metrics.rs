@@ -1,0 +1,134 @@
+//! The agent's Prometheus metrics (R11), names prefixed `rollcall_agent_`,
+//! served at `GET /metrics` on the agent's HTTP address. Counters move as
+//! things happen; per-service gauges (snapshot age, watch lag) are set at
+//! each scrape from the agent's state.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label of per-service series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabel {
+    /// `namespace/service/port_name`.
+    pub service: String,
+}
+
+/// Label of DNS answers.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RcodeLabel {
+    /// `noerror`, `nxdomain`, `servfail`, `refused`.
+    pub rcode: String,
+}
+
+/// Every agent metric.
+pub struct AgentMetrics {
+    registry: Registry,
+    /// Probe latency, seconds.
+    pub probe_latency: Histogram,
+    /// Time probes waited for the per-agent concurrency cap, seconds.
+    pub probe_queue_wait: Histogram,
+    /// READY ↔ UNHEALTHY changes of local instances.
+    pub health_flaps: Counter,
+    /// Age of each service's copy, seconds (0 while confirmed).
+    pub snapshot_age: Family<ServiceLabel, Gauge>,
+    /// Revisions each service's copy trails the arbiter by (0 while confirmed).
+    pub watch_lag: Family<ServiceLabel, Gauge>,
+    /// Gaps found in a service's revision chain.
+    pub revision_gaps: Counter,
+    /// Digest mismatches after applying a delta.
+    pub digest_mismatches: Counter,
+    /// Sessions to the arbiter started after the first.
+    pub reconnects: Counter,
+    /// Full snapshots applied (fallbacks from deltas).
+    pub snapshots_applied: Counter,
+    /// Connections or queries answered "no backend".
+    pub no_backend: Family<ServiceLabel, Counter>,
+    /// Local ejections.
+    pub ejections: Family<ServiceLabel, Counter>,
+    /// Failed connects to endpoints.
+    pub connect_failures: Counter,
+    /// Failed connects to endpoints the catalog then took out of READY
+    /// within 30 s: the view was stale.
+    pub connect_failures_to_stale: Counter,
+    /// Connections made to endpoints that were not READY at the revision
+    /// held (protected or panic mode).
+    pub connections_to_not_ready: Counter,
+    /// Proxied connections.
+    pub proxied_connections: Counter,
+    /// Answers served from a copy past its maximum age.
+    pub stale_served: Counter,
+    /// Answers refused because the copy was past its maximum age.
+    pub stale_refused: Counter,
+    /// DNS answers by response code.
+    pub dns_answers: Family<RcodeLabel, Counter>,
+}
+
+impl AgentMetrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("rollcall_agent");
+        let m = AgentMetrics {
+            registry: Registry::default(),
+            probe_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            probe_queue_wait: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            health_flaps: Counter::default(),
+            snapshot_age: Family::default(),
+            watch_lag: Family::default(),
+            revision_gaps: Counter::default(),
+            digest_mismatches: Counter::default(),
+            reconnects: Counter::default(),
+            snapshots_applied: Counter::default(),
+            no_backend: Family::default(),
+            ejections: Family::default(),
+            connect_failures: Counter::default(),
+            connect_failures_to_stale: Counter::default(),
+            connections_to_not_ready: Counter::default(),
+            proxied_connections: Counter::default(),
+            stale_served: Counter::default(),
+            stale_refused: Counter::default(),
+            dns_answers: Family::default(),
+        };
+        registry.register("probe_latency_seconds", "Latency of health probes", m.probe_latency.clone());
+        registry.register("probe_queue_wait_seconds", "Time probes waited for the per-agent concurrency cap", m.probe_queue_wait.clone());
+        registry.register("health_flaps", "READY/UNHEALTHY changes of local instances", m.health_flaps.clone());
+        registry.register("snapshot_age_seconds", "Age of each service's copy (0 while confirmed by the arbiter)", m.snapshot_age.clone());
+        registry.register("watch_lag_revisions", "Revisions each service's copy trails the arbiter by", m.watch_lag.clone());
+        registry.register("revision_gaps", "Gaps found in a service's revision chain", m.revision_gaps.clone());
+        registry.register("digest_mismatches", "Digest mismatches after applying a delta", m.digest_mismatches.clone());
+        registry.register("reconnects", "Arbiter sessions started after the first", m.reconnects.clone());
+        registry.register("snapshots_applied", "Full snapshots applied (fallbacks from deltas)", m.snapshots_applied.clone());
+        registry.register("no_backend", "Connections or queries answered with no backend", m.no_backend.clone());
+        registry.register("ejections", "Endpoints ejected locally after consecutive connect failures", m.ejections.clone());
+        registry.register("connect_failures", "Failed connects to endpoints", m.connect_failures.clone());
+        registry.register("connect_failures_to_stale", "Failed connects to endpoints the catalog took out of READY within 30 s after", m.connect_failures_to_stale.clone());
+        registry.register("connections_to_not_ready", "Connections to endpoints not READY at the revision held (protected or panic mode)", m.connections_to_not_ready.clone());
+        registry.register("proxied_connections", "Connections forwarded by the proxy", m.proxied_connections.clone());
+        registry.register("stale_served", "Answers served from a copy past its maximum age", m.stale_served.clone());
+        registry.register("stale_refused", "Answers refused because the copy was past its maximum age", m.stale_refused.clone());
+        registry.register("dns_answers", "DNS answers by response code", m.dns_answers.clone());
+        AgentMetrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// One more answer with this DNS response code.
+    pub fn dns_answer(&self, rcode: &str) {
+        self.dns_answers.get_or_create(&RcodeLabel { rcode: rcode.to_owned() }).inc();
+    }
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        AgentMetrics::new()
+    }
+}
