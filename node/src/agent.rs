@@ -19,8 +19,8 @@ use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError};
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
 use rollcall_leases::tls::TlsMaterial;
 use rollcall_leases::{
-    shard_of, AgentEpoch, Generation, InstanceId, Label, LeaseId, NodeId, Reason, Registration,
-    EndpointRecord, Revision, Role, ServiceKey, ShardId, State,
+    shard_of, AgentEpoch, EndpointRecord, Generation, InstanceId, Label, LeaseId, NodeId, Reason,
+    Registration, Revision, Role, ServiceKey, ShardId, State,
 };
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -31,9 +31,11 @@ use crate::api_types::{
 };
 use crate::api_types::{ArbiterStatus, LeaseStatus};
 use crate::cache::ServiceCache;
-use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
 use crate::endpoints::{Selection, ServiceMemory};
+use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
 use crate::metrics::{AgentMetrics, ServiceLabel};
+use crate::prober::Prober;
+use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
 use crate::sync::{Sync, SyncOut};
 
 /// Why the agent could not start.
@@ -84,6 +86,7 @@ pub struct Agent {
 }
 
 struct Inner {
+    prober: Prober,
     metrics: AgentMetrics,
     sessions: std::sync::atomic::AtomicU64,
     config: AgentConfig,
@@ -115,6 +118,11 @@ struct Shared {
     recent_failures: VecDeque<(InstanceId, u64)>,
     /// Sync counters already reported to metrics.
     reported: crate::sync::SyncStats,
+    /// Health of local instances with checks, by instance and generation.
+    health: HashMap<InstanceId, (Option<Generation>, InstanceHealth)>,
+    /// The state and reason each local instance's health (or its session)
+    /// wants in the catalog, until the arbiter has it.
+    desired: HashMap<InstanceId, (State, Reason)>,
 }
 
 /// What the shared endpoint view answers for a service.
@@ -152,6 +160,45 @@ pub struct Answer {
 
 /// How long a failed connect waits for the catalog to prove the view stale.
 const STALE_FAILURE_WINDOW_MS: u64 = 30_000;
+
+/// Held by an open registration session; dropping it (the connection
+/// closed) marks the instance UNHEALTHY unless it was drained or replaced.
+pub struct SessionGuard {
+    agent: Agent,
+    id: InstanceId,
+    generation: Option<Generation>,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let still_serving = {
+            let state = self.agent.lock();
+            state
+                .regs
+                .get(&self.id)
+                .is_some_and(|l| l.intent == Intent::Serve && l.generation == self.generation)
+        };
+        if still_serving {
+            tracing::warn!(instance = %self.id, "registration session closed without a drain: process exited");
+            self.agent
+                .want(&self.id, State::Unhealthy, "process exited");
+        }
+    }
+}
+
+/// Who is calling the local API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Holds the node token: may do anything on this node.
+    Operator,
+    /// A local process on the unix socket, by its peer credentials.
+    Workload {
+        /// Its user id.
+        uid: u32,
+        /// Its group id.
+        gid: u32,
+    },
+}
 
 /// How a write ended.
 pub enum WriteOutcome<T> {
@@ -240,9 +287,13 @@ impl Agent {
             memory: HashMap::new(),
             recent_failures: VecDeque::new(),
             reported: crate::sync::SyncStats::default(),
+            health: HashMap::new(),
+            desired: HashMap::new(),
         };
         let agent = Agent {
             inner: Arc::new(Inner {
+                prober: Prober::new(config.probes.max_concurrent as usize)
+                    .map_err(|e| AgentError::Config(e.to_string()))?,
                 metrics: AgentMetrics::new(),
                 sessions: std::sync::atomic::AtomicU64::new(0),
                 node,
@@ -256,11 +307,25 @@ impl Agent {
                 config,
             }),
         };
+        {
+            // Restored registrations with checks are checked again from now.
+            let mut state = agent.lock();
+            let serving: Vec<_> = state
+                .regs
+                .iter()
+                .filter(|l| l.intent == Intent::Serve)
+                .map(|l| (l.registration.clone(), l.generation))
+                .collect();
+            for (reg, generation) in serving {
+                agent.watch_health(&mut state, &reg, generation);
+            }
+        }
         let mut tasks = Vec::new();
         if let Some(client) = client {
             tasks.push(tokio::spawn(agent.clone().link_loop(client)));
         }
         tasks.push(tokio::spawn(agent.clone().flush_loop()));
+        tasks.push(tokio::spawn(agent.clone().health_loop()));
         let listener = tokio::net::TcpListener::bind(agent.inner.config.http_listen)
             .await
             .map_err(io(format!(
@@ -270,6 +335,15 @@ impl Agent {
         let http_addr = listener
             .local_addr()
             .map_err(io("reading the HTTP API address"))?;
+        let socket = data_dir.join("agent.sock");
+        tasks.push(
+            crate::api::serve_unix(agent.clone(), &socket)
+                .await
+                .map_err(io(format!(
+                    "binding the agent unix socket {}",
+                    socket.display()
+                )))?,
+        );
         let app = crate::api::router(agent.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -417,7 +491,12 @@ impl Agent {
             state.sync.connected(&mut outs);
         }
         tracing::info!(arbiter = %address, epoch = %self.inner.epoch, "arbiter session up");
-        if self.inner.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0 {
+        if self
+            .inner
+            .sessions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            > 0
+        {
             self.inner.metrics.reconnects.inc();
         }
         self.carry_out(outs, writer).await?;
@@ -489,17 +568,30 @@ impl Agent {
         let m = &self.inner.metrics;
         let stats = state.sync.stats().clone();
         m.revision_gaps.inc_by(stats.gaps - state.reported.gaps);
-        m.digest_mismatches.inc_by(stats.digest_mismatches - state.reported.digest_mismatches);
-        m.snapshots_applied.inc_by(stats.snapshots_applied - state.reported.snapshots_applied);
+        m.digest_mismatches
+            .inc_by(stats.digest_mismatches - state.reported.digest_mismatches);
+        m.snapshots_applied
+            .inc_by(stats.snapshots_applied - state.reported.snapshots_applied);
         state.reported = stats;
-        while state.recent_failures.front().is_some_and(|(_, t)| now.saturating_sub(*t) > STALE_FAILURE_WINDOW_MS) {
+        while state
+            .recent_failures
+            .front()
+            .is_some_and(|(_, t)| now.saturating_sub(*t) > STALE_FAILURE_WINDOW_MS)
+        {
             state.recent_failures.pop_front();
         }
         let sync = &state.sync;
-        let gone = |id: &InstanceId| !sync.iter().any(|(_, t)| t.view.as_ref().is_some_and(|v| v.ready().any(|r| &r.instance_id == id)));
+        let gone = |id: &InstanceId| {
+            !sync.iter().any(|(_, t)| {
+                t.view
+                    .as_ref()
+                    .is_some_and(|v| v.ready().any(|r| &r.instance_id == id))
+            })
+        };
         let before = state.recent_failures.len();
         state.recent_failures.retain(|(id, _)| !gone(id));
-        m.connect_failures_to_stale.inc_by((before - state.recent_failures.len()) as u64);
+        m.connect_failures_to_stale
+            .inc_by((before - state.recent_failures.len()) as u64);
     }
 
     async fn carry_out(
@@ -639,6 +731,42 @@ impl Agent {
                 return;
             }
         }
+        // Health verdicts reached while the arbiter was away.
+        let pending: Vec<InstanceId> = {
+            let mut state = self.lock();
+            let state = &mut *state;
+            for (id, (_, health)) in &state.health {
+                let current = listed
+                    .iter()
+                    .find(|l| &l.instance_id == id)
+                    .map(|l| l.state);
+                let wanted = health.state();
+                if wanted != State::Starting
+                    && current.is_some_and(|c| c != wanted)
+                    && !state.desired.contains_key(id)
+                {
+                    let reason = Reason::new(
+                        &health
+                            .reason()
+                            .unwrap_or("health check verdict")
+                            .chars()
+                            .take(256)
+                            .collect::<String>(),
+                    )
+                    .unwrap_or_else(|_| {
+                        Reason::new("health check verdict").expect("a valid constant")
+                    });
+                    state.desired.insert(id.clone(), (wanted, reason));
+                }
+            }
+            state.desired.keys().cloned().collect()
+        };
+        for id in pending {
+            if let Err(e) = self.push_desired(&conn, &id).await {
+                tracing::warn!(error = %e, "reconciliation interrupted");
+                return;
+            }
+        }
         // Records an agent wrote on this node that this agent does not know
         // (it lost its disk): they run nowhere any more.
         let known: BTreeSet<InstanceId> = self
@@ -688,6 +816,9 @@ impl Agent {
                 if let Some(l) = state.regs.get_mut(id) {
                     l.generation = Some(g);
                     l.committed = l.intent == Intent::Serve;
+                }
+                if let Some((tag, _)) = state.health.get_mut(id) {
+                    *tag = Some(g);
                 }
                 self.save(&state);
             }
@@ -767,19 +898,304 @@ impl Agent {
             version: r.version.clone(),
             weight: r.weight,
             labels: r.labels.clone(),
-            initial: State::Ready,
+            // With checks an instance starts STARTING and becomes READY when
+            // they pass; without, it is READY while the node's lease holds.
+            initial: if r.checks.is_some() {
+                State::Starting
+            } else {
+                State::Ready
+            },
         }
+    }
+
+    // ----- health (R4) -----
+
+    /// Starts checking a local instance's health (a registration with
+    /// checks, at registration or at agent start). Replaces any earlier
+    /// checker of the same instance, so results of an old generation's
+    /// probes are never counted against the new one.
+    fn watch_health(
+        &self,
+        state: &mut Shared,
+        reg: &ValidRegistration,
+        generation: Option<Generation>,
+    ) {
+        let Some(checks) = reg.checks.as_ref() else {
+            state.health.remove(&reg.instance_id);
+            return;
+        };
+        let target = SocketAddr::new(reg.address, reg.port);
+        let health = InstanceHealth::new(Some(checks), target, now_ms(), &mut rand::rng());
+        state
+            .health
+            .insert(reg.instance_id.clone(), (generation, health));
+    }
+
+    /// Runs due probes and turns health changes into catalog transitions.
+    async fn health_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            let now = now_ms();
+            let mut probes: Vec<(InstanceId, Option<Generation>, ProbeTask)> = Vec::new();
+            let mut events: Vec<(InstanceId, HealthEvent)> = Vec::new();
+            {
+                let mut state = self.lock();
+                let mut rng = rand::rng();
+                for (id, (generation, health)) in state.health.iter_mut() {
+                    if health.next_due_ms().is_none_or(|t| t > now) {
+                        continue;
+                    }
+                    let due = health.due(now, &mut rng);
+                    probes.extend(due.probes.into_iter().map(|p| (id.clone(), *generation, p)));
+                    events.extend(due.events.into_iter().map(|e| (id.clone(), e)));
+                }
+            }
+            for (id, event) in events {
+                self.on_health_event(&id, event);
+            }
+            for (id, generation, task) in probes {
+                let agent = self.clone();
+                tokio::spawn(async move {
+                    let outcome = agent
+                        .inner
+                        .prober
+                        .run(task.target, &task.kind, task.timeout_ms)
+                        .await;
+                    agent
+                        .inner
+                        .metrics
+                        .probe_latency
+                        .observe(outcome.latency_ms / 1000.0);
+                    agent
+                        .inner
+                        .metrics
+                        .probe_queue_wait
+                        .observe(outcome.waited_ms / 1000.0);
+                    let events = {
+                        let mut state = agent.lock();
+                        match state.health.get_mut(&id) {
+                            // A result for a checker replaced since is dropped.
+                            Some((g, health)) if *g == generation => health.result(
+                                task.which,
+                                outcome.passed,
+                                &outcome.detail,
+                                now_ms(),
+                                &mut rand::rng(),
+                            ),
+                            _ => Vec::new(),
+                        }
+                    };
+                    for event in events {
+                        agent.on_health_event(&id, event);
+                    }
+                });
+            }
+        }
+    }
+
+    fn on_health_event(&self, id: &InstanceId, event: HealthEvent) {
+        let (state, reason) = match event {
+            HealthEvent::Ready => (State::Ready, format!("{} passed", Which::Readiness)),
+            HealthEvent::Unhealthy { reason } => (State::Unhealthy, reason),
+            HealthEvent::StartupFailing { reason } => {
+                tracing::warn!(instance = %id, reason = %reason, "startup check failing");
+                return;
+            }
+            HealthEvent::Liveness(liveness) => {
+                tracing::info!(instance = %id, liveness = liveness.as_str(), "liveness changed");
+                let this = self.clone();
+                let id = id.clone();
+                tokio::spawn(async move { this.push_liveness(&id, liveness).await });
+                return;
+            }
+        };
+        tracing::info!(instance = %id, state = state.as_str(), reason = %reason, "health changed");
+        self.inner.metrics.health_flaps.inc();
+        self.want(id, state, &reason);
+    }
+
+    /// Records the state a local instance should have in the catalog and
+    /// sends it when connected; `reconcile` sends what is left after an
+    /// outage.
+    fn want(&self, id: &InstanceId, state: State, reason: &str) {
+        let reason = Reason::new(&reason.chars().take(256).collect::<String>())
+            .unwrap_or_else(|_| Reason::new("health check changed").expect("a valid constant"));
+        self.lock().desired.insert(id.clone(), (state, reason));
+        let this = self.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            if let Some(conn) = this.link() {
+                if let Err(e) = this.push_desired(&conn, &id).await {
+                    tracing::warn!(instance = %id, error = %e, "health change kept until the arbiter is back");
+                }
+            }
+        });
+    }
+
+    /// Sends a local instance's desired state, if any, to the arbiter.
+    async fn push_desired(&self, conn: &ArbiterConn, id: &InstanceId) -> Result<(), ClientError> {
+        let (want, generation) = {
+            let state = self.lock();
+            let Some(want) = state.desired.get(id).cloned() else {
+                return Ok(());
+            };
+            let Some(local) = state.regs.get(id) else {
+                return Ok(());
+            };
+            if local.intent != Intent::Serve {
+                return Ok(());
+            }
+            let Some(generation) = local.generation else {
+                return Ok(());
+            };
+            (want, generation)
+        };
+        let request = Request::Transition {
+            instance_id: id.clone(),
+            generation,
+            to: want.0,
+            reason: want.1.clone(),
+        };
+        match conn.request(&request).await? {
+            Response::Committed { .. } => {
+                let mut state = self.lock();
+                if state.desired.get(id) == Some(&want) {
+                    state.desired.remove(id);
+                }
+            }
+            Response::Rejected { kind, message } => {
+                tracing::warn!(instance = %id, ?kind, reason = %message, "the arbiter refused a health transition");
+                self.lock().desired.remove(id);
+            }
+            other => tracing::warn!(answer = ?other, "unexpected answer to a transition"),
+        }
+        Ok(())
+    }
+
+    async fn push_liveness(&self, id: &InstanceId, liveness: rollcall_leases::Liveness) {
+        let generation = self.lock().regs.get(id).and_then(|l| l.generation);
+        let (Some(generation), Some(conn)) = (generation, self.link()) else {
+            return;
+        };
+        let request = Request::SetLiveness {
+            instance_id: id.clone(),
+            generation,
+            liveness,
+        };
+        if let Err(e) = conn.request(&request).await {
+            tracing::warn!(instance = %id, error = %e, "liveness not sent");
+        }
+    }
+
+    /// `POST /v1/agent/instances/{id}/session`: the returned guard, held by
+    /// the streaming answer, marks the instance UNHEALTHY ("process
+    /// exited") when the connection closes without a drain.
+    pub fn open_session(
+        &self,
+        id: &InstanceId,
+        generation: Option<u64>,
+        caller: &Caller,
+    ) -> Result<SessionGuard, ApiError> {
+        let generation = self.authorize_instance(caller, id, generation)?;
+        if self.lock().regs.get(id).is_none() {
+            return Err(ApiError::not_found(format!(
+                "instance {id} is not registered on this agent"
+            )));
+        }
+        Ok(SessionGuard {
+            agent: self.clone(),
+            id: id.clone(),
+            generation,
+        })
     }
 
     // ----- the local API's operations -----
 
-    /// Checks the node token in an `Authorization` header value.
-    pub fn check_token(&self, header: Option<&str>) -> Result<(), ApiError> {
-        match header.and_then(|h| h.strip_prefix("Bearer ")) {
-            Some(t) if t.trim() == self.inner.token => Ok(()),
-            Some(_) => Err(ApiError::unauthorized("the bearer token does not match agent.token in the agent's data directory")),
-            None => Err(ApiError::unauthorized("writes need the node token (agent.token in the agent's data directory) as Authorization: Bearer <token>")),
+    /// Who is calling (R10): an operator holding the node token (sent as
+    /// `Authorization: Bearer <token>`), or, on the unix socket, a workload
+    /// identified by its peer credentials.
+    pub fn caller(
+        &self,
+        header: Option<&str>,
+        peer: Option<(u32, u32)>,
+    ) -> Result<Caller, ApiError> {
+        match (header.and_then(|h| h.strip_prefix("Bearer ")), peer) {
+            (Some(t), _) if t.trim() == self.inner.token => Ok(Caller::Operator),
+            (Some(_), _) => Err(ApiError::unauthorized("the bearer token does not match agent.token in the agent's data directory")),
+            (None, Some((uid, gid))) => Ok(Caller::Workload { uid, gid }),
+            (None, None) => Err(ApiError::unauthorized(
+                "writes need the node token (agent.token in the agent's data directory) as Authorization: Bearer <token>, or a workload identity on the agent's unix socket",
+            )),
         }
+    }
+
+    /// Whether `caller` may write instances of `service`: operators may
+    /// write anything on this node; a workload only the services its
+    /// `[[workloads]]` grants name.
+    fn authorize(&self, caller: &Caller, service: &ServiceKey) -> Result<(), ApiError> {
+        let Caller::Workload { uid, gid } = *caller else {
+            return Ok(());
+        };
+        let allowed = self
+            .inner
+            .config
+            .workloads
+            .iter()
+            .filter(|w| w.uid.is_none_or(|u| u == uid) && w.gid.is_none_or(|g| g == gid))
+            .flat_map(|w| &w.services)
+            .any(|p| {
+                p.matches(
+                    service.namespace.as_str(),
+                    service.service.as_str(),
+                    service.port_name.as_str(),
+                )
+            });
+        if allowed {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!("uid {uid} gid {gid} may not write instances of {service} (agent [[workloads]] grants)")))
+        }
+    }
+
+    /// The service an instance belongs to, from the local registrations or
+    /// the views.
+    fn service_of(&self, id: &InstanceId) -> Option<ServiceKey> {
+        let state = self.lock();
+        if let Some(local) = state.regs.get(id) {
+            return Some(local.registration.service.clone());
+        }
+        let found = state
+            .sync
+            .iter()
+            .find(|(_, t)| {
+                t.view
+                    .as_ref()
+                    .is_some_and(|v| v.records().any(|r| &r.instance_id == id))
+            })
+            .map(|(k, _)| k.clone());
+        found
+    }
+
+    /// Authorizes a call about an existing instance and resolves the
+    /// generation it names. Workloads must name the generation; only the
+    /// node token may omit it.
+    fn authorize_instance(
+        &self,
+        caller: &Caller,
+        id: &InstanceId,
+        given: Option<u64>,
+    ) -> Result<Option<Generation>, ApiError> {
+        let service = self.service_of(id).ok_or_else(|| {
+            ApiError::not_found(format!("instance {id} is not known to this agent"))
+        })?;
+        self.authorize(caller, &service)?;
+        if given.is_none() && matches!(caller, Caller::Workload { .. }) {
+            return Err(ApiError::bad_request(
+                "generation: required for workload callers; only the node token may omit it",
+            ));
+        }
+        self.generation_for(id, given)
     }
 
     fn link(&self) -> Option<ArbiterConn> {
@@ -790,12 +1206,9 @@ impl Agent {
     pub async fn register(
         &self,
         reg: ValidRegistration,
+        caller: &Caller,
     ) -> Result<WriteOutcome<RegisterResponse>, ApiError> {
-        if reg.checks.is_some() {
-            return Err(ApiError::unprocessable(
-                "checks: health checks (startup, readiness, liveness) are not run by this agent version yet; register without `checks` (the instance is READY while its node's lease holds)",
-            ));
-        }
+        self.authorize(caller, &reg.service)?;
         let id = reg.instance_id.clone();
         if let Some(conn) = self.link() {
             match conn
@@ -808,6 +1221,8 @@ impl Agent {
                     ..
                 }) => {
                     let mut st = self.lock();
+                    self.watch_health(&mut st, &reg, Some(g));
+                    st.desired.remove(&reg.instance_id);
                     st.regs.put(LocalInstance {
                         registration: reg,
                         generation: Some(g),
@@ -833,6 +1248,8 @@ impl Agent {
             }
         }
         let mut st = self.lock();
+        self.watch_health(&mut st, &reg, None);
+        st.desired.remove(&reg.instance_id);
         st.regs.put(LocalInstance {
             registration: reg,
             generation: None,
@@ -892,8 +1309,13 @@ impl Agent {
         &self,
         id: &InstanceId,
         generation: Option<u64>,
+        caller: &Caller,
     ) -> Result<serde_json::Value, ApiError> {
-        let state = self.lock();
+        self.authorize_instance(caller, id, generation)?;
+        let mut state = self.lock();
+        if let Some((_, health)) = state.health.get_mut(id) {
+            health.heartbeat(now_ms());
+        }
         let Some(local) = state.regs.get(id) else {
             return Err(ApiError::not_found(format!(
                 "instance {id} is not registered on this agent"
@@ -918,8 +1340,9 @@ impl Agent {
         id: &InstanceId,
         generation: Option<u64>,
         propagated: bool,
+        caller: &Caller,
     ) -> Result<WriteOutcome<DrainResponse>, ApiError> {
-        let generation = self.generation_for(id, generation)?;
+        let generation = self.authorize_instance(caller, id, generation)?;
         self.set_intent(id, Intent::Drain)?;
         let (Some(generation), Some(conn)) = (generation, self.link()) else {
             return Ok(WriteOutcome::Pending(DrainResponse {
@@ -1026,8 +1449,9 @@ impl Agent {
         &self,
         id: &InstanceId,
         generation: Option<u64>,
+        caller: &Caller,
     ) -> Result<WriteOutcome<serde_json::Value>, ApiError> {
-        let generation = self.generation_for(id, generation)?;
+        let generation = self.authorize_instance(caller, id, generation)?;
         self.set_intent(id, Intent::Leave)?;
         let (Some(generation), Some(conn)) = (generation, self.link()) else {
             return Ok(WriteOutcome::Pending(
@@ -1065,6 +1489,11 @@ impl Agent {
 
     fn set_intent(&self, id: &InstanceId, intent: Intent) -> Result<(), ApiError> {
         let mut state = self.lock();
+        if intent != Intent::Serve {
+            // A leaving instance's probes no longer move it (DRAINING is one-way).
+            state.health.remove(id);
+            state.desired.remove(id);
+        }
         if let Some(local) = state.regs.get_mut(id) {
             local.intent = intent;
             local.committed = false;
@@ -1108,7 +1537,9 @@ impl Agent {
                 return Lookup::Unknown;
             }
             if let Some(reason) = &t.denied {
-                return Lookup::CannotKnow(format!("the arbiter refused this agent's watch of {key}: {reason}"));
+                return Lookup::CannotKnow(format!(
+                    "the arbiter refused this agent's watch of {key}: {reason}"
+                ));
             }
             return Lookup::CannotKnow(match state.session {
                 Some(_) => format!("service {key} has not arrived from the arbiter yet"),
@@ -1117,7 +1548,11 @@ impl Agent {
         };
         let age_ms = t.age_ms(now, self.inner.started_ms);
         let stale = !t.synced;
-        let (max_age, behaviour) = self.inner.config.staleness.for_service(key.namespace.as_str(), key.service.as_str(), key.port_name.as_str());
+        let (max_age, behaviour) = self.inner.config.staleness.for_service(
+            key.namespace.as_str(),
+            key.service.as_str(),
+            key.port_name.as_str(),
+        );
         if age_ms > max_age {
             match behaviour {
                 StaleBehaviour::Refuse => {
@@ -1132,16 +1567,30 @@ impl Agent {
         }
         let records: Vec<Arc<EndpointRecord>> = view.records().cloned().collect();
         let revision = view.revision();
-        let leaving: BTreeSet<InstanceId> = state.regs.iter().filter(|l| l.intent != Intent::Serve).map(|l| l.registration.instance_id.clone()).collect();
+        let leaving: BTreeSet<InstanceId> = state
+            .regs
+            .iter()
+            .filter(|l| l.intent != Intent::Serve)
+            .map(|l| l.registration.instance_id.clone())
+            .collect();
         let memory = state.memory.entry(key.clone()).or_default();
         let selection = memory.select(&records, &leaving, now, &self.inner.config.data_plane);
-        Lookup::Serve(Answer { service: key.clone(), revision, stale, age_ms, selection, records, leaving })
+        Lookup::Serve(Answer {
+            service: key.clone(),
+            revision,
+            stale,
+            age_ms,
+            selection,
+            records,
+            leaving,
+        })
     }
 
     /// `lookup`, waiting up to `first_resolve_wait_ms` for a service that
     /// has not arrived yet (the first resolve of a service).
     pub async fn lookup_wait(&self, key: &ServiceKey) -> Lookup {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.inner.config.first_resolve_wait_ms);
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.inner.config.first_resolve_wait_ms);
         loop {
             let notified = self.inner.changed.notified();
             let answer = self.lookup(key);
@@ -1159,16 +1608,31 @@ impl Agent {
     pub fn connect_failed(&self, key: &ServiceKey, id: &InstanceId) {
         let now = now_ms();
         let mut state = self.lock();
-        let ready = state.sync.get(key).and_then(|t| t.view.as_ref()).map_or(0, |v| v.ready().count());
+        let ready = state
+            .sync
+            .get(key)
+            .and_then(|t| t.view.as_ref())
+            .map_or(0, |v| v.ready().count());
         state.recent_failures.push_back((id.clone(), now));
         while state.recent_failures.len() > 10_000 {
             state.recent_failures.pop_front();
         }
-        let ejected = state.memory.entry(key.clone()).or_default().connect_failed(id, ready, now, &self.inner.config.data_plane);
+        let ejected = state.memory.entry(key.clone()).or_default().connect_failed(
+            id,
+            ready,
+            now,
+            &self.inner.config.data_plane,
+        );
         self.inner.metrics.connect_failures.inc();
         if ejected {
             tracing::warn!(service = %key, instance = %id, "endpoint ejected locally after consecutive connect failures");
-            self.inner.metrics.ejections.get_or_create(&ServiceLabel { service: key.to_string() }).inc();
+            self.inner
+                .metrics
+                .ejections
+                .get_or_create(&ServiceLabel {
+                    service: key.to_string(),
+                })
+                .inc();
         }
     }
 
@@ -1203,10 +1667,18 @@ impl Agent {
             m.snapshot_age.clear();
             m.watch_lag.clear();
             for (service, t) in state.sync.iter() {
-                let label = ServiceLabel { service: service.to_string() };
-                m.snapshot_age.get_or_create(&label).set((t.age_ms(now, self.inner.started_ms) / 1000) as i64);
+                let label = ServiceLabel {
+                    service: service.to_string(),
+                };
+                m.snapshot_age
+                    .get_or_create(&label)
+                    .set((t.age_ms(now, self.inner.started_ms) / 1000) as i64);
                 let revision = t.view.as_ref().map_or(0, |v| v.revision().get());
-                let lag = if t.synced { 0 } else { state.shard_revision.get().saturating_sub(revision) };
+                let lag = if t.synced {
+                    0
+                } else {
+                    state.shard_revision.get().saturating_sub(revision)
+                };
                 m.watch_lag.get_or_create(&label).set(lag as i64);
             }
         }
@@ -1216,11 +1688,20 @@ impl Agent {
     /// `GET /v1/endpoints/{service}`: answered from the local view only. The
     /// first resolve of a service not yet followed subscribes and waits up
     /// to `first_resolve_wait_ms` for it.
-    pub async fn resolve(&self, key: ServiceKey, zone: Option<Label>, all: bool) -> Result<EndpointsResponse, ApiError> {
+    pub async fn resolve(
+        &self,
+        key: ServiceKey,
+        zone: Option<Label>,
+        all: bool,
+    ) -> Result<EndpointsResponse, ApiError> {
         let answer = match self.lookup_wait(&key).await {
             Lookup::Serve(answer) => answer,
-            Lookup::Unknown => return Err(ApiError::not_found(format!("service {key} does not exist"))),
-            Lookup::CannotKnow(reason) | Lookup::Refused(reason) => return Err(ApiError::unavailable(reason)),
+            Lookup::Unknown => {
+                return Err(ApiError::not_found(format!("service {key} does not exist")))
+            }
+            Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
+                return Err(ApiError::unavailable(reason))
+            }
         };
         let in_zone = |r: &EndpointRecord| zone.as_ref().is_none_or(|z| &r.zone == z);
         let endpoints = if all {
@@ -1238,7 +1719,13 @@ impl Agent {
                 })
                 .collect()
         } else {
-            answer.selection.candidates.iter().filter(|c| in_zone(&c.record)).map(|c| EndpointJson::from_record(&c.record)).collect()
+            answer
+                .selection
+                .candidates
+                .iter()
+                .filter(|c| in_zone(&c.record))
+                .map(|c| EndpointJson::from_record(&c.record))
+                .collect()
         };
         Ok(EndpointsResponse {
             service: key.service.clone(),

@@ -266,7 +266,8 @@ pub struct Check {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum CheckKind {
-    /// An HTTP GET of `path` on the instance's address and port; 2xx passes.
+    /// An HTTP GET of `path` on the instance's address and port; 2xx and 3xx
+    /// pass (redirects are not followed).
     Http {
         /// Starts with '/'; printable ASCII without spaces.
         path: String,

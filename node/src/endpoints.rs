@@ -88,16 +88,35 @@ impl ServiceMemory {
     /// Computes the selection from the service's records (any order).
     /// `locally_leaving` are instances this agent drained or deregistered
     /// and the arbiter may not have committed yet.
-    pub fn select(&mut self, records: &[Arc<EndpointRecord>], locally_leaving: &BTreeSet<InstanceId>, now_ms: u64, p: &DataPlaneConfig) -> Selection {
-        let usable = |r: &&Arc<EndpointRecord>| !locally_leaving.contains(&r.instance_id) && !matches!(r.state, State::Draining | State::Starting);
+    pub fn select(
+        &mut self,
+        records: &[Arc<EndpointRecord>],
+        locally_leaving: &BTreeSet<InstanceId>,
+        now_ms: u64,
+        p: &DataPlaneConfig,
+    ) -> Selection {
+        let usable = |r: &&Arc<EndpointRecord>| {
+            !locally_leaving.contains(&r.instance_id)
+                && !matches!(r.state, State::Draining | State::Starting)
+        };
         let mut pool: Vec<&Arc<EndpointRecord>> = records.iter().filter(usable).collect();
         pool.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
-        let ready: Vec<&Arc<EndpointRecord>> = pool.iter().copied().filter(|r| r.state == State::Ready).collect();
+        let ready: Vec<&Arc<EndpointRecord>> = pool
+            .iter()
+            .copied()
+            .filter(|r| r.state == State::Ready)
+            .collect();
 
         // Slow-start memory follows the READY set.
-        self.ready_since.retain(|(id, g), _| ready.iter().any(|r| &r.instance_id == id && r.generation == *g));
+        self.ready_since.retain(|(id, g), _| {
+            ready
+                .iter()
+                .any(|r| &r.instance_id == id && r.generation == *g)
+        });
         for r in &ready {
-            self.ready_since.entry((r.instance_id.clone(), r.generation)).or_insert(now_ms);
+            self.ready_since
+                .entry((r.instance_id.clone(), r.generation))
+                .or_insert(now_ms);
         }
         for e in self.ejections.values_mut() {
             if e.until_ms.is_some_and(|t| now_ms >= t) {
@@ -107,43 +126,72 @@ impl ServiceMemory {
         if !ready.is_empty() {
             self.last_ready = ready.iter().map(|r| r.instance_id.clone()).collect();
         }
-        let ejected = |r: &&Arc<EndpointRecord>| self.ejections.get(&r.instance_id).is_some_and(|e| e.until_ms.is_some());
-        let healthy: Vec<&Arc<EndpointRecord>> = ready.iter().copied().filter(|r| !ejected(r)).collect();
-
-        let (mode, chosen): (Mode, Vec<&Arc<EndpointRecord>>) = if ready.is_empty() && p.empty_set_protection && !self.last_ready.is_empty() {
-            // Held only for records taken out by a failure verdict or an
-            // expiry; drained or deregistered ones left on purpose.
-            let held: Vec<&Arc<EndpointRecord>> = pool
-                .iter()
-                .copied()
-                .filter(|r| self.last_ready.contains(&r.instance_id) && matches!(r.state, State::Unhealthy | State::Expired))
-                .collect();
-            if held.is_empty() {
-                (Mode::Normal, Vec::new())
-            } else {
-                (Mode::Protected, held)
-            }
-        } else if !pool.is_empty() && (healthy.len() as f64) < p.panic_threshold * pool.len() as f64 {
-            (Mode::Panic, pool.clone())
-        } else {
-            (Mode::Normal, healthy)
+        let ejected = |r: &&Arc<EndpointRecord>| {
+            self.ejections
+                .get(&r.instance_id)
+                .is_some_and(|e| e.until_ms.is_some())
         };
+        let healthy: Vec<&Arc<EndpointRecord>> =
+            ready.iter().copied().filter(|r| !ejected(r)).collect();
+
+        let (mode, chosen): (Mode, Vec<&Arc<EndpointRecord>>) =
+            if ready.is_empty() && p.empty_set_protection && !self.last_ready.is_empty() {
+                // Held only for records taken out by a failure verdict or an
+                // expiry; drained or deregistered ones left on purpose.
+                let held: Vec<&Arc<EndpointRecord>> = pool
+                    .iter()
+                    .copied()
+                    .filter(|r| {
+                        self.last_ready.contains(&r.instance_id)
+                            && matches!(r.state, State::Unhealthy | State::Expired)
+                    })
+                    .collect();
+                if held.is_empty() {
+                    (Mode::Normal, Vec::new())
+                } else {
+                    (Mode::Protected, held)
+                }
+            } else if !pool.is_empty()
+                && (healthy.len() as f64) < p.panic_threshold * pool.len() as f64
+            {
+                (Mode::Panic, pool.clone())
+            } else {
+                (Mode::Normal, healthy)
+            };
         let candidates = chosen
             .into_iter()
             .map(|r| {
-                let ramp = match (p.slow_start_ms, self.ready_since.get(&(r.instance_id.clone(), r.generation))) {
+                let ramp = match (
+                    p.slow_start_ms,
+                    self.ready_since.get(&(r.instance_id.clone(), r.generation)),
+                ) {
                     (0, _) | (_, None) => 1.0,
-                    (window, Some(since)) => (now_ms.saturating_sub(*since) as f64 / window as f64).clamp(0.01, 1.0),
+                    (window, Some(since)) => {
+                        (now_ms.saturating_sub(*since) as f64 / window as f64).clamp(0.01, 1.0)
+                    }
                 };
-                Candidate { record: r.clone(), weight: f64::from(r.weight.get()) * ramp }
+                Candidate {
+                    record: r.clone(),
+                    weight: f64::from(r.weight.get()) * ramp,
+                }
             })
             .collect();
         Selection { mode, candidates }
     }
 
     /// A connect to `id` failed. Returns true when this ejected it.
-    pub fn connect_failed(&mut self, id: &InstanceId, ready_count: usize, now_ms: u64, p: &DataPlaneConfig) -> bool {
-        let ejected_now = self.ejections.values().filter(|e| e.until_ms.is_some_and(|t| now_ms < t)).count();
+    pub fn connect_failed(
+        &mut self,
+        id: &InstanceId,
+        ready_count: usize,
+        now_ms: u64,
+        p: &DataPlaneConfig,
+    ) -> bool {
+        let ejected_now = self
+            .ejections
+            .values()
+            .filter(|e| e.until_ms.is_some_and(|t| now_ms < t))
+            .count();
         let e = self.ejections.entry(id.clone()).or_default();
         if e.until_ms.is_some_and(|t| now_ms < t) {
             return false;
@@ -153,7 +201,10 @@ impl ServiceMemory {
         if e.failures < p.consecutive_failures || ejected_now + 1 > cap.max(1).min(ready_count) {
             return false;
         }
-        let time = p.base_ejection_ms.saturating_mul(1 << e.times.min(20)).min(p.max_ejection_ms);
+        let time = p
+            .base_ejection_ms
+            .saturating_mul(1 << e.times.min(20))
+            .min(p.max_ejection_ms);
         e.until_ms = Some(now_ms + time);
         e.times += 1;
         e.failures = 0;
@@ -170,7 +221,10 @@ impl ServiceMemory {
 
     /// Instances ejected now.
     pub fn ejected(&self, now_ms: u64) -> usize {
-        self.ejections.values().filter(|e| e.until_ms.is_some_and(|t| now_ms < t)).count()
+        self.ejections
+            .values()
+            .filter(|e| e.until_ms.is_some_and(|t| now_ms < t))
+            .count()
     }
 }
 
@@ -178,7 +232,10 @@ impl ServiceMemory {
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
-    use rollcall_leases::{AgentEpoch, Label, LeaseId, Liveness, NodeId, Principal, PrincipalName, Reason, Revision, Role, Version, Weight};
+    use rollcall_leases::{
+        AgentEpoch, Label, LeaseId, Liveness, NodeId, Principal, PrincipalName, Reason, Revision,
+        Role, Version, Weight,
+    };
 
     use super::*;
 
@@ -198,7 +255,10 @@ mod tests {
             labels: Vec::new(),
             state,
             reason: Reason::new("t").unwrap(),
-            origin: Principal { role: Role::Agent, name: PrincipalName::new("n1").unwrap() },
+            origin: Principal {
+                role: Role::Agent,
+                name: PrincipalName::new("n1").unwrap(),
+            },
             liveness: Liveness::Unknown,
             revision: Revision(1),
             changed_at_ms: 0,
@@ -206,17 +266,29 @@ mod tests {
     }
 
     fn params() -> DataPlaneConfig {
-        DataPlaneConfig { slow_start_ms: 0, ..DataPlaneConfig::default() }
+        DataPlaneConfig {
+            slow_start_ms: 0,
+            ..DataPlaneConfig::default()
+        }
     }
 
     fn ids(s: &Selection) -> Vec<&str> {
-        s.candidates.iter().map(|c| c.record.instance_id.as_str()).collect()
+        s.candidates
+            .iter()
+            .map(|c| c.record.instance_id.as_str())
+            .collect()
     }
 
     #[test]
     fn only_ready_records_not_drained_locally_are_candidates() {
         let mut m = ServiceMemory::default();
-        let records = vec![record("a", State::Ready), record("b", State::Ready), record("c", State::Starting), record("d", State::Draining), record("e", State::Ready)];
+        let records = vec![
+            record("a", State::Ready),
+            record("b", State::Ready),
+            record("c", State::Starting),
+            record("d", State::Draining),
+            record("e", State::Ready),
+        ];
         let leaving = BTreeSet::from([InstanceId::new("e").unwrap()]);
         let s = m.select(&records, &leaving, 0, &params());
         assert_eq!((s.mode, ids(&s)), (Mode::Normal, vec!["a", "b"]));
@@ -226,8 +298,18 @@ mod tests {
     fn failures_emptying_the_set_are_held_but_drains_are_not() {
         let mut m = ServiceMemory::default();
         let p = params();
-        m.select(&[record("a", State::Ready), record("b", State::Ready)], &BTreeSet::new(), 0, &p);
-        let s = m.select(&[record("a", State::Unhealthy), record("b", State::Expired)], &BTreeSet::new(), 1, &p);
+        m.select(
+            &[record("a", State::Ready), record("b", State::Ready)],
+            &BTreeSet::new(),
+            0,
+            &p,
+        );
+        let s = m.select(
+            &[record("a", State::Unhealthy), record("b", State::Expired)],
+            &BTreeSet::new(),
+            1,
+            &p,
+        );
         assert_eq!((s.mode, ids(&s)), (Mode::Protected, vec!["a", "b"]));
         // A deliberate drain of the last one is never held back.
         let mut m = ServiceMemory::default();
@@ -239,10 +321,23 @@ mod tests {
     #[test]
     fn panic_routes_across_known_non_draining_endpoints() {
         let mut m = ServiceMemory::default();
-        let records = vec![record("a", State::Ready), record("b", State::Unhealthy), record("c", State::Unhealthy), record("d", State::Draining)];
+        let records = vec![
+            record("a", State::Ready),
+            record("b", State::Unhealthy),
+            record("c", State::Unhealthy),
+            record("d", State::Draining),
+        ];
         let s = m.select(&records, &BTreeSet::new(), 0, &params());
-        assert_eq!((s.mode, ids(&s)), (Mode::Panic, vec!["a", "b", "c"]), "1 of 3 healthy is below 50 %");
-        let records = vec![record("a", State::Ready), record("b", State::Ready), record("c", State::Unhealthy)];
+        assert_eq!(
+            (s.mode, ids(&s)),
+            (Mode::Panic, vec!["a", "b", "c"]),
+            "1 of 3 healthy is below 50 %"
+        );
+        let records = vec![
+            record("a", State::Ready),
+            record("b", State::Ready),
+            record("c", State::Unhealthy),
+        ];
         let s = m.select(&records, &BTreeSet::new(), 0, &params());
         assert_eq!(s.mode, Mode::Normal);
     }
@@ -251,17 +346,34 @@ mod tests {
     fn ejection_after_consecutive_failures_grows_and_is_capped() {
         let mut m = ServiceMemory::default();
         let p = params();
-        let records: Vec<_> = ["a", "b", "c", "d"].iter().map(|i| record(i, State::Ready)).collect();
+        let records: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|i| record(i, State::Ready))
+            .collect();
         let a = InstanceId::new("a").unwrap();
         assert!(!m.connect_failed(&a, 4, 0, &p));
         assert!(!m.connect_failed(&a, 4, 0, &p));
-        assert!(m.connect_failed(&a, 4, 0, &p), "third consecutive failure ejects");
-        assert_eq!(ids(&m.select(&records, &BTreeSet::new(), 1, &p)), vec!["b", "c", "d"]);
-        assert_eq!(ids(&m.select(&records, &BTreeSet::new(), p.base_ejection_ms, &p)), vec!["a", "b", "c", "d"], "back after the ejection time");
+        assert!(
+            m.connect_failed(&a, 4, 0, &p),
+            "third consecutive failure ejects"
+        );
+        assert_eq!(
+            ids(&m.select(&records, &BTreeSet::new(), 1, &p)),
+            vec!["b", "c", "d"]
+        );
+        assert_eq!(
+            ids(&m.select(&records, &BTreeSet::new(), p.base_ejection_ms, &p)),
+            vec!["a", "b", "c", "d"],
+            "back after the ejection time"
+        );
         for _ in 0..3 {
             m.connect_failed(&a, 4, p.base_ejection_ms, &p);
         }
-        assert_eq!(ids(&m.select(&records, &BTreeSet::new(), 3 * p.base_ejection_ms - 1, &p)), vec!["b", "c", "d"], "second ejection lasts twice as long");
+        assert_eq!(
+            ids(&m.select(&records, &BTreeSet::new(), 3 * p.base_ejection_ms - 1, &p)),
+            vec!["b", "c", "d"],
+            "second ejection lasts twice as long"
+        );
         // At most 50 % of 4: a second one, but never a third at once.
         let (b, c) = (InstanceId::new("b").unwrap(), InstanceId::new("c").unwrap());
         for _ in 0..3 {
@@ -287,11 +399,18 @@ mod tests {
     #[test]
     fn slow_start_ramps_the_weight() {
         let mut m = ServiceMemory::default();
-        let p = DataPlaneConfig { slow_start_ms: 10_000, ..DataPlaneConfig::default() };
+        let p = DataPlaneConfig {
+            slow_start_ms: 10_000,
+            ..DataPlaneConfig::default()
+        };
         let records = vec![record("a", State::Ready)];
         m.select(&records, &BTreeSet::new(), 1_000, &p);
         let s = m.select(&records, &BTreeSet::new(), 6_000, &p);
-        assert!((s.candidates[0].weight - 50.0).abs() < 1e-9, "{}", s.candidates[0].weight);
+        assert!(
+            (s.candidates[0].weight - 50.0).abs() < 1e-9,
+            "{}",
+            s.candidates[0].weight
+        );
         let s = m.select(&records, &BTreeSet::new(), 20_000, &p);
         assert!((s.candidates[0].weight - 100.0).abs() < 1e-9);
     }

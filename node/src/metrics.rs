@@ -93,24 +93,96 @@ impl AgentMetrics {
             stale_refused: Counter::default(),
             dns_answers: Family::default(),
         };
-        registry.register("probe_latency_seconds", "Latency of health probes", m.probe_latency.clone());
-        registry.register("probe_queue_wait_seconds", "Time probes waited for the per-agent concurrency cap", m.probe_queue_wait.clone());
-        registry.register("health_flaps", "READY/UNHEALTHY changes of local instances", m.health_flaps.clone());
-        registry.register("snapshot_age_seconds", "Age of each service's copy (0 while confirmed by the arbiter)", m.snapshot_age.clone());
-        registry.register("watch_lag_revisions", "Revisions each service's copy trails the arbiter by", m.watch_lag.clone());
-        registry.register("revision_gaps", "Gaps found in a service's revision chain", m.revision_gaps.clone());
-        registry.register("digest_mismatches", "Digest mismatches after applying a delta", m.digest_mismatches.clone());
-        registry.register("reconnects", "Arbiter sessions started after the first", m.reconnects.clone());
-        registry.register("snapshots_applied", "Full snapshots applied (fallbacks from deltas)", m.snapshots_applied.clone());
-        registry.register("no_backend", "Connections or queries answered with no backend", m.no_backend.clone());
-        registry.register("ejections", "Endpoints ejected locally after consecutive connect failures", m.ejections.clone());
-        registry.register("connect_failures", "Failed connects to endpoints", m.connect_failures.clone());
-        registry.register("connect_failures_to_stale", "Failed connects to endpoints the catalog took out of READY within 30 s after", m.connect_failures_to_stale.clone());
-        registry.register("connections_to_not_ready", "Connections to endpoints not READY at the revision held (protected or panic mode)", m.connections_to_not_ready.clone());
-        registry.register("proxied_connections", "Connections forwarded by the proxy", m.proxied_connections.clone());
-        registry.register("stale_served", "Answers served from a copy past its maximum age", m.stale_served.clone());
-        registry.register("stale_refused", "Answers refused because the copy was past its maximum age", m.stale_refused.clone());
-        registry.register("dns_answers", "DNS answers by response code", m.dns_answers.clone());
+        registry.register(
+            "probe_latency_seconds",
+            "Latency of health probes",
+            m.probe_latency.clone(),
+        );
+        registry.register(
+            "probe_queue_wait_seconds",
+            "Time probes waited for the per-agent concurrency cap",
+            m.probe_queue_wait.clone(),
+        );
+        registry.register(
+            "health_flaps",
+            "READY/UNHEALTHY changes of local instances",
+            m.health_flaps.clone(),
+        );
+        registry.register(
+            "snapshot_age_seconds",
+            "Age of each service's copy (0 while confirmed by the arbiter)",
+            m.snapshot_age.clone(),
+        );
+        registry.register(
+            "watch_lag_revisions",
+            "Revisions each service's copy trails the arbiter by",
+            m.watch_lag.clone(),
+        );
+        registry.register(
+            "revision_gaps",
+            "Gaps found in a service's revision chain",
+            m.revision_gaps.clone(),
+        );
+        registry.register(
+            "digest_mismatches",
+            "Digest mismatches after applying a delta",
+            m.digest_mismatches.clone(),
+        );
+        registry.register(
+            "reconnects",
+            "Arbiter sessions started after the first",
+            m.reconnects.clone(),
+        );
+        registry.register(
+            "snapshots_applied",
+            "Full snapshots applied (fallbacks from deltas)",
+            m.snapshots_applied.clone(),
+        );
+        registry.register(
+            "no_backend",
+            "Connections or queries answered with no backend",
+            m.no_backend.clone(),
+        );
+        registry.register(
+            "ejections",
+            "Endpoints ejected locally after consecutive connect failures",
+            m.ejections.clone(),
+        );
+        registry.register(
+            "connect_failures",
+            "Failed connects to endpoints",
+            m.connect_failures.clone(),
+        );
+        registry.register(
+            "connect_failures_to_stale",
+            "Failed connects to endpoints the catalog took out of READY within 30 s after",
+            m.connect_failures_to_stale.clone(),
+        );
+        registry.register(
+            "connections_to_not_ready",
+            "Connections to endpoints not READY at the revision held (protected or panic mode)",
+            m.connections_to_not_ready.clone(),
+        );
+        registry.register(
+            "proxied_connections",
+            "Connections forwarded by the proxy",
+            m.proxied_connections.clone(),
+        );
+        registry.register(
+            "stale_served",
+            "Answers served from a copy past its maximum age",
+            m.stale_served.clone(),
+        );
+        registry.register(
+            "stale_refused",
+            "Answers refused because the copy was past its maximum age",
+            m.stale_refused.clone(),
+        );
+        registry.register(
+            "dns_answers",
+            "DNS answers by response code",
+            m.dns_answers.clone(),
+        );
         AgentMetrics { registry, ..m }
     }
 
@@ -123,7 +195,11 @@ impl AgentMetrics {
 
     /// One more answer with this DNS response code.
     pub fn dns_answer(&self, rcode: &str) {
-        self.dns_answers.get_or_create(&RcodeLabel { rcode: rcode.to_owned() }).inc();
+        self.dns_answers
+            .get_or_create(&RcodeLabel {
+                rcode: rcode.to_owned(),
+            })
+            .inc();
     }
 }
 

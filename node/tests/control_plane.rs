@@ -557,11 +557,21 @@ async fn bad_registrations_change_nothing() {
     assert_eq!(status, 413, "a body over 64 KiB: {body}");
     assert_eq!(body["error"], "too_large", "{body}");
     let (status, body) = put(
-        with("checks", serde_json::json!({"readiness": {"kind": "tcp"}})),
+        with("checks", serde_json::json!({"readiness": {"kind": "tcp", "interval_ms": 5000, "timeout_ms": 6000}})),
         true,
     )
     .await;
-    assert_eq!(status, 422, "checks: {body}");
+    assert_eq!(
+        status, 422,
+        "a check whose timeout is not below its interval: {body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("checks.readiness.timeout_ms"),
+        "{body}"
+    );
     let (status, body) = put(serde_json::to_vec(&valid).unwrap(), false).await;
     assert_eq!(status, 401, "no token: {body}");
 
