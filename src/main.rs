@@ -55,6 +55,31 @@ enum Command {
     Dev(DevArgs),
     /// Print the arbiter's audit log: who changed what, at which revision.
     Audit(AuditArgs),
+    /// Drain an instance through its agent: READY → DRAINING now, no new
+    /// traffic, deregistered after the agent's drain window.
+    Drain(DrainArgs),
+}
+
+#[derive(Debug, Args)]
+struct DrainArgs {
+    /// The instance to drain.
+    instance_id: String,
+    /// Its generation (the node token may omit it: the agent's current one).
+    #[arg(long)]
+    generation: Option<u64>,
+    /// The agent's HTTP API.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:7070")]
+    agent: String,
+    /// The node token file (`agent.token` in the agent's data dir).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "./rollcall-data/agent/agent.token"
+    )]
+    token_file: PathBuf,
+    /// Return once committed, or once every subscribed agent applied it.
+    #[arg(long, value_name = "WHEN", default_value = "propagated", value_parser = ["committed", "propagated"])]
+    wait: String,
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +128,36 @@ struct DevArgs {
     /// The arbiter's QUIC address; a free port when omitted.
     #[arg(long, value_name = "ADDR")]
     quic: Option<SocketAddr>,
+    /// A TCP proxy listener for a service (`SERVICE=ADDR`, SERVICE as
+    /// `service`, `namespace/service` or `namespace/service/port_name`);
+    /// repeatable.
+    #[arg(long, value_name = "SERVICE=ADDR", value_parser = parse_proxy)]
+    proxy: Vec<rollcall_config::ProxyEntry>,
+    /// The agent's DNS server (UDP and TCP).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8600")]
+    dns: SocketAddr,
+}
+
+/// Parses `--proxy SERVICE=ADDR`, completing the service key with the
+/// "default" namespace and port name.
+fn parse_proxy(value: &str) -> Result<rollcall_config::ProxyEntry, String> {
+    let (service, addr) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?}: write SERVICE=ADDR, e.g. web=127.0.0.1:15001"))?;
+    let key = match service.split('/').count() {
+        1 => format!("default/{service}/default"),
+        2 => format!("{service}/default"),
+        _ => service.to_owned(),
+    };
+    key.parse::<rollcall_leases::ServiceKey>()
+        .map_err(|e| e.to_string())?;
+    let listen = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not an address: {e}"))?;
+    Ok(rollcall_config::ProxyEntry {
+        service: key,
+        listen,
+    })
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +254,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => serve(run_agent(args)),
         Command::Dev(args) => serve(run_dev(args)),
         Command::Audit(args) => serve(audit(args)),
+        Command::Drain(args) => serve(drain(args)),
     };
     outcome.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
@@ -281,7 +337,8 @@ fn serve(
 ) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,hickory_server=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -385,6 +442,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let options = rollcall_node::dev::DevOptions {
+        proxies: args.proxy,
+        dns: args.dns,
         data_dir: args.data_dir,
         http: args.http,
         admin: args.admin,
@@ -434,6 +493,58 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
             entry["command"].as_str().unwrap_or(""),
             entry["detail"].as_str().unwrap_or(""),
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
+    let token = rollcall_leases::secret::read_token(&args.token_file)
+        .with_context(|| format!("reading the node token {}", args.token_file.display()))?;
+    let mut url = format!(
+        "{}/v1/agent/instances/{}/drain?wait={}",
+        args.agent.trim_end_matches('/'),
+        args.instance_id,
+        args.wait
+    );
+    if let Some(generation) = args.generation {
+        url.push_str(&format!("&generation={generation}"));
+    }
+    let response = reqwest::Client::new()
+        .put(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response
+        .json()
+        .await
+        .context("reading the agent's answer")?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "the agent answered {status}: {}",
+            body["detail"].as_str().unwrap_or("no detail")
+        );
+    }
+    if body["pending"] == true {
+        println!("drain of {} accepted locally (the arbiter is unreachable): this agent no longer routes to it; it commits when the arbiter returns", args.instance_id);
+    } else {
+        println!(
+            "drain of {} committed at revision {}",
+            args.instance_id, body["revision"]
+        );
+        if let Some(p) = body.get("propagated").filter(|p| !p.is_null()) {
+            println!(
+                "applied by {} of {} subscribed agents{}",
+                p["acked"],
+                p["total"],
+                if p["complete"] == true {
+                    ""
+                } else {
+                    " (timed out waiting for the rest)"
+                }
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

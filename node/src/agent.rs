@@ -31,10 +31,12 @@ use crate::api_types::{
 };
 use crate::api_types::{ArbiterStatus, LeaseStatus};
 use crate::cache::ServiceCache;
+use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
 use crate::metrics::{AgentMetrics, ServiceLabel};
 use crate::prober::Prober;
+use crate::proxy::{ActiveConnections, ProxyHandle};
 use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
 use crate::sync::{Sync, SyncOut};
 
@@ -87,6 +89,7 @@ pub struct Agent {
 
 struct Inner {
     prober: Prober,
+    active: ActiveConnections,
     metrics: AgentMetrics,
     sessions: std::sync::atomic::AtomicU64,
     config: AgentConfig,
@@ -214,12 +217,21 @@ pub struct AgentHandle {
     pub agent: Agent,
     /// Where the local HTTP API listens.
     pub http_addr: SocketAddr,
+    /// The TCP proxies, one per `[[proxy]]` entry.
+    pub proxies: Vec<ProxyHandle>,
+    /// Where the DNS server listens (UDP and TCP).
+    pub dns_addr: SocketAddr,
+    dns: DnsHandle,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl AgentHandle {
     /// Stops every task of the agent (the files stay as they are).
     pub async fn shutdown(self) {
+        for proxy in self.proxies {
+            proxy.shutdown().await;
+        }
+        self.dns.shutdown().await;
         for task in &self.tasks {
             task.abort();
         }
@@ -292,6 +304,7 @@ impl Agent {
         };
         let agent = Agent {
             inner: Arc::new(Inner {
+                active: ActiveConnections::default(),
                 prober: Prober::new(config.probes.max_concurrent as usize)
                     .map_err(|e| AgentError::Config(e.to_string()))?,
                 metrics: AgentMetrics::new(),
@@ -350,10 +363,26 @@ impl Agent {
                 tracing::error!(error = %e, "agent HTTP API stopped");
             }
         }));
-        tracing::info!(node = %agent.inner.node, epoch = %agent.inner.epoch, http = %http_addr, "agent started");
+        let mut proxies = Vec::new();
+        for entry in &agent.inner.config.proxy {
+            let proxy = crate::proxy::start(agent.clone(), entry, agent.inner.active.clone())
+                .await
+                .map_err(|e| AgentError::Config(e.to_string()))?;
+            tracing::info!(service = %proxy.service, listen = %proxy.local_addr, "proxy listening");
+            proxies.push(proxy);
+        }
+        let config = &agent.inner.config;
+        let dns = crate::dns::start(agent.clone(), config.dns_listen, config.dns_ttl_s)
+            .await
+            .map_err(|e| AgentError::Config(e.to_string()))?;
+        let dns_addr = dns.local_addr();
+        tracing::info!(node = %agent.inner.node, epoch = %agent.inner.epoch, http = %http_addr, dns = %dns_addr, "agent started");
         Ok(AgentHandle {
             agent,
             http_addr,
+            proxies,
+            dns_addr,
+            dns,
             tasks,
         })
     }
@@ -867,9 +896,12 @@ impl Agent {
             ) => {
                 state.regs.remove(id);
             }
-            (Response::Committed { .. }, _) => {
+            (Response::Committed { .. }, intent) => {
                 if let Some(l) = state.regs.get_mut(id) {
                     l.committed = true;
+                }
+                if intent == Intent::Drain {
+                    tokio::spawn(self.clone().finish_drain(id.clone(), generation));
                 }
             }
             (other, _) => {
@@ -1360,6 +1392,7 @@ impl Agent {
         match conn.request(&request).await {
             Ok(Response::Committed { revision, .. }) => {
                 self.mark_committed(id);
+                tokio::spawn(self.clone().finish_drain(id.clone(), generation));
                 let revision = revision.or_else(|| {
                     self.lock().sync.iter().find_map(|(_, t)| {
                         t.view
@@ -1442,6 +1475,37 @@ impl Agent {
                 "the drain committed but waiting for propagation failed: {e}"
             ))),
         }
+    }
+
+    /// The drain sequence after its commit: the instance's open
+    /// connections may finish for `max_drain_ms`, then it is deregistered
+    /// (unless it was re-registered or deregistered meanwhile). The whole
+    /// window is always given: this agent sees only its own proxies'
+    /// connections, not those of callers on other nodes.
+    async fn finish_drain(self, id: InstanceId, generation: Generation) {
+        tokio::time::sleep(Duration::from_millis(self.inner.config.drain.max_drain_ms)).await;
+        let still_draining = self
+            .lock()
+            .regs
+            .get(&id)
+            .is_some_and(|l| l.intent == Intent::Drain && l.generation == Some(generation));
+        if !still_draining {
+            return;
+        }
+        let open = self.inner.active.count(&id);
+        tracing::info!(instance = %id, open_local_connections = open, "drain window over; deregistering");
+        if let Err(e) = self
+            .deregister(&id, Some(generation.get()), &Caller::Operator)
+            .await
+        {
+            tracing::warn!(instance = %id, error = ?e, "deregistration after the drain failed");
+        }
+    }
+
+    /// The open proxied connections per instance (the drain sequence waits
+    /// for them).
+    pub fn active_connections(&self) -> &ActiveConnections {
+        &self.inner.active
     }
 
     /// `DELETE /v1/agent/instances/{id}`.

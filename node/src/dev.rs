@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use rollcall_config::{AgentConfig, ArbiterConfig};
+use rollcall_config::{AgentConfig, ArbiterConfig, ProxyEntry};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::server::{ArbiterServer, ServerError};
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
@@ -25,6 +25,10 @@ pub struct DevOptions {
     pub admin: SocketAddr,
     /// The arbiter's QUIC port; a free one when `None`.
     pub quic: Option<SocketAddr>,
+    /// TCP proxy listeners to start on the agent.
+    pub proxies: Vec<ProxyEntry>,
+    /// The agent's DNS server.
+    pub dns: SocketAddr,
 }
 
 /// Why `rollcall dev` could not start.
@@ -90,6 +94,8 @@ impl Dev {
             http_listen: options.http,
             data_dir: agent_dir.clone(),
             arbiters: vec![arbiter.quic_addr.to_string()],
+            proxy: options.proxies.clone(),
+            dns_listen: options.dns,
             ..AgentConfig::default()
         };
         let agent = Agent::start(agent_config, Some(&agent_tls)).await?;
@@ -110,6 +116,8 @@ impl Dev {
              \x20 agent HTTP API   http://{http}   (node token: {token})\n\
              \x20 arbiter admin    http://{admin}   (operator token: {admin_token})\n\
              \x20 arbiter QUIC     {quic}\n\
+             \x20 DNS              {dns} (UDP and TCP; try: dig @{dns_ip} -p {dns_port} web.default.svc.rollcall)\n\
+             {proxies}\
              \n\
              Try it:\n\
              \x20 curl -X PUT {auth} -d '{{\"service\":\"web\",\"instance_id\":\"web-1\",\"address\":\"127.0.0.1\",\"port\":8080}}' http://{http}/v1/agent/instances\n\
@@ -119,6 +127,10 @@ impl Dev {
             admin = self.arbiter.admin_addr,
             admin_token = self.arbiter.token_file.display(),
             quic = self.arbiter.quic_addr,
+            dns = self.agent.dns_addr,
+            dns_ip = self.agent.dns_addr.ip(),
+            dns_port = self.agent.dns_addr.port(),
+            proxies = self.agent.proxies.iter().map(|p| format!("  proxy            {} -> {}\n", p.local_addr, p.service)).collect::<String>(),
         )
     }
 

@@ -120,6 +120,7 @@ impl Cluster {
             region: "r1".into(),
             data_dir: self.agent_dir(node),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dns_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             arbiters: vec![self.quic_addr().to_string()],
             reconnect_min_ms: 50,
             reconnect_max_ms: 500,
@@ -375,5 +376,37 @@ where
             panic!("gave up waiting: {what}");
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+impl Http {
+    /// Registers `id` of `service` on 127.0.0.1:`port` with a weight.
+    pub async fn register_weighted(
+        &self,
+        service: &str,
+        id: &str,
+        port: u16,
+        weight: u32,
+    ) -> (u16, Value) {
+        let body = serde_json::json!({"service": service, "instance_id": id, "address": "127.0.0.1", "port": port, "weight": weight});
+        self.send(reqwest::Method::PUT, "/v1/agent/instances", Some(body))
+            .await
+    }
+}
+
+impl Http {
+    /// Registers `id` of `service` (port name "default") at `address`:`port`
+    /// with a weight.
+    pub async fn register_at(
+        &self,
+        service: &str,
+        id: &str,
+        address: &str,
+        port: u16,
+        weight: u32,
+    ) -> (u16, Value) {
+        let body = serde_json::json!({"service": service, "instance_id": id, "address": address, "port": port, "weight": weight});
+        self.send(reqwest::Method::PUT, "/v1/agent/instances", Some(body))
+            .await
     }
 }

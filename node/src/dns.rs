@@ -1,0 +1,800 @@
+//! DNS on loopback (R8): answers names under `svc.rollcall.` from the shared
+//! endpoint view (`Agent::lookup`), the same view the proxy and the resolve
+//! API use, so ejection, empty-set protection and panic apply here too.
+//!
+//! Names (matched case-insensitively; every part must be a valid rollcall
+//! label, as `rollcall_leases::ServiceKey::new` checks them):
+//!
+//! - `<service>.<namespace>.svc.rollcall.`: A / AAAA of port `default`.
+//! - `_<port>._tcp.<service>.<namespace>.svc.rollcall.`: SRV, one per
+//!   endpoint (priority 0 in this agent's zone, 1 elsewhere; the record's
+//!   weight; its port), the targets' A / AAAA in the ADDITIONAL section.
+//! - `<instance>.<port>.<service>.<namespace>.svc.rollcall.`: an SRV target,
+//!   A / AAAA of that endpoint while it is a candidate.
+//!
+//! Addresses list this agent's zone first, shuffled within each zone. TTL is
+//! `ttl_s`.
+//!
+//! `<instance>` is the instance id when it already is a valid DNS label
+//! (lowercase letters, digits, inner '-', at most 63), else the id
+//! lowercased with every other character turned into '-', cut to 54
+//! characters, then `-` and the CRC-32 of the id in 8 hex digits
+//! (`Web_1.a` becomes `web-1-a-<crc>`). The port is part of the target name
+//! because only a full service key names a view to look in.
+//!
+//! Response codes:
+//! - NXDOMAIN only when the arbiter says the service does not exist
+//!   (`Lookup::Unknown`), and for names under the zone that no service can
+//!   ever have (an invalid label, a shape not listed above).
+//! - NOERROR without answers for a known service without candidates, for a
+//!   type its endpoints do not have (AAAA when all are IPv4), for an SRV
+//!   target that is not a candidate, and for names that only have children:
+//!   `svc.rollcall.`, `<namespace>.…`, `_tcp.<service>.<namespace>.…`, and
+//!   `<port>.<service>.<namespace>.…` (this one takes its service's code).
+//!   Negative answers carry the zone's SOA with a minimum of `ttl_s`, so
+//!   resolvers cache them no longer than an answer.
+//! - SERVFAIL when the agent cannot know (`CannotKnow`, `Refused`): an
+//!   NXDOMAIN is cached by resolvers and must never be guessed. `lookup`
+//!   never waits, so the first query of a service this agent does not
+//!   follow yet starts following it and gets SERVFAIL until its snapshot
+//!   arrives; list such services in `agent.services`, or resolve them once
+//!   through the HTTP API.
+//! - REFUSED for names outside `svc.rollcall.` and classes other than IN
+//!   (or ANY); FORMERR for a message without exactly one question; NOTIMP
+//!   for opcodes other than QUERY; BADVERS for EDNS versions above 0.
+//!   Undecodable messages get FORMERR from hickory, before this module.
+//!
+//! Every answer this module sends is counted in
+//! `rollcall_agent_dns_answers_total{rcode}`.
+//!
+//! Sans-IO core (`classify`, `reply`): the view's answer and the randomness
+//! come in as arguments. The `Handler` around it only asks the agent and
+//! sends; this module changes nothing in the agent beyond what
+//! `Agent::lookup` does (following a service).
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_server::net::runtime::Time;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use hickory_server::Server;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rollcall_leases::{InstanceId, Label, ServiceKey};
+use tokio::net::{TcpListener, UdpSocket};
+
+use crate::agent::{Agent, Lookup};
+use crate::endpoints::Candidate;
+
+/// The zone this server answers for.
+pub const ZONE: &str = "svc.rollcall.";
+
+/// A TCP connection that sends no query for this long is closed.
+const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Responses queued per TCP connection.
+const TCP_RESPONSE_BUFFER: usize = 32;
+
+/// Binding a random port (port 0) takes the UDP port first, then TCP on the
+/// same port; this many tries when another process holds that TCP port.
+const BIND_ATTEMPTS: usize = 16;
+
+/// Why the DNS server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    /// A socket could not be bound.
+    #[error(
+        "binding DNS over {protocol} on {addr}: {source}; free the port or change agent.dns_listen"
+    )]
+    Bind {
+        /// "UDP" or "TCP".
+        protocol: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running DNS server. Dropping it stops it too (abruptly).
+pub struct DnsHandle {
+    server: Server<Handler>,
+    local_addr: SocketAddr,
+}
+
+impl DnsHandle {
+    /// Where the server listens, on both UDP and TCP (the bound port when
+    /// started on port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting queries and waits for the server's tasks to end.
+    pub async fn shutdown(mut self) {
+        if let Err(e) = self.server.shutdown_gracefully().await {
+            tracing::warn!(error = %e, "DNS server stopped with an error");
+        }
+    }
+}
+
+/// Starts the DNS server of `agent` on `listen` (UDP and TCP, same port)
+/// with answers valid for `ttl_s` seconds. It serves until
+/// `DnsHandle::shutdown`.
+pub async fn start(agent: Agent, listen: SocketAddr, ttl_s: u32) -> Result<DnsHandle, DnsError> {
+    let (udp, tcp) = bind(listen).await?;
+    let local_addr = udp.local_addr().map_err(|source| DnsError::Bind {
+        protocol: "UDP",
+        addr: listen,
+        source,
+    })?;
+    let mut server = Server::new(Handler { agent, ttl_s });
+    server.register_socket(udp);
+    server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
+    tracing::info!(dns = %local_addr, ttl_s, "DNS server started");
+    Ok(DnsHandle { server, local_addr })
+}
+
+async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> {
+    let mut attempt = 1;
+    loop {
+        let udp_error = |source| DnsError::Bind {
+            protocol: "UDP",
+            addr: listen,
+            source,
+        };
+        let udp = UdpSocket::bind(listen).await.map_err(udp_error)?;
+        let addr = udp.local_addr().map_err(udp_error)?;
+        match TcpListener::bind(addr).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e)
+                if listen.port() == 0
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && attempt < BIND_ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            Err(source) => {
+                return Err(DnsError::Bind {
+                    protocol: "TCP",
+                    addr,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// What a query name names.
+#[derive(Clone, Debug, PartialEq)]
+enum Named {
+    /// Not under `svc.rollcall.`.
+    Outside,
+    /// Under the zone, but no service could ever have this name.
+    Invalid,
+    /// A name that only has children (the apex, a namespace,
+    /// `_tcp.<service>.<namespace>`).
+    Interior,
+    /// `<service>.<namespace>`: the addresses of port `default`.
+    Addresses(ServiceKey),
+    /// `_<port>._tcp.<service>.<namespace>`.
+    Srv(ServiceKey),
+    /// `<port>.<service>.<namespace>`: the parent of the SRV targets.
+    Targets(ServiceKey),
+    /// `<instance>.<port>.<service>.<namespace>`: one SRV target.
+    Target(ServiceKey, String),
+}
+
+/// Reads a lowercased query name.
+fn classify(name: &Name) -> Named {
+    let labels: Vec<&[u8]> = name.iter().collect();
+    let Some(inner) = labels.len().checked_sub(2) else {
+        return Named::Outside;
+    };
+    if labels[inner..] != [b"svc".as_slice(), b"rollcall".as_slice()] {
+        return Named::Outside;
+    }
+    let Some(parts) = labels[..inner]
+        .iter()
+        .map(|l| std::str::from_utf8(l).ok())
+        .collect::<Option<Vec<&str>>>()
+    else {
+        return Named::Invalid;
+    };
+    let key =
+        |namespace: &str, service: &str, port: &str| ServiceKey::new(namespace, service, port).ok();
+    let named = match parts.as_slice() {
+        [] => Some(Named::Interior),
+        [namespace] => Label::new(namespace).ok().map(|_| Named::Interior),
+        [service, namespace] => key(namespace, service, "default").map(Named::Addresses),
+        ["_tcp", service, namespace] => key(namespace, service, "default").map(|_| Named::Interior),
+        [port, "_tcp", service, namespace] => port
+            .strip_prefix('_')
+            .and_then(|port| key(namespace, service, port))
+            .map(Named::Srv),
+        [port, service, namespace] => key(namespace, service, port).map(Named::Targets),
+        [instance, port, service, namespace] => key(namespace, service, port)
+            .filter(|_| Label::new(instance).is_ok())
+            .map(|k| Named::Target(k, (*instance).to_owned())),
+        _ => None,
+    };
+    named.unwrap_or(Named::Invalid)
+}
+
+/// The DNS label of an instance in SRV target names (see the module doc).
+pub fn instance_label(id: &InstanceId) -> String {
+    let id = id.as_str();
+    if Label::new(id).is_ok() {
+        return id.to_owned();
+    }
+    let mut cleaned: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    cleaned.truncate(54);
+    let crc = crc32fast::hash(id.as_bytes());
+    match cleaned.trim_matches('-') {
+        "" => format!("i-{crc:08x}"),
+        cleaned => format!("{cleaned}-{crc:08x}"),
+    }
+}
+
+/// The name of an SRV target.
+fn target_name(record_id: &InstanceId, key: &ServiceKey) -> Option<Name> {
+    Name::from_ascii(format!(
+        "{}.{}.{}.{}.{ZONE}",
+        instance_label(record_id),
+        key.port_name,
+        key.service,
+        key.namespace
+    ))
+    .ok()
+}
+
+/// What to send back, before encoding.
+#[derive(Debug, Default)]
+struct Reply {
+    rcode: ResponseCode,
+    answers: Vec<Record>,
+    authorities: Vec<Record>,
+    additionals: Vec<Record>,
+}
+
+impl Reply {
+    fn code(rcode: ResponseCode) -> Reply {
+        Reply {
+            rcode,
+            ..Reply::default()
+        }
+    }
+}
+
+/// The zone's SOA, sent with negative answers: its minimum bounds how long
+/// resolvers cache them.
+fn soa(ttl_s: u32) -> Option<Record> {
+    let zone = Name::from_ascii(ZONE).ok()?;
+    let mname = Name::from_ascii(format!("ns.{ZONE}")).ok()?;
+    let rname = Name::from_ascii(format!("hostmaster.{ZONE}")).ok()?;
+    let ttl = i32::try_from(ttl_s).unwrap_or(i32::MAX);
+    let soa = SOA::new(mname, rname, 1, ttl, ttl, ttl, ttl_s);
+    Some(Record::from_rdata(zone, ttl_s, RData::SOA(soa)))
+}
+
+/// Same-zone candidates first, each group shuffled.
+fn zone_first<'c>(
+    candidates: &'c [Candidate],
+    zone: &Label,
+    rng: &mut impl Rng,
+) -> Vec<&'c Candidate> {
+    let (mut near, mut far): (Vec<&Candidate>, Vec<&Candidate>) =
+        candidates.iter().partition(|c| &c.record.zone == zone);
+    near.shuffle(rng);
+    far.shuffle(rng);
+    near.extend(far);
+    near
+}
+
+/// The A / AAAA records of `address` asked for by `qtype`.
+fn address_record(owner: &Name, address: IpAddr, qtype: RecordType, ttl_s: u32) -> Option<Record> {
+    let data = match (address, qtype) {
+        (IpAddr::V4(v4), RecordType::A | RecordType::ANY) => RData::A(A(v4)),
+        (IpAddr::V6(v6), RecordType::AAAA | RecordType::ANY) => RData::AAAA(AAAA(v6)),
+        _ => return None,
+    };
+    Some(Record::from_rdata(owner.clone(), ttl_s, data))
+}
+
+/// Answers one question. `owner` is the name as asked (case kept), `named`
+/// what its lowercased form names; `lookup` asks the endpoint view.
+fn reply(
+    named: &Named,
+    owner: &Name,
+    qtype: RecordType,
+    lookup: impl FnOnce(&ServiceKey) -> Lookup,
+    zone: &Label,
+    ttl_s: u32,
+    rng: &mut impl Rng,
+) -> Reply {
+    let key = match named {
+        Named::Outside => return Reply::code(ResponseCode::Refused),
+        Named::Invalid => return negative(ResponseCode::NXDomain, ttl_s),
+        Named::Interior => return negative(ResponseCode::NoError, ttl_s),
+        Named::Addresses(key) | Named::Srv(key) | Named::Targets(key) | Named::Target(key, _) => {
+            key
+        }
+    };
+    let answer = match lookup(key) {
+        Lookup::Serve(answer) => answer,
+        Lookup::Unknown => return negative(ResponseCode::NXDomain, ttl_s),
+        Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
+            tracing::debug!(service = %key, reason = %reason, "DNS cannot know; SERVFAIL");
+            return Reply::code(ResponseCode::ServFail);
+        }
+    };
+    let ordered = zone_first(&answer.selection.candidates, zone, rng);
+    let mut out = Reply::code(ResponseCode::NoError);
+    match named {
+        Named::Addresses(_) => {
+            out.answers = ordered
+                .iter()
+                .filter_map(|c| address_record(owner, c.record.address, qtype, ttl_s))
+                .collect();
+        }
+        Named::Srv(key) if matches!(qtype, RecordType::SRV | RecordType::ANY) => {
+            for c in ordered {
+                let Some(target) = target_name(&c.record.instance_id, key) else {
+                    continue;
+                };
+                let priority = u16::from(&c.record.zone != zone);
+                let weight = u16::try_from(c.record.weight.get()).unwrap_or(u16::MAX);
+                let srv = SRV::new(priority, weight, c.record.port, target.clone());
+                out.answers
+                    .push(Record::from_rdata(owner.clone(), ttl_s, RData::SRV(srv)));
+                out.additionals.extend(address_record(
+                    &target,
+                    c.record.address,
+                    RecordType::ANY,
+                    ttl_s,
+                ));
+            }
+        }
+        Named::Target(_, label) => {
+            out.answers = ordered
+                .iter()
+                .filter(|c| &instance_label(&c.record.instance_id) == label)
+                .filter_map(|c| address_record(owner, c.record.address, qtype, ttl_s))
+                .collect();
+        }
+        _ => {}
+    }
+    if out.answers.is_empty() {
+        out.authorities.extend(soa(ttl_s));
+    }
+    out
+}
+
+fn negative(rcode: ResponseCode, ttl_s: u32) -> Reply {
+    Reply {
+        authorities: soa(ttl_s).into_iter().collect(),
+        ..Reply::code(rcode)
+    }
+}
+
+/// The metric label of a response code.
+fn rcode_label(rcode: ResponseCode) -> &'static str {
+    match rcode {
+        ResponseCode::NoError => "noerror",
+        ResponseCode::NXDomain => "nxdomain",
+        ResponseCode::ServFail => "servfail",
+        ResponseCode::Refused => "refused",
+        ResponseCode::FormErr => "formerr",
+        ResponseCode::NotImp => "notimp",
+        ResponseCode::BADVERS => "badvers",
+        _ => "other",
+    }
+}
+
+/// Serves queries from the agent's endpoint view.
+struct Handler {
+    agent: Agent,
+    ttl_s: u32,
+}
+
+impl Handler {
+    /// Everything but the sending, synchronously (the view's lock and the
+    /// thread RNG never cross an await).
+    fn answer(&self, request: &Request) -> Reply {
+        if request.metadata.op_code != OpCode::Query {
+            return Reply::code(ResponseCode::NotImp);
+        }
+        if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            return Reply::code(ResponseCode::BADVERS);
+        }
+        let [query] = request.queries.queries() else {
+            return Reply::code(ResponseCode::FormErr);
+        };
+        if !matches!(query.query_class(), DNSClass::IN | DNSClass::ANY) {
+            return Reply::code(ResponseCode::Refused);
+        }
+        let named = classify(query.name());
+        reply(
+            &named,
+            query.original().name(),
+            query.query_type(),
+            |key| self.agent.lookup(key),
+            self.agent.zone(),
+            self.ttl_s,
+            &mut rand::rng(),
+        )
+    }
+
+    async fn respond<R: ResponseHandler>(
+        &self,
+        request: &Request,
+        mut response_handle: R,
+    ) -> ResponseInfo {
+        let reply = self.answer(request);
+        self.agent.metrics().dns_answer(rcode_label(reply.rcode));
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = reply.rcode;
+        metadata.authoritative =
+            matches!(reply.rcode, ResponseCode::NoError | ResponseCode::NXDomain);
+        let edns = request.edns.as_ref().map(|asked| {
+            let mut edns = Edns::new();
+            edns.set_max_payload(asked.max_payload().max(512));
+            edns.set_version(0);
+            edns.set_rcode_high(reply.rcode.high());
+            edns
+        });
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if let Some(edns) = &edns {
+            builder.edns(edns);
+        }
+        let response = builder.build(
+            metadata,
+            reply.answers.iter(),
+            reply.authorities.iter(),
+            std::iter::empty(),
+            reply.additionals.iter(),
+        );
+        match response_handle.send_response(response).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::warn!(error = %e, "sending a DNS response failed");
+                metadata.response_code = ResponseCode::ServFail;
+                ResponseInfo::from(Header {
+                    metadata,
+                    counts: HeaderCounts::default(),
+                })
+            }
+        }
+    }
+}
+
+/// Written out by hand: the trait is declared with `async_trait`, which
+/// this crate does not depend on.
+impl RequestHandler for Handler {
+    fn handle_request<'life0, 'life1, 'async_trait, R, T>(
+        &'life0 self,
+        request: &'life1 Request,
+        response_handle: R,
+    ) -> Pin<Box<dyn std::future::Future<Output = ResponseInfo> + Send + 'async_trait>>
+    where
+        R: ResponseHandler + 'async_trait,
+        T: Time + 'async_trait,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(self.respond(request, response_handle))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::sync::Arc;
+
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+    use rollcall_leases::{
+        AgentEpoch, EndpointRecord, Generation, LeaseId, Liveness, NodeId, Principal,
+        PrincipalName, Reason, Revision, Role, State, Version, Weight,
+    };
+
+    use super::*;
+    use crate::agent::Answer;
+    use crate::endpoints::{Mode, Selection};
+
+    fn name(s: &str) -> Name {
+        Name::from_ascii(s).unwrap().to_lowercase()
+    }
+
+    fn key(namespace: &str, service: &str, port: &str) -> ServiceKey {
+        ServiceKey::new(namespace, service, port).unwrap()
+    }
+
+    fn record(id: &str, address: IpAddr, zone: &str, weight: u32) -> Arc<EndpointRecord> {
+        Arc::new(EndpointRecord {
+            instance_id: InstanceId::new(id).unwrap(),
+            generation: Generation(1),
+            node_id: NodeId::new("n1").unwrap(),
+            epoch: AgentEpoch(1),
+            lease: LeaseId(1),
+            address,
+            port: 8000,
+            region: Label::new("r1").unwrap(),
+            zone: Label::new(zone).unwrap(),
+            version: Version::new("v1").unwrap(),
+            weight: Weight::new(weight).unwrap(),
+            labels: Vec::new(),
+            state: State::Ready,
+            reason: Reason::new("t").unwrap(),
+            origin: Principal {
+                role: Role::Agent,
+                name: PrincipalName::new("n1").unwrap(),
+            },
+            liveness: Liveness::Unknown,
+            revision: Revision(1),
+            changed_at_ms: 0,
+        })
+    }
+
+    fn serve(service: &ServiceKey, records: &[Arc<EndpointRecord>]) -> Lookup {
+        let candidates = records
+            .iter()
+            .map(|r| Candidate {
+                record: r.clone(),
+                weight: f64::from(r.weight.get()),
+            })
+            .collect();
+        Lookup::Serve(Answer {
+            service: service.clone(),
+            revision: Revision(1),
+            stale: false,
+            age_ms: 0,
+            selection: Selection {
+                mode: Mode::Normal,
+                candidates,
+            },
+            records: records.to_vec(),
+            leaving: BTreeSet::new(),
+        })
+    }
+
+    fn ask(query: &str, qtype: RecordType, lookup: Lookup) -> Reply {
+        let owner = Name::from_ascii(query).unwrap();
+        let named = classify(&owner.to_lowercase());
+        reply(
+            &named,
+            &owner,
+            qtype,
+            |_| lookup,
+            &Label::new("z1").unwrap(),
+            1,
+            &mut StdRng::seed_from_u64(7),
+        )
+    }
+
+    fn v4(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+    }
+
+    #[test]
+    fn names_are_read_case_insensitively_and_validated() {
+        let web = key("default", "web", "default");
+        assert_eq!(
+            classify(&name("Web.Default.SVC.rollcall.")),
+            Named::Addresses(web.clone())
+        );
+        assert_eq!(
+            classify(&name("_grpc._TCP.web.default.svc.rollcall.")),
+            Named::Srv(key("default", "web", "grpc"))
+        );
+        assert_eq!(
+            classify(&name("web-1.default.web.default.svc.rollcall.")),
+            Named::Target(web.clone(), "web-1".into())
+        );
+        assert_eq!(
+            classify(&name("default.web.default.svc.rollcall.")),
+            Named::Targets(web)
+        );
+        for interior in [
+            "svc.rollcall.",
+            "default.svc.rollcall.",
+            "_tcp.web.default.svc.rollcall.",
+        ] {
+            assert_eq!(classify(&name(interior)), Named::Interior, "{interior}");
+        }
+        for outside in ["example.com.", "rollcall.", "svc.rollcall.example.", "."] {
+            assert_eq!(classify(&name(outside)), Named::Outside, "{outside}");
+        }
+        for invalid in [
+            "we_b.default.svc.rollcall.",
+            "_web.default.svc.rollcall.",
+            "grpc._tcp.web.default.svc.rollcall.",
+            "_._tcp.web.default.svc.rollcall.",
+            "a.b.c.d.e.svc.rollcall.",
+        ] {
+            assert_eq!(classify(&name(invalid)), Named::Invalid, "{invalid}");
+        }
+    }
+
+    #[test]
+    fn instance_labels_are_dns_labels_and_keep_distinct_ids_apart() {
+        assert_eq!(instance_label(&InstanceId::new("web-1").unwrap()), "web-1");
+        let odd = ["Web-1", "web_1", "web.1", "web:1", &"x".repeat(128), "__"];
+        let labels: BTreeSet<String> = odd
+            .iter()
+            .map(|id| instance_label(&InstanceId::new(id).unwrap()))
+            .collect();
+        assert_eq!(labels.len(), odd.len(), "{labels:?}");
+        for label in &labels {
+            assert!(Label::new(label).is_ok(), "{label}");
+        }
+    }
+
+    #[test]
+    fn addresses_put_the_own_zone_first_and_split_by_family() {
+        let web = key("default", "web", "default");
+        let records = vec![
+            record("a", v4(2), "z2", 100),
+            record("b", v4(3), "z1", 100),
+            record("c", v4(4), "z2", 100),
+            record("d", v4(5), "z1", 100),
+            record("e", IpAddr::V6(Ipv6Addr::LOCALHOST), "z1", 100),
+        ];
+        for seed in 0..20 {
+            let owner = Name::from_ascii("web.default.svc.rollcall.").unwrap();
+            let named = classify(&owner.to_lowercase());
+            let out = reply(
+                &named,
+                &owner,
+                RecordType::A,
+                |_| serve(&web, &records),
+                &Label::new("z1").unwrap(),
+                1,
+                &mut StdRng::seed_from_u64(seed),
+            );
+            let ips: Vec<IpAddr> = out
+                .answers
+                .iter()
+                .filter_map(|r| r.data.ip_addr())
+                .collect();
+            assert_eq!(ips.len(), 4);
+            let near: BTreeSet<IpAddr> = ips[..2].iter().copied().collect();
+            assert_eq!(near, BTreeSet::from([v4(3), v4(5)]), "seed {seed}: {ips:?}");
+            assert!(out.answers.iter().all(|r| r.ttl == 1 && r.name == owner));
+        }
+        let out = ask(
+            "web.default.svc.rollcall.",
+            RecordType::AAAA,
+            serve(&web, &records),
+        );
+        assert_eq!(
+            out.answers
+                .iter()
+                .filter_map(|r| r.data.ip_addr())
+                .collect::<Vec<_>>(),
+            vec![IpAddr::V6(Ipv6Addr::LOCALHOST)]
+        );
+    }
+
+    #[test]
+    fn srv_priorities_follow_zones_and_targets_resolve() {
+        let grpc = key("default", "web", "grpc");
+        let records = vec![
+            record("Web_1", v4(2), "z2", 300),
+            record("web-2", v4(3), "z1", Weight::MAX),
+        ];
+        let out = ask(
+            "_grpc._tcp.web.default.svc.rollcall.",
+            RecordType::SRV,
+            serve(&grpc, &records),
+        );
+        assert_eq!(out.rcode, ResponseCode::NoError);
+        let srvs: Vec<&SRV> = out
+            .answers
+            .iter()
+            .map(|r| match &r.data {
+                RData::SRV(srv) => srv,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(srvs.len(), 2);
+        assert_eq!(
+            (srvs[0].priority, srvs[0].weight, srvs[0].port),
+            (0, 10_000, 8000)
+        );
+        assert_eq!(srvs[0].target, name("web-2.grpc.web.default.svc.rollcall."));
+        assert_eq!((srvs[1].priority, srvs[1].weight), (1, 300));
+        let odd = instance_label(&InstanceId::new("Web_1").unwrap());
+        assert_eq!(
+            srvs[1].target,
+            name(&format!("{odd}.grpc.web.default.svc.rollcall."))
+        );
+        assert_eq!(out.additionals.len(), 2);
+        assert!(out
+            .additionals
+            .iter()
+            .any(|r| r.name == srvs[1].target && r.data.ip_addr() == Some(v4(2))));
+
+        let target = format!("{odd}.grpc.web.default.svc.rollcall.");
+        let out = ask(&target, RecordType::A, serve(&grpc, &records));
+        assert_eq!(
+            out.answers
+                .iter()
+                .filter_map(|r| r.data.ip_addr())
+                .collect::<Vec<_>>(),
+            vec![v4(2)]
+        );
+        let out = ask(
+            "gone.grpc.web.default.svc.rollcall.",
+            RecordType::A,
+            serve(&grpc, &records),
+        );
+        assert_eq!(
+            (out.rcode, out.answers.len(), out.authorities.len()),
+            (ResponseCode::NoError, 0, 1)
+        );
+    }
+
+    #[test]
+    fn response_codes_follow_what_the_view_knows() {
+        let web = key("default", "web", "default");
+        let a = RecordType::A;
+        let q = "web.default.svc.rollcall.";
+        assert_eq!(ask(q, a, Lookup::Unknown).rcode, ResponseCode::NXDomain);
+        assert_eq!(
+            ask(q, a, Lookup::CannotKnow("no arbiter".into())).rcode,
+            ResponseCode::ServFail
+        );
+        assert_eq!(
+            ask(q, a, Lookup::Refused("too old".into())).rcode,
+            ResponseCode::ServFail
+        );
+        let empty = ask(q, a, serve(&web, &[]));
+        assert_eq!(
+            (empty.rcode, empty.answers.len(), empty.authorities.len()),
+            (ResponseCode::NoError, 0, 1)
+        );
+        let only_v4 = ask(
+            q,
+            RecordType::AAAA,
+            serve(&web, &[record("a", v4(2), "z1", 100)]),
+        );
+        assert_eq!(
+            (only_v4.rcode, only_v4.answers.len()),
+            (ResponseCode::NoError, 0)
+        );
+        let never = |_: &ServiceKey| -> Lookup { panic!("looked up a name that names no service") };
+        let zone = Label::new("z1").unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        let owner = name("example.com.");
+        assert_eq!(
+            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            ResponseCode::Refused
+        );
+        let owner = name("we_b.default.svc.rollcall.");
+        assert_eq!(
+            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            ResponseCode::NXDomain
+        );
+        let owner = name("default.svc.rollcall.");
+        assert_eq!(
+            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            ResponseCode::NoError
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! The agent's DNS server (R8), asked by a real DNS client (hickory's
+//! resolver, one name server, no search domains, no cache) against a real
+//! arbiter and agent on loopback.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use common::{eventually, Cluster, Http};
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig};
+use hickory_resolver::lookup::Lookup;
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::net::{DnsError, NetError};
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use hickory_resolver::{Resolver, TokioResolver};
+use rollcall_node::agent::AgentHandle;
+use rollcall_node::dns::{self, DnsHandle};
+
+/// A resolver that asks only `server`, over TCP or UDP, and caches nothing.
+fn resolver(server: SocketAddr, tcp: bool) -> TokioResolver {
+    let mut connection = if tcp {
+        ConnectionConfig::tcp()
+    } else {
+        ConnectionConfig::udp()
+    };
+    connection.port = server.port();
+    let name_server = NameServerConfig::new(server.ip(), true, vec![connection]);
+    let config = ResolverConfig::from_parts(None, Vec::new(), vec![name_server]);
+    let mut builder = Resolver::builder_with_config(config, TokioRuntimeProvider::default());
+    let options = builder.options_mut();
+    options.cache_size = 0;
+    options.use_hosts_file = ResolveHosts::Never;
+    builder.build().unwrap()
+}
+
+/// The answer to one question, or the response code of an answer without
+/// records.
+async fn ask(
+    resolver: &TokioResolver,
+    name: &str,
+    kind: RecordType,
+) -> Result<Lookup, ResponseCode> {
+    // `from_ascii`: the client's own parsing (IDNA) refuses some labels
+    // the server must still answer.
+    let query = Name::from_ascii(name).unwrap();
+    match resolver.lookup(query, kind).await {
+        Ok(lookup) => Ok(lookup),
+        Err(NetError::Dns(DnsError::NoRecordsFound(none))) => Err(none.response_code),
+        Err(NetError::Dns(DnsError::ResponseCode(code))) => Err(code),
+        Err(e) => panic!("{name} {kind}: no DNS answer: {e}"),
+    }
+}
+
+/// The addresses of an A/AAAA answer, each with its TTL.
+fn addresses(lookup: &Lookup) -> BTreeSet<(IpAddr, u32)> {
+    lookup
+        .answers()
+        .iter()
+        .filter_map(|r| r.data.ip_addr().map(|ip| (ip, r.ttl)))
+        .collect()
+}
+
+fn v4(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+}
+
+/// A connected agent and its DNS server on a random port, TTL 1 s.
+async fn agent_with_dns(cluster: &Cluster) -> (AgentHandle, Http, DnsHandle) {
+    let handle = cluster.agent("node-a").await;
+    let http = Http::of(&handle);
+    http.wait_connected().await;
+    let dns = dns::start(handle.agent.clone(), "127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    (handle, http, dns)
+}
+
+/// Waits until the agent's view lists exactly `want` for `service`,
+/// confirmed by the arbiter.
+async fn wait_ready(http: &Http, service: &str, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    eventually(&format!("{service} resolves to {want:?}"), || async {
+        let (status, body) = http.resolve(service).await;
+        let ids: BTreeSet<String> = body["endpoints"]
+            .as_array()?
+            .iter()
+            .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
+            .collect();
+        (status == 200 && body["stale"] == false && ids == want).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_srv_and_tcp_answers_list_the_ready_endpoints() {
+    let cluster = Cluster::start().await;
+    let (handle, http, dns) = agent_with_dns(&cluster).await;
+    let registered = [
+        ("web-1", 2, 8081, 100),
+        ("web-2", 3, 8082, 200),
+        ("web-3", 4, 8083, 300),
+    ];
+    for (id, last, port, weight) in registered {
+        let (status, body) = http
+            .register_at("web", id, &v4(last).to_string(), port, weight)
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    wait_ready(&http, "web", &["web-1", "web-2", "web-3"]).await;
+    let udp = resolver(dns.local_addr(), false);
+
+    let lookup = ask(&udp, "web.default.svc.rollcall.", RecordType::A)
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&lookup),
+        BTreeSet::from([(v4(2), 1), (v4(3), 1), (v4(4), 1)])
+    );
+    assert_eq!(
+        ask(&udp, "web.default.svc.rollcall.", RecordType::AAAA)
+            .await
+            .unwrap_err(),
+        ResponseCode::NoError,
+        "IPv4 endpoints only: no AAAA, but the name exists"
+    );
+
+    let srv = ask(
+        &udp,
+        "_default._tcp.WEB.default.svc.rollcall.",
+        RecordType::SRV,
+    )
+    .await
+    .unwrap();
+    let mut by_port = BTreeMap::new();
+    for record in srv.answers() {
+        let RData::SRV(srv) = &record.data else {
+            panic!("not an SRV answer: {record}");
+        };
+        assert_eq!(record.ttl, 1);
+        by_port.insert(srv.port, (srv.priority, srv.weight, srv.target.clone()));
+    }
+    let ports: Vec<(u16, (u16, u16))> = by_port
+        .iter()
+        .map(|(port, (priority, weight, _))| (*port, (*priority, *weight)))
+        .collect();
+    assert_eq!(
+        ports,
+        vec![(8081, (0, 100)), (8082, (0, 200)), (8083, (0, 300))],
+        "one SRV per endpoint, same zone, its registered port and weight"
+    );
+    for (port, last) in [(8081, 2), (8082, 3), (8083, 4)] {
+        let target = &by_port[&port].2;
+        let glue: Vec<IpAddr> = srv
+            .additionals()
+            .iter()
+            .filter(|r| &r.name == target)
+            .filter_map(|r| r.data.ip_addr())
+            .collect();
+        assert_eq!(glue, vec![v4(last)], "the A record of {target}");
+        let direct = ask(&udp, &target.to_ascii(), RecordType::A).await.unwrap();
+        assert_eq!(addresses(&direct), BTreeSet::from([(v4(last), 1)]));
+    }
+
+    let tcp = resolver(dns.local_addr(), true);
+    let lookup = ask(&tcp, "web.default.svc.rollcall.", RecordType::A)
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&lookup),
+        BTreeSet::from([(v4(2), 1), (v4(3), 1), (v4(4), 1)])
+    );
+
+    let (status, body) = http.drain("web-2", "?generation=1").await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the drained endpoint leaves the A answer", || async {
+        let lookup = ask(&udp, "web.default.svc.rollcall.", RecordType::A)
+            .await
+            .ok()?;
+        (addresses(&lookup) == BTreeSet::from([(v4(2), 1), (v4(4), 1)])).then_some(())
+    })
+    .await;
+    assert!(
+        handle
+            .agent
+            .metrics()
+            .render()
+            .contains(r#"rollcall_agent_dns_answers_total{rcode="noerror"}"#),
+        "answers are counted"
+    );
+    dns.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_answers_say_only_what_the_arbiter_said() {
+    let cluster = Cluster::start().await;
+    let (handle, http, dns) = agent_with_dns(&cluster).await;
+    let udp = resolver(dns.local_addr(), false);
+
+    // Known, but its only instance was drained: the name exists, empty.
+    let (status, body) = http
+        .register_at("api", "api-1", "127.0.0.2", 9000, 100)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    wait_ready(&http, "api", &["api-1"]).await;
+    let (status, body) = http.drain("api-1", "?generation=1").await;
+    assert_eq!(status, 200, "{body}");
+    wait_ready(&http, "api", &[]).await;
+    assert_eq!(
+        ask(&udp, "api.default.svc.rollcall.", RecordType::A)
+            .await
+            .unwrap_err(),
+        ResponseCode::NoError
+    );
+
+    // The arbiter says it does not exist: the only NXDOMAIN for a service.
+    eventually("the agent learns that ghost does not exist", || async {
+        (http.resolve("ghost").await.0 == 404).then_some(())
+    })
+    .await;
+    assert_eq!(
+        ask(&udp, "ghost.default.svc.rollcall.", RecordType::A)
+            .await
+            .unwrap_err(),
+        ResponseCode::NXDomain
+    );
+    assert_eq!(
+        ask(&udp, "no_such.default.svc.rollcall.", RecordType::A)
+            .await
+            .unwrap_err(),
+        ResponseCode::NXDomain,
+        "a name no service can have"
+    );
+
+    assert_eq!(
+        ask(&udp, "example.com.", RecordType::A).await.unwrap_err(),
+        ResponseCode::Refused
+    );
+    let metrics = handle.agent.metrics().render();
+    for rcode in ["noerror", "nxdomain", "refused"] {
+        assert!(
+            metrics.contains(&format!(
+                r#"rollcall_agent_dns_answers_total{{rcode="{rcode}"}}"#
+            )),
+            "{rcode} is counted:\n{metrics}"
+        );
+    }
+    dns.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servfail_when_the_agent_cannot_know() {
+    let mut cluster = Cluster::start().await;
+    let (_handle, http, dns) = agent_with_dns(&cluster).await;
+    cluster.stop_arbiter().await;
+    http.wait_disconnected().await;
+    let udp = resolver(dns.local_addr(), false);
+    assert_eq!(
+        ask(&udp, "never.default.svc.rollcall.", RecordType::A)
+            .await
+            .unwrap_err(),
+        ResponseCode::ServFail,
+        "not followed and no arbiter: never a guessed NXDOMAIN"
+    );
+    dns.shutdown().await;
+}
