@@ -79,7 +79,8 @@ impl Default for DataPlaneConfig {
 pub enum StaleBehaviour {
     /// Keep serving the last-known set.
     Keep,
-    /// Keep serving, with the answer's mode "degraded" and a warning metric.
+    /// Keep serving, counting each such answer in the warning metric
+    /// `rollcall_agent_stale_served_total`.
     Degrade,
     /// Refuse: no backend from the proxy, SERVFAIL from DNS, 503 from the API.
     Refuse,
