@@ -181,6 +181,14 @@ pub enum Request {
     /// The records registered on the caller's own node (the agent
     /// reconciles its local registrations with them, R7).
     NodeInstances,
+    /// The caller's gossip declared a peer down (R4). The arbiter acts only
+    /// when its own session with that node has been silent long enough.
+    ReportDown {
+        /// The node declared down.
+        node: NodeId,
+        /// The agent run the reporter's gossip saw.
+        epoch: AgentEpoch,
+    },
     /// Wait until every agent subscribed to `service` has acknowledged
     /// `revision`, or `timeout_ms` passed.
     AwaitPropagation {

@@ -350,3 +350,83 @@ async fn a_certificate_from_another_ca_gets_nothing() {
     assert_eq!(revision(&server).await, before);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_report_needs_the_arbiters_own_silence_too() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |c| c.lease.silence_ms = 300).await;
+    let addr = server.quic_addr.to_string();
+    let session = |node: &'static str| {
+        let ca = &ca;
+        let addr = addr.clone();
+        async move {
+            let client = ArbiterClient::new(&material(ca, Role::Agent, node)).unwrap();
+            let conn = client.connect(&addr).await.unwrap();
+            let hello = SessionUp::Hello {
+                node: NodeId::new(node).unwrap(),
+                epoch: AgentEpoch(7),
+                zone: Label::new("z1").unwrap(),
+            };
+            let (w, mut r) = conn.open_session(&hello).await.unwrap();
+            assert!(matches!(
+                r.next().await.unwrap(),
+                SessionDown::Welcome { .. }
+            ));
+            (client, conn, w, r)
+        }
+    };
+    let (_ca_client, a, _aw, _ar) = session("node-a").await;
+    let (b_client, b, mut bw, br) = session("node-b").await;
+    let reg = Registration {
+        instance_id: InstanceId::new("b-web-1").unwrap(),
+        service: service(),
+        node: NodeId::new("node-b").unwrap(),
+        epoch: AgentEpoch(7),
+        address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 8080,
+        zone: None,
+        version: Version::new("v1").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    };
+    assert!(matches!(
+        b.request(&Request::Register(reg)).await.unwrap(),
+        Response::Committed { .. }
+    ));
+    let report = |epoch| Request::ReportDown {
+        node: NodeId::new("node-b").unwrap(),
+        epoch: AgentEpoch(epoch),
+    };
+
+    // node-b keeps its session alive: gossip alone removes nothing.
+    bw.send(&SessionUp::Keepalive).await.unwrap();
+    let before = revision(&server).await;
+    match a.request(&report(7)).await.unwrap() {
+        Response::Rejected { message, .. } => {
+            assert!(message.contains("partition inside the zone"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(revision(&server).await, before);
+    assert!(metric(&server, "rollcall_arbiter_down_reports_ignored_total").await >= 1.0);
+
+    // node-b goes silent (its process is gone): both signals agree.
+    drop((bw, br, b, b_client));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A verdict about an older epoch changes nothing.
+    assert!(matches!(
+        a.request(&report(6)).await.unwrap(),
+        Response::Rejected { .. }
+    ));
+    assert_eq!(revision(&server).await, before);
+    assert!(matches!(
+        a.request(&report(7)).await.unwrap(),
+        Response::Committed {
+            revision: Some(_),
+            ..
+        }
+    ));
+    server.shutdown().await;
+}

@@ -482,6 +482,36 @@ impl Core {
                 });
                 self.answer_waiters(now);
             }
+            Ok(Authorized::Down {
+                reporter,
+                node,
+                epoch,
+            }) => {
+                // The second signal (R4): this arbiter's own session with the
+                // node must have been silent for silence_ms.
+                let silence = self.config.lease.silence_ms;
+                let heard = self.last_heard.get(&node).map(|t| now.saturating_sub(*t));
+                match heard {
+                    Some(ago) if ago < silence => {
+                        self.metrics.down_reports_ignored.inc();
+                        tracing::warn!(node = %node, reporter = %reporter, last_heard_ms = ago, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+                        let message = format!("node {node}'s session with this arbiter is alive (heard {ago} ms ago, silence threshold {silence} ms): treated as a partition inside the zone; nothing removed");
+                        let _ = reply.send(Response::Rejected {
+                            kind: RejectKind::Invalid,
+                            message,
+                        });
+                    }
+                    _ => {
+                        let command = Command::NodeDown {
+                            node,
+                            epoch,
+                            reporters: vec![reporter],
+                        };
+                        proposals
+                            .push((self.envelope(&identity, command, now), Then::Reply(reply)));
+                    }
+                }
+            }
             Ok(Authorized::List(node)) => {
                 let instances = self
                     .catalog
@@ -593,6 +623,20 @@ impl Core {
                     epoch,
                 },
                 _ => return Err(forbidden("only an agent with a session can leave".into())),
+            },
+            Request::ReportDown { node, epoch } => match (role, session) {
+                (Role::Agent, Some((reporter, _))) => {
+                    return Ok(Authorized::Down {
+                        reporter: reporter.clone(),
+                        node,
+                        epoch,
+                    })
+                }
+                _ => {
+                    return Err(forbidden(
+                        "only an agent with a session can report a down verdict".into(),
+                    ))
+                }
             },
             Request::NodeInstances => match (role, session) {
                 (Role::Agent, Some((node, _))) => return Ok(Authorized::List(node.clone())),
@@ -937,6 +981,11 @@ impl Core {
 
 enum Authorized {
     Command(Command),
+    Down {
+        reporter: NodeId,
+        node: NodeId,
+        epoch: AgentEpoch,
+    },
     List(NodeId),
     Await {
         service: ServiceKey,

@@ -61,6 +61,9 @@ pub struct Metrics {
     pub revision: Gauge,
     /// Agents disconnected for stalling.
     pub stalled_agents: Gauge,
+    /// Gossip down reports about nodes whose session was still alive (a
+    /// partition inside a zone): nothing was removed.
+    pub down_reports_ignored: Counter,
 }
 
 impl Metrics {
@@ -85,6 +88,7 @@ impl Metrics {
             leases: Gauge::default(),
             revision: Gauge::default(),
             stalled_agents: Gauge::default(),
+            down_reports_ignored: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -163,6 +167,11 @@ impl Metrics {
             "stalled_agents",
             "Agents disconnected because a send stalled",
             m.stalled_agents.clone(),
+        );
+        registry.register(
+            "down_reports_ignored",
+            "Gossip down reports about nodes whose arbiter session was alive (partition inside a zone)",
+            m.down_reports_ignored.clone(),
         );
         Metrics { registry, ..m }
     }
