@@ -126,6 +126,9 @@ struct Shared {
     /// The state and reason each local instance's health (or its session)
     /// wants in the catalog, until the arbiter has it.
     desired: HashMap<InstanceId, (State, Reason)>,
+    /// Nodes of this zone the agent's gossip holds down, with the agent
+    /// run it saw.
+    gossip_down: std::collections::BTreeMap<NodeId, AgentEpoch>,
 }
 
 /// What the shared endpoint view answers for a service.
@@ -301,6 +304,7 @@ impl Agent {
             reported: crate::sync::SyncStats::default(),
             health: HashMap::new(),
             desired: HashMap::new(),
+            gossip_down: std::collections::BTreeMap::new(),
         };
         let agent = Agent {
             inner: Arc::new(Inner {
@@ -796,6 +800,12 @@ impl Agent {
                 return;
             }
         }
+        // Down verdicts reached while the arbiter was away (the arbiter
+        // still checks its own silence).
+        let downs: Vec<(NodeId, AgentEpoch)> = self.lock().gossip_down.iter().map(|(n, e)| (n.clone(), *e)).collect();
+        for (node, epoch) in downs {
+            self.report_down(node, epoch).await;
+        }
         // Records an agent wrote on this node that this agent does not know
         // (it lost its disk): they run nowhere any more.
         let known: BTreeSet<InstanceId> = self
@@ -1117,6 +1127,36 @@ impl Agent {
         };
         if let Err(e) = conn.request(&request).await {
             tracing::warn!(instance = %id, error = %e, "liveness not sent");
+        }
+    }
+
+    // ----- gossip (R4, R7) -----
+
+    /// The zone's gossip declared a peer down: report it to the arbiter
+    /// (which acts only when its own session with that node is silent
+    /// too), and, while the arbiter is unreachable, stop using that node's
+    /// endpoints here.
+    pub fn peer_down(&self, node: NodeId, epoch: AgentEpoch) {
+        tracing::warn!(node = %node, epoch = %epoch, "gossip: peer down");
+        self.lock().gossip_down.insert(node.clone(), epoch);
+        let this = self.clone();
+        tokio::spawn(async move { this.report_down(node, epoch).await });
+    }
+
+    /// The zone's gossip sees a peer (again).
+    pub fn peer_up(&self, node: &NodeId) {
+        if self.lock().gossip_down.remove(node).is_some() {
+            tracing::info!(node = %node, "gossip: peer up again");
+        }
+    }
+
+    async fn report_down(&self, node: NodeId, epoch: AgentEpoch) {
+        let Some(conn) = self.link() else { return };
+        match conn.request(&Request::ReportDown { node: node.clone(), epoch }).await {
+            Ok(Response::Committed { .. }) => tracing::info!(node = %node, "down verdict committed"),
+            Ok(Response::Rejected { message, .. }) => tracing::info!(node = %node, reason = %message, "down report not acted on"),
+            Ok(other) => tracing::warn!(answer = ?other, "unexpected answer to a down report"),
+            Err(e) => tracing::warn!(node = %node, error = %e, "down report not sent"),
         }
     }
 
@@ -1637,8 +1677,12 @@ impl Agent {
             .filter(|l| l.intent != Intent::Serve)
             .map(|l| l.registration.instance_id.clone())
             .collect();
+        // While the arbiter is reachable the agent follows the catalog, whose
+        // verdicts need two signals; only when cut off does it trust its own
+        // gossip view (R7).
+        let down: BTreeSet<NodeId> = if state.session.is_some() { BTreeSet::new() } else { state.gossip_down.keys().cloned().collect() };
         let memory = state.memory.entry(key.clone()).or_default();
-        let selection = memory.select(&records, &leaving, now, &self.inner.config.data_plane);
+        let selection = memory.select(&records, &leaving, &down, now, &self.inner.config.data_plane);
         Lookup::Serve(Answer {
             service: key.clone(),
             revision,

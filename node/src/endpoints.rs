@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use rollcall_config::DataPlaneConfig;
-use rollcall_leases::{EndpointRecord, Generation, InstanceId, State};
+use rollcall_leases::{EndpointRecord, Generation, InstanceId, NodeId, State};
 
 /// How the view is serving a service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,16 +87,20 @@ pub struct ServiceMemory {
 impl ServiceMemory {
     /// Computes the selection from the service's records (any order).
     /// `locally_leaving` are instances this agent drained or deregistered
-    /// and the arbiter may not have committed yet.
+    /// and the arbiter may not have committed yet; `down_nodes` are nodes
+    /// this agent's gossip holds down, given only while the arbiter is
+    /// unreachable (R7): their endpoints are ejected locally.
     pub fn select(
         &mut self,
         records: &[Arc<EndpointRecord>],
         locally_leaving: &BTreeSet<InstanceId>,
+        down_nodes: &BTreeSet<NodeId>,
         now_ms: u64,
         p: &DataPlaneConfig,
     ) -> Selection {
         let usable = |r: &&Arc<EndpointRecord>| {
             !locally_leaving.contains(&r.instance_id)
+                && !down_nodes.contains(&r.node_id)
                 && !matches!(r.state, State::Draining | State::Starting)
         };
         let mut pool: Vec<&Arc<EndpointRecord>> = records.iter().filter(usable).collect();
@@ -290,7 +294,7 @@ mod tests {
             record("e", State::Ready),
         ];
         let leaving = BTreeSet::from([InstanceId::new("e").unwrap()]);
-        let s = m.select(&records, &leaving, 0, &params());
+        let s = m.select(&records, &leaving, &BTreeSet::new(), 0, &params());
         assert_eq!((s.mode, ids(&s)), (Mode::Normal, vec!["a", "b"]));
     }
 
@@ -301,11 +305,13 @@ mod tests {
         m.select(
             &[record("a", State::Ready), record("b", State::Ready)],
             &BTreeSet::new(),
+            &BTreeSet::new(),
             0,
             &p,
         );
         let s = m.select(
             &[record("a", State::Unhealthy), record("b", State::Expired)],
+            &BTreeSet::new(),
             &BTreeSet::new(),
             1,
             &p,
@@ -313,8 +319,8 @@ mod tests {
         assert_eq!((s.mode, ids(&s)), (Mode::Protected, vec!["a", "b"]));
         // A deliberate drain of the last one is never held back.
         let mut m = ServiceMemory::default();
-        m.select(&[record("a", State::Ready)], &BTreeSet::new(), 0, &p);
-        let s = m.select(&[record("a", State::Draining)], &BTreeSet::new(), 1, &p);
+        m.select(&[record("a", State::Ready)], &BTreeSet::new(), &BTreeSet::new(), 0, &p);
+        let s = m.select(&[record("a", State::Draining)], &BTreeSet::new(), &BTreeSet::new(), 1, &p);
         assert_eq!((s.mode, ids(&s)), (Mode::Normal, Vec::<&str>::new()));
     }
 
@@ -327,7 +333,7 @@ mod tests {
             record("c", State::Unhealthy),
             record("d", State::Draining),
         ];
-        let s = m.select(&records, &BTreeSet::new(), 0, &params());
+        let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 0, &params());
         assert_eq!(
             (s.mode, ids(&s)),
             (Mode::Panic, vec!["a", "b", "c"]),
@@ -338,7 +344,7 @@ mod tests {
             record("b", State::Ready),
             record("c", State::Unhealthy),
         ];
-        let s = m.select(&records, &BTreeSet::new(), 0, &params());
+        let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 0, &params());
         assert_eq!(s.mode, Mode::Normal);
     }
 
@@ -358,11 +364,11 @@ mod tests {
             "third consecutive failure ejects"
         );
         assert_eq!(
-            ids(&m.select(&records, &BTreeSet::new(), 1, &p)),
+            ids(&m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 1, &p)),
             vec!["b", "c", "d"]
         );
         assert_eq!(
-            ids(&m.select(&records, &BTreeSet::new(), p.base_ejection_ms, &p)),
+            ids(&m.select(&records, &BTreeSet::new(), &BTreeSet::new(), p.base_ejection_ms, &p)),
             vec!["a", "b", "c", "d"],
             "back after the ejection time"
         );
@@ -370,7 +376,7 @@ mod tests {
             m.connect_failed(&a, 4, p.base_ejection_ms, &p);
         }
         assert_eq!(
-            ids(&m.select(&records, &BTreeSet::new(), 3 * p.base_ejection_ms - 1, &p)),
+            ids(&m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 3 * p.base_ejection_ms - 1, &p)),
             vec!["b", "c", "d"],
             "second ejection lasts twice as long"
         );
@@ -383,6 +389,17 @@ mod tests {
             assert!(!m.connect_failed(&c, 4, p.base_ejection_ms, &p));
         }
         assert_eq!(m.ejected(p.base_ejection_ms), 2);
+    }
+
+    #[test]
+    fn endpoints_on_nodes_gossip_holds_down_are_ejected_locally() {
+        let mut m = ServiceMemory::default();
+        let mut b = (*record("b", State::Ready)).clone();
+        b.node_id = NodeId::new("n2").unwrap();
+        let records = vec![record("a", State::Ready), Arc::new(b)];
+        let down = BTreeSet::from([NodeId::new("n2").unwrap()]);
+        let s = m.select(&records, &BTreeSet::new(), &down, 0, &params());
+        assert_eq!(ids(&s), vec!["a"]);
     }
 
     #[test]
@@ -404,14 +421,14 @@ mod tests {
             ..DataPlaneConfig::default()
         };
         let records = vec![record("a", State::Ready)];
-        m.select(&records, &BTreeSet::new(), 1_000, &p);
-        let s = m.select(&records, &BTreeSet::new(), 6_000, &p);
+        m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 1_000, &p);
+        let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 6_000, &p);
         assert!(
             (s.candidates[0].weight - 50.0).abs() < 1e-9,
             "{}",
             s.candidates[0].weight
         );
-        let s = m.select(&records, &BTreeSet::new(), 20_000, &p);
+        let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 20_000, &p);
         assert!((s.candidates[0].weight - 100.0).abs() < 1e-9);
     }
 }
