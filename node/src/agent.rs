@@ -802,7 +802,12 @@ impl Agent {
         }
         // Down verdicts reached while the arbiter was away (the arbiter
         // still checks its own silence).
-        let downs: Vec<(NodeId, AgentEpoch)> = self.lock().gossip_down.iter().map(|(n, e)| (n.clone(), *e)).collect();
+        let downs: Vec<(NodeId, AgentEpoch)> = self
+            .lock()
+            .gossip_down
+            .iter()
+            .map(|(n, e)| (n.clone(), *e))
+            .collect();
         for (node, epoch) in downs {
             self.report_down(node, epoch).await;
         }
@@ -1046,6 +1051,14 @@ impl Agent {
             }
             HealthEvent::Liveness(liveness) => {
                 tracing::info!(instance = %id, liveness = liveness.as_str(), "liveness changed");
+                let gauge =
+                    self.inner
+                        .metrics
+                        .liveness
+                        .get_or_create(&crate::metrics::InstanceLabel {
+                            instance: id.to_string(),
+                        });
+                gauge.set(i64::from(liveness == rollcall_leases::Liveness::Passing));
                 let this = self.clone();
                 let id = id.clone();
                 tokio::spawn(async move { this.push_liveness(&id, liveness).await });
@@ -1152,9 +1165,19 @@ impl Agent {
 
     async fn report_down(&self, node: NodeId, epoch: AgentEpoch) {
         let Some(conn) = self.link() else { return };
-        match conn.request(&Request::ReportDown { node: node.clone(), epoch }).await {
-            Ok(Response::Committed { .. }) => tracing::info!(node = %node, "down verdict committed"),
-            Ok(Response::Rejected { message, .. }) => tracing::info!(node = %node, reason = %message, "down report not acted on"),
+        match conn
+            .request(&Request::ReportDown {
+                node: node.clone(),
+                epoch,
+            })
+            .await
+        {
+            Ok(Response::Committed { .. }) => {
+                tracing::info!(node = %node, "down verdict committed")
+            }
+            Ok(Response::Rejected { message, .. }) => {
+                tracing::info!(node = %node, reason = %message, "down report not acted on")
+            }
             Ok(other) => tracing::warn!(answer = ?other, "unexpected answer to a down report"),
             Err(e) => tracing::warn!(node = %node, error = %e, "down report not sent"),
         }
@@ -1680,9 +1703,19 @@ impl Agent {
         // While the arbiter is reachable the agent follows the catalog, whose
         // verdicts need two signals; only when cut off does it trust its own
         // gossip view (R7).
-        let down: BTreeSet<NodeId> = if state.session.is_some() { BTreeSet::new() } else { state.gossip_down.keys().cloned().collect() };
+        let down: BTreeSet<NodeId> = if state.session.is_some() {
+            BTreeSet::new()
+        } else {
+            state.gossip_down.keys().cloned().collect()
+        };
         let memory = state.memory.entry(key.clone()).or_default();
-        let selection = memory.select(&records, &leaving, &down, now, &self.inner.config.data_plane);
+        let selection = memory.select(
+            &records,
+            &leaving,
+            &down,
+            now,
+            &self.inner.config.data_plane,
+        );
         Lookup::Serve(Answer {
             service: key.clone(),
             revision,

@@ -319,8 +319,20 @@ mod tests {
         assert_eq!((s.mode, ids(&s)), (Mode::Protected, vec!["a", "b"]));
         // A deliberate drain of the last one is never held back.
         let mut m = ServiceMemory::default();
-        m.select(&[record("a", State::Ready)], &BTreeSet::new(), &BTreeSet::new(), 0, &p);
-        let s = m.select(&[record("a", State::Draining)], &BTreeSet::new(), &BTreeSet::new(), 1, &p);
+        m.select(
+            &[record("a", State::Ready)],
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            0,
+            &p,
+        );
+        let s = m.select(
+            &[record("a", State::Draining)],
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            1,
+            &p,
+        );
         assert_eq!((s.mode, ids(&s)), (Mode::Normal, Vec::<&str>::new()));
     }
 
@@ -368,7 +380,13 @@ mod tests {
             vec!["b", "c", "d"]
         );
         assert_eq!(
-            ids(&m.select(&records, &BTreeSet::new(), &BTreeSet::new(), p.base_ejection_ms, &p)),
+            ids(&m.select(
+                &records,
+                &BTreeSet::new(),
+                &BTreeSet::new(),
+                p.base_ejection_ms,
+                &p
+            )),
             vec!["a", "b", "c", "d"],
             "back after the ejection time"
         );
@@ -376,7 +394,13 @@ mod tests {
             m.connect_failed(&a, 4, p.base_ejection_ms, &p);
         }
         assert_eq!(
-            ids(&m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 3 * p.base_ejection_ms - 1, &p)),
+            ids(&m.select(
+                &records,
+                &BTreeSet::new(),
+                &BTreeSet::new(),
+                3 * p.base_ejection_ms - 1,
+                &p
+            )),
             vec!["b", "c", "d"],
             "second ejection lasts twice as long"
         );

@@ -18,6 +18,13 @@ pub struct ServiceLabel {
     pub service: String,
 }
 
+/// Label of per-instance series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabel {
+    /// The instance id.
+    pub instance: String,
+}
+
 /// Label of DNS answers.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RcodeLabel {
@@ -34,6 +41,9 @@ pub struct AgentMetrics {
     pub probe_queue_wait: Histogram,
     /// READY ↔ UNHEALTHY changes of local instances.
     pub health_flaps: Counter,
+    /// Liveness of local instances with a liveness check: 1 passing,
+    /// 0 failing (for supervisors; never used to route).
+    pub liveness: Family<InstanceLabel, Gauge>,
     /// Age of each service's copy, seconds (0 while confirmed).
     pub snapshot_age: Family<ServiceLabel, Gauge>,
     /// Revisions each service's copy trails the arbiter by (0 while confirmed).
@@ -77,6 +87,7 @@ impl AgentMetrics {
             probe_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             probe_queue_wait: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             health_flaps: Counter::default(),
+            liveness: Family::default(),
             snapshot_age: Family::default(),
             watch_lag: Family::default(),
             revision_gaps: Counter::default(),
@@ -107,6 +118,11 @@ impl AgentMetrics {
             "health_flaps",
             "READY/UNHEALTHY changes of local instances",
             m.health_flaps.clone(),
+        );
+        registry.register(
+            "liveness",
+            "Liveness of local instances: 1 passing, 0 failing (never routes)",
+            m.liveness.clone(),
         );
         registry.register(
             "snapshot_age_seconds",
