@@ -48,6 +48,10 @@ pub enum ProxyError {
     },
 }
 
+/// Buffer per direction of a proxied connection: large enough that bulk
+/// streams move in few syscalls (tokio's default is 8 KiB).
+const COPY_BUFFER: usize = 64 * 1024;
+
 /// How many proxied connections are open to each instance, across every
 /// proxy that shares this value. The selector balances on it, and the
 /// agent's drain sequence waits for a drained instance's count to reach
@@ -251,7 +255,14 @@ impl Forward {
         let _ = backend.set_nodelay(true);
         tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
         // From here on bytes flow: whatever happens, no retry.
-        match tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+        match tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut backend,
+            COPY_BUFFER,
+            COPY_BUFFER,
+        )
+        .await
+        {
             Ok((sent, received)) => {
                 tracing::debug!(service = %service, instance = %instance, peer = %peer, sent, received, "proxy connection closed")
             }

@@ -47,8 +47,14 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
     let mut cluster = Cluster::start().await;
     let mut config = cluster.agent_config("node-a");
     config.proxy = vec![
-        ProxyEntry { service: "default/web/default".into(), listen: "127.0.0.1:0".parse().unwrap() },
-        ProxyEntry { service: "default/pay/default".into(), listen: "127.0.0.1:0".parse().unwrap() },
+        ProxyEntry {
+            service: "default/web/default".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+        },
+        ProxyEntry {
+            service: "default/pay/default".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+        },
     ];
     // web keeps serving its last-known set; pay refuses after 1.5 s.
     config.staleness.services = vec![StalenessOverride {
@@ -60,9 +66,22 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
     let http = Http::of(&agent);
     http.wait_connected().await;
     let (web, pay) = (agent.proxies[0].local_addr, agent.proxies[1].local_addr);
-    assert_eq!(http.register("web", "web-1", backend("web-1").await).await.0, 200);
-    assert_eq!(http.register("pay", "pay-1", backend("pay-1").await).await.0, 200);
-    eventually("both proxies route", || async { (through(web).await.is_some() && through(pay).await.is_some()).then_some(()) }).await;
+    assert_eq!(
+        http.register("web", "web-1", backend("web-1").await)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http.register("pay", "pay-1", backend("pay-1").await)
+            .await
+            .0,
+        200
+    );
+    eventually("both proxies route", || async {
+        (through(web).await.is_some() && through(pay).await.is_some()).then_some(())
+    })
+    .await;
 
     cluster.stop_arbiter().await;
     http.wait_disconnected().await;
@@ -74,12 +93,28 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
 
     // Once pay's copy is older than its maximum age its policy refuses, on
     // every path; web keeps serving.
-    eventually("pay refused past its maximum age", || async { through(pay).await.is_none().then_some(()) }).await;
+    eventually("pay refused past its maximum age", || async {
+        through(pay).await.is_none().then_some(())
+    })
+    .await;
     assert_eq!(http.resolve("pay").await.0, 503);
     assert_eq!(through(web).await.as_deref(), Some("web-1"));
     assert_eq!(http.resolve("web").await.0, 200);
-    let metrics = http.client.get(format!("{}/metrics", http.base)).send().await.unwrap().text().await.unwrap();
-    let refused: f64 = metrics.lines().find_map(|l| l.strip_prefix("rollcall_agent_stale_refused_total ")).unwrap().parse().unwrap();
+    let metrics = http
+        .client
+        .get(format!("{}/metrics", http.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let refused: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("rollcall_agent_stale_refused_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(refused > 0.0, "{metrics}");
 }
 
@@ -95,7 +130,17 @@ async fn a_drained_instance_is_deregistered_after_the_drain_window() {
     assert_eq!(http.register("web", "web-2", 8081).await.0, 200);
     let (status, body) = http.drain("web-1", "?generation=1").await;
     assert_eq!(status, 200, "{body}");
-    let ids = |body: serde_json::Value| -> Vec<String> { body["endpoints"].as_array().unwrap().iter().map(|e| e["instance_id"].as_str().unwrap().to_owned()).collect() };
-    eventually("web-1 deregistered after its drain window", || async { (ids(http.resolve_all("web").await.1) == vec!["web-2"]).then_some(()) }).await;
+    let ids = |body: serde_json::Value| -> Vec<String> {
+        body["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["instance_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    eventually("web-1 deregistered after its drain window", || async {
+        (ids(http.resolve_all("web").await.1) == vec!["web-2"]).then_some(())
+    })
+    .await;
     assert_eq!(http.status().await["pending_writes"], 0);
 }
