@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -153,6 +154,14 @@ pub struct GossipConfig {
     /// `host:port` of members to announce to when joining. Default empty: a
     /// lone member (development); production lists a few agents of the zone.
     pub seeds: Vec<String>,
+    /// The zone key file: one line `<key id 0-255> <64 hex digits>`, as
+    /// `rollcall gossip-key` prints. Every packet is sealed with it
+    /// (ChaCha20-Poly1305, R10). Gossip runs only when this is set.
+    /// Default none.
+    pub key_file: Option<PathBuf>,
+    /// The previous zone key file, still accepted while a rotation rolls
+    /// out (its key id must differ). Default none.
+    pub previous_key_file: Option<PathBuf>,
 }
 
 impl Default for GossipConfig {
@@ -168,6 +177,8 @@ impl Default for GossipConfig {
             max_transmissions: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 7946)),
             seeds: Vec::new(),
+            key_file: None,
+            previous_key_file: None,
         }
     }
 }

@@ -39,6 +39,7 @@ use crate::prober::Prober;
 use crate::proxy::{ActiveConnections, ProxyHandle};
 use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
 use crate::sync::{Sync, SyncOut};
+use rollcall_gossip::{GossipHandle, GossipListener, GossipOptions, ZoneKey};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +168,21 @@ pub struct Answer {
 /// How long a failed connect waits for the catalog to prove the view stale.
 const STALE_FAILURE_WINDOW_MS: u64 = 30_000;
 
+/// The agent as the gossip driver's listener.
+struct AgentGossip(Agent);
+
+impl GossipListener for AgentGossip {
+    fn down(&self, node: NodeId, epoch: AgentEpoch) {
+        if node != self.0.inner.node {
+            self.0.peer_down(node, epoch);
+        }
+    }
+
+    fn up(&self, node: NodeId) {
+        self.0.peer_up(&node);
+    }
+}
+
 /// Held by an open registration session; dropping it (the connection
 /// closed) marks the instance UNHEALTHY unless it was drained or replaced.
 pub struct SessionGuard {
@@ -224,6 +240,8 @@ pub struct AgentHandle {
     pub proxies: Vec<ProxyHandle>,
     /// Where the DNS server listens (UDP and TCP).
     pub dns_addr: SocketAddr,
+    /// The zone gossip member, when `gossip.key_file` is set.
+    pub gossip: Option<GossipHandle>,
     dns: DnsHandle,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -235,6 +253,9 @@ impl AgentHandle {
             proxy.shutdown().await;
         }
         self.dns.shutdown().await;
+        if let Some(gossip) = self.gossip {
+            gossip.shutdown().await;
+        }
         for task in &self.tasks {
             task.abort();
         }
@@ -380,12 +401,14 @@ impl Agent {
             .await
             .map_err(|e| AgentError::Config(e.to_string()))?;
         let dns_addr = dns.local_addr();
+        let gossip = agent.start_gossip().await?;
         tracing::info!(node = %agent.inner.node, epoch = %agent.inner.epoch, http = %http_addr, dns = %dns_addr, "agent started");
         Ok(AgentHandle {
             agent,
             http_addr,
             proxies,
             dns_addr,
+            gossip,
             dns,
             tasks,
         })
@@ -1144,6 +1167,44 @@ impl Agent {
     }
 
     // ----- gossip (R4, R7) -----
+
+    /// Joins the zone's gossip when a zone key is configured.
+    async fn start_gossip(&self) -> Result<Option<GossipHandle>, AgentError> {
+        let config = &self.inner.config.gossip;
+        let Some(key_file) = &config.key_file else {
+            return Ok(None);
+        };
+        let key = ZoneKey::load(key_file).map_err(|e| AgentError::Config(e.to_string()))?;
+        let previous_key = config
+            .previous_key_file
+            .as_deref()
+            .map(ZoneKey::load)
+            .transpose()
+            .map_err(|e| AgentError::Config(e.to_string()))?;
+        let mut seeds = Vec::new();
+        for seed in &config.seeds {
+            match tokio::net::lookup_host(seed).await {
+                Ok(mut addrs) => seeds.extend(addrs.next()),
+                Err(e) => {
+                    tracing::warn!(seed = %seed, error = %e, "gossip seed does not resolve; skipped")
+                }
+            }
+        }
+        let options = GossipOptions {
+            node: self.inner.node.clone(),
+            epoch: self.inner.epoch,
+            listen: config.listen,
+            seeds,
+            settings: config.effective(),
+            key,
+            previous_key,
+        };
+        let handle = rollcall_gossip::driver::start(options, AgentGossip(self.clone()))
+            .await
+            .map_err(io(format!("binding the gossip socket {}", config.listen)))?;
+        tracing::info!(gossip = %handle.local_addr, preset = config.preset.name(), "gossip member started");
+        Ok(Some(handle))
+    }
 
     /// The zone's gossip declared a peer down: report it to the arbiter
     /// (which acts only when its own session with that node is silent

@@ -1,0 +1,193 @@
+//! The gossip driver: owns the UDP socket and the timers of one agent's
+//! `Membership`, and hands membership changes to a listener (the agent).
+//! Thin: every decision is foca's or the seal's.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_config::SwimSettings;
+use rollcall_leases::{AgentEpoch, NodeId};
+use tokio::net::UdpSocket;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::identity::MemberId;
+use crate::membership::{Membership, MembershipEvent, Output};
+use crate::seal::{Sealer, ZoneKey, MAX_PACKET};
+
+/// What the driver tells its owner.
+pub trait GossipListener: Send + Sync + 'static {
+    /// The zone declared `node` (in agent run `epoch`) down.
+    fn down(&self, node: NodeId, epoch: AgentEpoch);
+    /// `node` is an active member (again).
+    fn up(&self, node: NodeId);
+}
+
+/// How to run one member.
+pub struct GossipOptions {
+    /// This agent's node.
+    pub node: NodeId,
+    /// This agent run.
+    pub epoch: AgentEpoch,
+    /// The UDP address to bind (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Members to join through.
+    pub seeds: Vec<SocketAddr>,
+    /// SWIM settings (a preset plus overrides).
+    pub settings: SwimSettings,
+    /// The zone key packets are sealed with.
+    pub key: ZoneKey,
+    /// The previous zone key, still accepted during a rotation.
+    pub previous_key: Option<ZoneKey>,
+}
+
+/// A running member.
+pub struct GossipHandle {
+    /// The bound UDP address (this member's identity address).
+    pub local_addr: SocketAddr,
+    blocked: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl GossipHandle {
+    /// Drops every packet in and out while `blocked` (for tests: a node
+    /// whose gossip is cut while its arbiter session lives).
+    pub fn block(&self, blocked: bool) {
+        self.blocked.store(blocked, Ordering::SeqCst);
+    }
+
+    /// Stops the member (no leave message: a stop looks like a crash).
+    pub async fn shutdown(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Binds the socket, joins the seeds and runs until shut down.
+pub async fn start(
+    options: GossipOptions,
+    listener: impl GossipListener,
+) -> std::io::Result<GossipHandle> {
+    let socket = UdpSocket::bind(options.listen).await?;
+    let local_addr = socket.local_addr()?;
+    let id = MemberId::new(options.node.clone(), local_addr, options.epoch);
+    let sealer = Sealer::new(
+        options.key.clone(),
+        options.previous_key.clone(),
+        rand::random(),
+    );
+    let mut membership = Membership::new(id, &options.settings, sealer, rand::random());
+    membership.join(&options.seeds);
+    let blocked = Arc::new(AtomicBool::new(false));
+    let rejoin = Duration::from_millis(options.settings.announce_ms.max(1_000));
+    let task = tokio::spawn(run(
+        socket,
+        membership,
+        options.seeds,
+        rejoin,
+        blocked.clone(),
+        listener,
+    ));
+    Ok(GossipHandle {
+        local_addr,
+        blocked,
+        task,
+    })
+}
+
+/// A timer due at an instant; ordered by due time, then arrival.
+struct Due(Instant, u64, foca::Timer<MemberId>);
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.0, self.1) == (other.0, other.1)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(other.0, other.1))
+    }
+}
+
+async fn run(
+    socket: UdpSocket,
+    mut membership: Membership,
+    seeds: Vec<SocketAddr>,
+    rejoin: Duration,
+    blocked: Arc<AtomicBool>,
+    listener: impl GossipListener,
+) {
+    let mut timers: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut buf = vec![0u8; MAX_PACKET + 1];
+    let mut next_rejoin = Instant::now() + rejoin;
+    loop {
+        for output in membership.drain_outputs() {
+            match output {
+                Output::Send { to, bytes } => {
+                    if !blocked.load(Ordering::SeqCst) {
+                        let _ = socket.send_to(&bytes, to).await;
+                    }
+                }
+                Output::Timer { after, timer } => {
+                    seq += 1;
+                    timers.push(Reverse(Due(Instant::now() + after, seq, timer)));
+                }
+                Output::Event(MembershipEvent::Idle) => {
+                    // Alone: foca's periodic announce has stopped, so the
+                    // driver joins the seeds again at the next rejoin tick.
+                    tracing::info!("gossip: every known member is down; rejoining the seeds");
+                    next_rejoin = Instant::now();
+                }
+                Output::Event(event) => deliver(&listener, event),
+            }
+        }
+        let next_timer = timers.peek().map(|Reverse(d)| d.0).unwrap_or(next_rejoin);
+        tokio::select! {
+            received = socket.recv_from(&mut buf) => {
+                let Ok((len, from)) = received else { continue };
+                if blocked.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if let Err(reason) = membership.handle_packet(from, &buf[..len]) {
+                    tracing::debug!(from = %from, reason = %reason, "gossip packet dropped");
+                }
+            }
+            _ = tokio::time::sleep_until(next_timer.min(next_rejoin)) => {
+                let now = Instant::now();
+                while timers.peek().is_some_and(|Reverse(d)| d.0 <= now) {
+                    let Reverse(Due(_, _, timer)) = timers.pop().expect("peeked");
+                    membership.handle_timer(timer);
+                }
+                if now >= next_rejoin {
+                    next_rejoin = now + rejoin;
+                    // A member left alone merges again with its seeds.
+                    if membership.members().next().is_none() {
+                        membership.join(&seeds);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn deliver(listener: &impl GossipListener, event: MembershipEvent) {
+    match event {
+        MembershipEvent::Down(member) => listener.down(member.node.clone(), member.epoch),
+        MembershipEvent::Up(member) => listener.up(member.node.clone()),
+        MembershipEvent::Renamed { new, .. } => listener.up(new.node.clone()),
+        MembershipEvent::Rejoined(_) | MembershipEvent::Defunct | MembershipEvent::Idle => {
+            tracing::info!(event = ?event, "gossip membership");
+        }
+    }
+}

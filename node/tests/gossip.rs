@@ -1,0 +1,105 @@
+//! Issue 5 with real agents: eight agents gossiping over authenticated UDP
+//! on loopback, one real arbiter. A killed agent's instances leave every
+//! other agent's answers (gossip verdict + the arbiter's own silence); an
+//! agent whose gossip alone is cut keeps its instances (partition inside
+//! the zone: nothing removed).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, Cluster, Http};
+use rollcall_gossip::ZoneKey;
+use rollcall_node::agent::AgentHandle;
+
+const AGENTS: usize = 8;
+
+async fn zone(cluster: &Cluster) -> Vec<AgentHandle> {
+    let key = cluster.dir.path().join("zone.key");
+    std::fs::write(&key, ZoneKey::generate_line(1)).unwrap();
+    let mut agents: Vec<AgentHandle> = Vec::new();
+    for i in 0..AGENTS {
+        let mut config = cluster.agent_config(&format!("node-{i}"));
+        config.gossip.key_file = Some(key.clone());
+        config.gossip.listen = "127.0.0.1:0".parse().unwrap();
+        config.gossip.seeds = agents
+            .first()
+            .map(|a| a.gossip.as_ref().unwrap().local_addr.to_string())
+            .into_iter()
+            .collect();
+        let agent = cluster.agent_with(config).await;
+        let http = Http::of(&agent);
+        http.wait_connected().await;
+        assert_eq!(
+            http.register("web", &format!("web-{i}"), 8000 + i as u16)
+                .await
+                .0,
+            200
+        );
+        agents.push(agent);
+    }
+    for agent in &agents {
+        let http = Http::of(agent);
+        eventually("every agent sees every instance", || async {
+            (http.ready_ids("web").await.map(|v| v.len()) == Some(AGENTS)).then_some(())
+        })
+        .await;
+    }
+    agents
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_leaves_every_answer_through_a_gossip_verdict() {
+    let cluster = Cluster::start().await;
+    let mut agents = zone(&cluster).await;
+    let victim = agents.remove(3);
+    victim.shutdown().await;
+    for agent in &agents {
+        let http = Http::of(agent);
+        eventually("web-3 gone from every answer", || async {
+            let ids = http.ready_ids("web").await?;
+            (!ids.contains(&"web-3".to_owned()) && ids.len() == AGENTS - 1).then_some(())
+        })
+        .await;
+    }
+    // It left through a down verdict, not a lease expiry.
+    let admin = cluster.admin();
+    let (_, audit) = admin.get("/v1/audit?limit=1000").await;
+    let verdicts: Vec<_> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["command"] == "node-down")
+        .collect();
+    assert_eq!(verdicts.len(), 1, "{audit}");
+    assert!(
+        verdicts[0]["detail"].as_str().unwrap().contains("node-3"),
+        "{}",
+        verdicts[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutting_only_an_agents_gossip_removes_nothing() {
+    let cluster = Cluster::start().await;
+    let agents = zone(&cluster).await;
+    let admin = cluster.admin();
+    let before = admin.revision().await;
+    agents[5].gossip.as_ref().unwrap().block(true);
+    // The others declare node-5 down and report it; the arbiter still hears
+    // node-5's session, so it treats this as a partition inside the zone.
+    eventually("down reports refused as a partition", || async {
+        (admin
+            .metric("rollcall_arbiter_down_reports_ignored_total")
+            .await
+            >= 1.0)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for agent in &agents {
+        let ids = Http::of(agent).ready_ids("web").await.unwrap();
+        assert!(ids.contains(&"web-5".to_owned()), "{ids:?}");
+    }
+    assert_eq!(admin.revision().await, before, "nothing was committed");
+}
