@@ -58,6 +58,17 @@ enum Command {
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
+    /// Print a fresh zone key line (`<key id> <64 hex digits>`) for the
+    /// agents' `gossip.key_file`.
+    GossipKey(GossipKeyArgs),
+}
+
+#[derive(Debug, Args)]
+struct GossipKeyArgs {
+    /// The key id (0-255); a rotation's new key needs another id than the
+    /// current one.
+    #[arg(long, default_value_t = 1)]
+    id: u8,
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +266,10 @@ fn main() -> ExitCode {
         Command::Dev(args) => serve(run_dev(args)),
         Command::Audit(args) => serve(audit(args)),
         Command::Drain(args) => serve(drain(args)),
+        Command::GossipKey(args) => {
+            println!("{}", rollcall_gossip::ZoneKey::generate_line(args.id));
+            Ok(ExitCode::SUCCESS)
+        }
     };
     outcome.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");

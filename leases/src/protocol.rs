@@ -257,6 +257,8 @@ pub struct NodeInstance {
     pub generation: Generation,
     /// Its state.
     pub state: State,
+    /// Why it is in that state.
+    pub reason: Reason,
     /// The role of whoever made its last change (agents reconcile only what
     /// agents wrote, never a controller's registrations).
     pub origin: crate::endpoint::Role,

@@ -765,10 +765,23 @@ impl Agent {
                 .find(|l| &l.instance_id == id && l.state != State::Expired);
             let result = match (local.generation, in_catalog) {
                 (Some(g), Some(c)) if c.generation == g => {
-                    if local.committed {
+                    if !local.committed {
+                        self.push_intent(&conn, id).await
+                    } else if local.intent == Intent::Serve
+                        && local.registration.checks.is_none()
+                        && c.state == State::Unhealthy
+                        && c.reason.as_str().starts_with("node down")
+                    {
+                        // A down verdict marked it while this node was away;
+                        // without checks it serves while the node's lease holds.
+                        self.want(
+                            id,
+                            State::Ready,
+                            "node back: its agent holds the lease again",
+                        );
                         Ok(())
                     } else {
-                        self.push_intent(&conn, id).await
+                        Ok(())
                     }
                 }
                 (Some(g), Some(c)) => {

@@ -77,6 +77,21 @@ async fn a_killed_agent_leaves_every_answer_through_a_gossip_verdict() {
         "{}",
         verdicts[0]
     );
+
+    // The node comes back only through its own agent: a new run, same data
+    // directory, re-grants the lease and restores its instance.
+    let mut config = cluster.agent_config("node-3");
+    config.gossip.key_file = Some(cluster.dir.path().join("zone.key"));
+    config.gossip.listen = "127.0.0.1:0".parse().unwrap();
+    config.gossip.seeds = vec![agents[0].gossip.as_ref().unwrap().local_addr.to_string()];
+    let back = cluster.agent_with(config).await;
+    for agent in agents.iter().chain(std::iter::once(&back)) {
+        let http = Http::of(agent);
+        eventually("web-3 back in every answer", || async {
+            (http.ready_ids("web").await.map(|v| v.len()) == Some(AGENTS)).then_some(())
+        })
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -522,6 +522,7 @@ impl Core {
                         instance_id: r.instance_id.clone(),
                         generation: r.generation,
                         state: r.state,
+                        reason: r.reason.clone(),
                         origin: r.origin.role,
                     })
                     .collect();
