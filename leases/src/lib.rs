@@ -32,6 +32,7 @@ pub mod lease;
 pub mod name;
 pub mod params;
 pub mod protocol;
+pub mod raft;
 pub mod secret;
 pub mod server;
 pub mod snapshot;
