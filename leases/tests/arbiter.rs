@@ -377,7 +377,7 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
         }
     };
     let (_ca_client, a, _aw, _ar) = session("node-a").await;
-    let (b_client, b, mut bw, br) = session("node-b").await;
+    let (b_client, b, bw, br) = session("node-b").await;
     let reg = Registration {
         instance_id: InstanceId::new("b-web-1").unwrap(),
         service: service(),
@@ -400,21 +400,30 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
         epoch: AgentEpoch(epoch),
     };
 
-    // node-b keeps its session alive: gossip alone removes nothing.
-    bw.send(&SessionUp::Keepalive).await.unwrap();
+    // node-b keeps its session alive: gossip alone removes nothing. The
+    // report is held until the silence would be long enough, and hearing
+    // node-b meanwhile settles it as a partition.
     let before = revision(&server).await;
+    let keepalive = tokio::spawn(async move {
+        let mut bw = bw;
+        for _ in 0..10 {
+            bw.send(&SessionUp::Keepalive).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bw
+    });
     match a.request(&report(7)).await.unwrap() {
         Response::Rejected { message, .. } => {
             assert!(message.contains("partition inside the zone"), "{message}")
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
+    let bw = keepalive.await.unwrap();
     assert_eq!(revision(&server).await, before);
     assert!(metric(&server, "rollcall_arbiter_down_reports_ignored_total").await >= 1.0);
 
     // node-b goes silent (its process is gone): both signals agree.
     drop((bw, br, b, b_client));
-    tokio::time::sleep(Duration::from_millis(400)).await;
     // A verdict about an older epoch changes nothing.
     assert!(matches!(
         a.request(&report(6)).await.unwrap(),

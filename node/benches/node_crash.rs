@@ -25,11 +25,17 @@ use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
 use rollcall_node::agent::{Agent, AgentHandle, Lookup};
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -38,7 +44,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn report(name: &str, mut v: Vec<f64>) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("{name}: n={} p50={:.0} ms p99={:.0} ms max={:.0} ms", v.len(), percentile(&v, 0.5), percentile(&v, 0.99), v.last().unwrap());
+    println!(
+        "{name}: n={} p50={:.0} ms p99={:.0} ms max={:.0} ms",
+        v.len(),
+        percentile(&v, 0.5),
+        percentile(&v, 0.99),
+        v.last().unwrap()
+    );
 }
 
 struct Fleet {
@@ -69,7 +81,11 @@ impl Fleet {
 
     async fn start(&self, i: usize, seed: Option<SocketAddr>) -> AgentHandle {
         let config = self.config(i, seed);
-        let identity = Identity::new(Label::new("r1").unwrap(), Role::Agent, PrincipalName::new(&config.node_id).unwrap());
+        let identity = Identity::new(
+            Label::new("r1").unwrap(),
+            Role::Agent,
+            PrincipalName::new(&config.node_id).unwrap(),
+        );
         let tls = TlsMaterial::from_issued(&self.ca, &self.ca.issue(&identity, &[], &[]).unwrap());
         Agent::start(config, Some(&tls)).await.unwrap()
     }
@@ -77,14 +93,22 @@ impl Fleet {
 
 fn offers(agent: &Agent, key: &ServiceKey, node: &str) -> bool {
     match agent.lookup(key) {
-        Lookup::Serve(a) => a.selection.candidates.iter().any(|c| c.record.node_id.as_str() == node),
+        Lookup::Serve(a) => a
+            .selection
+            .candidates
+            .iter()
+            .any(|c| c.record.node_id.as_str() == node),
         _ => false,
     }
 }
 
 fn main() {
     rollcall_leases::tls::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(run());
 }
 
@@ -93,21 +117,43 @@ async fn run() {
     let crashes = env("CRASHES", 100);
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let arbiter_tls = TlsMaterial::from_issued(&ca, &ca.issue(&Identity::new(Label::new("r1").unwrap(), Role::Arbiter, PrincipalName::new("arbiter-1").unwrap()), &[], &[]).unwrap());
+    let arbiter_tls = TlsMaterial::from_issued(
+        &ca,
+        &ca.issue(
+            &Identity::new(
+                Label::new("r1").unwrap(),
+                Role::Arbiter,
+                PrincipalName::new("arbiter-1").unwrap(),
+            ),
+            &[],
+            &[],
+        )
+        .unwrap(),
+    );
     let arbiter_config = ArbiterConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.path().join("arbiter"),
         ..ArbiterConfig::default()
     };
-    let server = ArbiterServer::start(arbiter_config, &arbiter_tls).await.unwrap();
+    let server = ArbiterServer::start(arbiter_config, &arbiter_tls)
+        .await
+        .unwrap();
     let key = dir.path().join("zone.key");
     std::fs::write(&key, ZoneKey::generate_line(1)).unwrap();
-    let fleet = Fleet { ca, dir, arbiter: server.quic_addr, key };
+    let fleet = Fleet {
+        ca,
+        dir,
+        arbiter: server.quic_addr,
+        key,
+    };
     let web = ServiceKey::new("default", "web", "default").unwrap();
     let client = reqwest::Client::new();
     let admin = format!("http://{}", server.admin_addr);
-    let token = std::fs::read_to_string(&server.token_file).unwrap().trim().to_owned();
+    let token = std::fs::read_to_string(&server.token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
 
     let mut agents: Vec<Option<AgentHandle>> = Vec::new();
     let mut seed = None;
@@ -115,7 +161,13 @@ async fn run() {
         let a = fleet.start(i, seed).await;
         seed = seed.or(a.gossip.as_ref().map(|g| g.local_addr));
         let body = serde_json::json!({"service": "web", "instance_id": format!("web-{i:02}"), "address": "127.0.0.1", "port": 9000 + i});
-        client.put(format!("http://{}/v1/agent/instances", a.http_addr)).bearer_auth(a.agent.token()).json(&body).send().await.unwrap();
+        client
+            .put(format!("http://{}/v1/agent/instances", a.http_addr))
+            .bearer_auth(a.agent.token())
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         agents.push(Some(a));
     }
     let all_offer = |agents: &Vec<Option<AgentHandle>>, n: usize| {
@@ -139,7 +191,9 @@ async fn run() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("{agents_n} agents up, each offering {agents_n} endpoints; lan preset; {crashes} crashes");
+    println!(
+        "{agents_n} agents up, each offering {agents_n} endpoints; lan preset; {crashes} crashes"
+    );
 
     let mut to_commit = Vec::new();
     let mut to_last_agent = Vec::new();
@@ -152,7 +206,11 @@ async fn run() {
         let t0 = Instant::now();
         victim.shutdown().await;
         loop {
-            if !agents.iter().flatten().any(|a| offers(&a.agent, &web, &node)) {
+            if !agents
+                .iter()
+                .flatten()
+                .any(|a| offers(&a.agent, &web, &node))
+            {
                 to_last_agent.push(t0.elapsed().as_secs_f64() * 1e3);
                 break;
             }
@@ -162,8 +220,25 @@ async fn run() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let audit: serde_json::Value = client.get(format!("{admin}/v1/audit?limit=10000")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
-        if let Some(at) = audit.as_array().unwrap().iter().filter(|e| e["command"] == "node-down" && e["detail"].as_str().unwrap_or("").contains(&node)).filter_map(|e| e["at_ms"].as_u64()).find(|t| *t >= crash_ms) {
+        let audit: serde_json::Value = client
+            .get(format!("{admin}/v1/audit?limit=10000"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(at) = audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["command"] == "node-down" && e["detail"].as_str().unwrap_or("").contains(&node)
+            })
+            .filter_map(|e| e["at_ms"].as_u64())
+            .find(|t| *t >= crash_ms)
+        {
             to_commit.push((at - crash_ms) as f64);
         }
         // Restart it: a new agent run with the same data directory.
@@ -173,9 +248,28 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let audit: serde_json::Value = client.get(format!("{admin}/v1/audit?limit=10000")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
-    let verdicts = audit.as_array().unwrap().iter().filter(|e| e["command"] == "node-down").count();
+    let audit: serde_json::Value = client
+        .get(format!("{admin}/v1/audit?limit=10000"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let verdicts = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["command"] == "node-down")
+        .count();
     report("(a) crash -> arbiter commits the down verdict", to_commit);
-    report("(b) crash -> last agent stops offering the endpoint", to_last_agent);
-    println!("down verdicts committed: {verdicts} for {crashes} crashes (false removals: {})", verdicts.saturating_sub(crashes));
+    report(
+        "(b) crash -> last agent stops offering the endpoint",
+        to_last_agent,
+    );
+    println!(
+        "down verdicts committed: {verdicts} for {crashes} crashes (false removals: {})",
+        verdicts.saturating_sub(crashes)
+    );
 }

@@ -116,6 +116,15 @@ enum Then {
     Nothing,
 }
 
+/// A gossip down report waiting for the arbiter's own silence signal.
+struct PendingDown {
+    epoch: AgentEpoch,
+    reporters: Vec<NodeId>,
+    reported_at: u64,
+    identity: Identity,
+    replies: Vec<oneshot::Sender<Response>>,
+}
+
 struct Waiter {
     service: ServiceKey,
     revision: Revision,
@@ -135,6 +144,7 @@ pub struct Core {
     last_heard: HashMap<NodeId, u64>,
     wakes: BTreeMap<u64, Vec<AgentId>>,
     waiters: Vec<Waiter>,
+    pending_downs: HashMap<NodeId, PendingDown>,
     expiring: HashMap<NodeId, u64>,
     log_since_compaction: u64,
     next_purge_ms: u64,
@@ -178,6 +188,7 @@ impl Core {
             last_heard: HashMap::default(),
             wakes: BTreeMap::new(),
             waiters: Vec::new(),
+            pending_downs: HashMap::default(),
             expiring: HashMap::default(),
             log_since_compaction: log_len,
             me,
@@ -488,29 +499,26 @@ impl Core {
                 epoch,
             }) => {
                 // The second signal (R4): this arbiter's own session with the
-                // node must have been silent for silence_ms.
-                let silence = self.config.lease.silence_ms;
-                let heard = self.last_heard.get(&node).map(|t| now.saturating_sub(*t));
-                match heard {
-                    Some(ago) if ago < silence => {
-                        self.metrics.down_reports_ignored.inc();
-                        tracing::warn!(node = %node, reporter = %reporter, last_heard_ms = ago, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
-                        let message = format!("node {node}'s session with this arbiter is alive (heard {ago} ms ago, silence threshold {silence} ms): treated as a partition inside the zone; nothing removed");
-                        let _ = reply.send(Response::Rejected {
-                            kind: RejectKind::Invalid,
-                            message,
-                        });
-                    }
-                    _ => {
-                        let command = Command::NodeDown {
-                            node,
-                            epoch,
-                            reporters: vec![reporter],
-                        };
-                        proposals
-                            .push((self.envelope(&identity, command, now), Then::Reply(reply)));
-                    }
+                // node must be silent for silence_ms. Gossip may be faster
+                // than that, so the report waits until the silence would be
+                // long enough; hearing the node meanwhile means a partition.
+                let held = self
+                    .pending_downs
+                    .entry(node.clone())
+                    .or_insert_with(|| PendingDown {
+                        epoch,
+                        reporters: Vec::new(),
+                        reported_at: now,
+                        identity: identity.clone(),
+                        replies: Vec::new(),
+                    });
+                if !held.reporters.contains(&reporter)
+                    && held.reporters.len() < crate::command::MAX_REPORTERS
+                {
+                    held.reporters.push(reporter);
                 }
+                held.replies.push(reply);
+                self.decide_downs(now, proposals);
             }
             Ok(Authorized::List(node)) => {
                 let instances = self
@@ -807,7 +815,54 @@ impl Core {
     }
 
     /// Lease deadlines and purges: the leader's own proposals.
+    /// Settles held down reports: heard again since the report → a
+    /// partition inside the zone, nothing removed; silent for silence_ms →
+    /// the verdict is proposed (both signals agree).
+    fn decide_downs(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
+        let silence = self.config.lease.silence_ms;
+        let nodes: Vec<NodeId> = self.pending_downs.keys().cloned().collect();
+        for node in nodes {
+            let heard = self.last_heard.get(&node).copied();
+            let reported_at = self.pending_downs[&node].reported_at;
+            if heard.is_some_and(|t| t > reported_at) {
+                let held = self.pending_downs.remove(&node).expect("listed above");
+                self.metrics.down_reports_ignored.inc();
+                let ago = now.saturating_sub(heard.unwrap_or(now));
+                tracing::warn!(node = %node, reporters = ?held.reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+                let message = format!("node {node}'s session with this arbiter is alive (heard {ago} ms ago): treated as a partition inside the zone; nothing removed");
+                for reply in held.replies {
+                    let _ = reply.send(Response::Rejected {
+                        kind: RejectKind::Invalid,
+                        message: message.clone(),
+                    });
+                }
+            } else if heard.is_none_or(|t| now.saturating_sub(t) >= silence) {
+                let held = self.pending_downs.remove(&node).expect("listed above");
+                let command = Command::NodeDown {
+                    node,
+                    epoch: held.epoch,
+                    reporters: held.reporters,
+                };
+                let mut replies = held.replies.into_iter();
+                let first = replies.next();
+                let envelope = self.envelope(&held.identity, command, now);
+                match first {
+                    Some(reply) => proposals.push((envelope, Then::Reply(reply))),
+                    None => proposals.push((envelope, Then::Nothing)),
+                }
+                for reply in replies {
+                    let _ = reply.send(Response::Committed {
+                        revision: None,
+                        generation: None,
+                        state: None,
+                    });
+                }
+            }
+        }
+    }
+
     fn sweep(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
+        self.decide_downs(now, proposals);
         let due = self
             .catalog
             .leases()
