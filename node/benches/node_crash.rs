@@ -61,7 +61,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn config(&self, i: usize, seed: Option<SocketAddr>) -> AgentConfig {
+    fn config(&self, i: usize, seed: Option<SocketAddr>, gossip: SocketAddr) -> AgentConfig {
         let mut c = AgentConfig {
             node_id: format!("node-{i:02}"),
             data_dir: self.dir.path().join(format!("agent-{i:02}")),
@@ -74,13 +74,15 @@ impl Fleet {
             ..AgentConfig::default()
         };
         c.gossip.key_file = Some(self.key.clone());
-        c.gossip.listen = "127.0.0.1:0".parse().unwrap();
+        c.gossip.listen = gossip;
         c.gossip.seeds = seed.into_iter().map(|s| s.to_string()).collect();
         c
     }
 
-    async fn start(&self, i: usize, seed: Option<SocketAddr>) -> AgentHandle {
-        let config = self.config(i, seed);
+    /// Starts agent `i`; `gossip` is its gossip address (port 0 the first
+    /// time; a restart keeps the address, as a real agent's fixed port does).
+    async fn start(&self, i: usize, seed: Option<SocketAddr>, gossip: SocketAddr) -> AgentHandle {
+        let config = self.config(i, seed, gossip);
         let identity = Identity::new(
             Label::new("r1").unwrap(),
             Role::Agent,
@@ -158,7 +160,7 @@ async fn run() {
     let mut agents: Vec<Option<AgentHandle>> = Vec::new();
     let mut seed = None;
     for i in 0..agents_n {
-        let a = fleet.start(i, seed).await;
+        let a = fleet.start(i, seed, "127.0.0.1:0".parse().unwrap()).await;
         seed = seed.or(a.gossip.as_ref().map(|g| g.local_addr));
         let body = serde_json::json!({"service": "web", "instance_id": format!("web-{i:02}"), "address": "127.0.0.1", "port": 9000 + i});
         client
@@ -202,6 +204,7 @@ async fn run() {
         let i = (k * 7) % agents_n;
         let node = format!("node-{i:02}");
         let victim = agents[i].take().unwrap();
+        let gossip_addr = victim.gossip.as_ref().unwrap().local_addr;
         let crash_ms = unix_ms();
         let t0 = Instant::now();
         victim.shutdown().await;
@@ -242,7 +245,7 @@ async fn run() {
             to_commit.push((at - crash_ms) as f64);
         }
         // Restart it: a new agent run with the same data directory.
-        agents[i] = Some(fleet.start(i, seed).await);
+        agents[i] = Some(fleet.start(i, seed, gossip_addr).await);
         let back = Instant::now();
         while !all_offer(&agents, agents_n) && back.elapsed() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
