@@ -33,6 +33,7 @@ pub mod name;
 pub mod params;
 pub mod protocol;
 pub mod raft;
+mod redb_file;
 pub mod secret;
 pub mod server;
 pub mod snapshot;

@@ -23,7 +23,6 @@
 //! crash leaves either all of an `append` or `compact` or none of it.
 
 use std::fmt;
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -40,6 +39,7 @@ use crate::endpoint::Principal;
 use crate::ids::Revision;
 use crate::name::{InstanceId, ServiceKey};
 use crate::params::CatalogParams;
+use crate::redb_file::{self, OpenFailure};
 use crate::snapshot::{CatalogSnapshot, SnapshotError};
 
 /// The file inside the data directory.
@@ -475,26 +475,14 @@ impl Store {
     /// damaged outside redb is refused with an error instead of trusted.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         options.validate()?;
-        let dir_error = |source| StoreError::Directory {
-            path: dir.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(dir_error)?;
-        let path = dir.join(DB_FILE);
-        let db = redb::Builder::new()
-            .set_check_integrity_on_open(true)
-            .create(&path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => StoreError::Locked { path: path.clone() },
-                other => StoreError::Open {
-                    path: path.clone(),
-                    source: Box::new(other),
-                },
-            })?;
-        // A new file's directory entry is durable only once the directory is.
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(dir_error)?;
+        let (db, path) = redb_file::open(dir, DB_FILE).map_err(|failure| match failure {
+            OpenFailure::Directory(source) => StoreError::Directory {
+                path: dir.to_path_buf(),
+                source,
+            },
+            OpenFailure::Locked(path) => StoreError::Locked { path },
+            OpenFailure::Open(path, source) => StoreError::Open { path, source },
+        })?;
         let store = Store { db, path, options };
         store.prepare()?;
         Ok(store)

@@ -14,13 +14,14 @@
 //! tokio's blocking pool (`blocking`) so an fsync never stalls a runtime
 //! worker; reads are short and run inline.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{Database, DatabaseError, Durability, ReadableTable, TableDefinition, WriteTransaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use crate::redb_file::{self, OpenFailure};
 
 /// The file inside the data directory.
 pub const RAFT_DB_FILE: &str = "raft.redb";
@@ -129,26 +130,14 @@ impl RaftDb {
     /// Opens `dir/raft.redb`, creating the directory and file if needed,
     /// checking every page checksum and the layout version.
     pub(super) fn open(dir: &Path) -> Result<Arc<RaftDb>, RaftStoreError> {
-        let dir_error = |source| RaftStoreError::Directory {
-            path: dir.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(dir_error)?;
-        let path = dir.join(RAFT_DB_FILE);
-        let db = redb::Builder::new()
-            .set_check_integrity_on_open(true)
-            .create(&path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => RaftStoreError::Locked { path: path.clone() },
-                other => RaftStoreError::Open {
-                    path: path.clone(),
-                    source: Box::new(other),
-                },
-            })?;
-        // A new file's directory entry is durable only once the directory is.
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(dir_error)?;
+        let (db, path) = redb_file::open(dir, RAFT_DB_FILE).map_err(|failure| match failure {
+            OpenFailure::Directory(source) => RaftStoreError::Directory {
+                path: dir.to_path_buf(),
+                source,
+            },
+            OpenFailure::Locked(path) => RaftStoreError::Locked { path },
+            OpenFailure::Open(path, source) => RaftStoreError::Open { path, source },
+        })?;
         let db = RaftDb { db, path };
         db.prepare()?;
         Ok(Arc::new(db))
