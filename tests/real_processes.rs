@@ -153,17 +153,17 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         .enable_all()
         .build()
         .unwrap();
-    for i in 0..AGENTS {
+    for (i, &port) in http.iter().enumerate() {
         let token_file = d.join(format!("agent-{i}")).join("agent.token");
         wait_for("agent connected", || {
-            get(&format!("http://127.0.0.1:{}/v1/status", http[i]))
+            get(&format!("http://127.0.0.1:{port}/v1/status"))
                 .is_some_and(|s| s["arbiter"]["connected"] == true)
         });
         let token = std::fs::read_to_string(&token_file).unwrap();
         let body = serde_json::json!({"service": "web", "instance_id": format!("web-{i}"), "address": "127.0.0.1", "port": 9000 + i});
         let status = rt.block_on(async {
             reqwest::Client::new()
-                .put(format!("http://127.0.0.1:{}/v1/agent/instances", http[i]))
+                .put(format!("http://127.0.0.1:{port}/v1/agent/instances"))
                 .bearer_auth(token.trim())
                 .json(&body)
                 .send()

@@ -80,8 +80,6 @@ pub struct ServiceMemory {
     /// The last non-empty READY set.
     last_ready: Vec<InstanceId>,
     ejections: HashMap<InstanceId, Ejection>,
-    /// Counters for metrics.
-    pub ejections_total: u64,
 }
 
 impl ServiceMemory {
@@ -212,7 +210,6 @@ impl ServiceMemory {
         e.until_ms = Some(now_ms + time);
         e.times += 1;
         e.failures = 0;
-        self.ejections_total += 1;
         true
     }
 

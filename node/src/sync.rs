@@ -157,11 +157,6 @@ impl Sync {
         }
     }
 
-    /// Whether a session is up.
-    pub fn is_connected(&self) -> bool {
-        self.connected
-    }
-
     /// Subscribes again after a `RetryLater` wait.
     pub fn retry(&mut self, service: &ServiceKey, out: &mut Vec<SyncOut>) {
         if let (true, Some(t)) = (self.connected, self.services.get(service)) {
