@@ -52,6 +52,8 @@ pub struct ArbiterConfig {
     pub distribution: DistributionConfig,
     /// `[store]`: durable storage in `data_dir`.
     pub store: StoreConfig,
+    /// `[raft]`: this replica's place in its Raft group.
+    pub raft: RaftConfig,
     /// `[tls]`: this replica's mTLS files. Required by `rollcall arbiter`;
     /// `rollcall dev` makes its own.
     pub tls: Option<TlsPaths>,
@@ -77,6 +79,7 @@ impl Default for ArbiterConfig {
             delta_log: DeltaLogConfig::default(),
             distribution: DistributionConfig::default(),
             store: StoreConfig::default(),
+            raft: RaftConfig::default(),
             tls: None,
             controllers: Vec::new(),
             watch_rules: Vec::new(),
@@ -268,6 +271,68 @@ impl Default for StoreConfig {
     }
 }
 
+/// `[raft]`: replication of the catalog over a Raft group of 1, 3 or 5
+/// replicas (openraft). One replica is a group of one: it elects itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftConfig {
+    /// This replica's id in the group, at least 1; stable for its life (a
+    /// wiped replica that rejoins keeps it). Default 1.
+    pub id: u64,
+    /// `[[raft.replicas]]`: the group as it starts, the same list on every
+    /// replica. Empty (the default) means this replica alone, at `listen`.
+    /// Only the lowest id initializes a new group; later changes go through
+    /// `rollcall cluster add|remove`, not this list.
+    pub replicas: Vec<ReplicaEntry>,
+    /// How often the leader sends heartbeats, in ms. Default 100.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in
+    /// [election_min_ms, election_max_ms) starts an election. Default 400.
+    pub election_min_ms: u64,
+    /// Upper end of the election timeout, in ms. Default 800.
+    pub election_max_ms: u64,
+    /// A write not committed within this long is refused as unavailable
+    /// (the group has no quorum); the agent keeps it pending. Default 3000.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        Self {
+            id: 1,
+            replicas: Vec::new(),
+            heartbeat_ms: 100,
+            election_min_ms: 400,
+            election_max_ms: 800,
+            write_timeout_ms: 3_000,
+        }
+    }
+}
+
+/// One `[[raft.replicas]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaEntry {
+    /// The replica's id (`raft.id` in its own config).
+    pub id: u64,
+    /// Its QUIC `host:port` (its `listen`), where peers and agents reach it.
+    pub addr: String,
+}
+
+impl RaftConfig {
+    /// The starting group: `replicas`, or this replica alone at `listen`.
+    pub fn members(&self, listen: SocketAddr) -> Vec<ReplicaEntry> {
+        if self.replicas.is_empty() {
+            vec![ReplicaEntry {
+                id: self.id,
+                addr: listen.to_string(),
+            }]
+        } else {
+            self.replicas.clone()
+        }
+    }
+}
+
 impl ConfigFile for ArbiterConfig {
     /// Checks every rule; the first broken one is returned, naming its full
     /// dotted field path (`arbiter.…`).
@@ -307,6 +372,7 @@ impl ConfigFile for ArbiterConfig {
             self.store.purge_interval_ms,
             1_000,
         )?;
+        self.validate_raft()?;
         if let Some(tls) = &self.tls {
             tls.validate("arbiter.tls")?;
         }
@@ -315,6 +381,65 @@ impl ConfigFile for ArbiterConfig {
 }
 
 impl ArbiterConfig {
+    fn validate_raft(&self) -> Result<(), ConfigError> {
+        let raft = &self.raft;
+        rules::at_least("arbiter.raft.id", raft.id, 1)?;
+        for (i, r) in raft.replicas.iter().enumerate() {
+            rules::at_least(&format!("arbiter.raft.replicas[{i}].id"), r.id, 1)?;
+            if raft.replicas[..i].iter().any(|o| o.id == r.id) {
+                return Err(ConfigError::invalid(
+                    format!("arbiter.raft.replicas[{i}].id"),
+                    r.id,
+                    "is listed twice",
+                ));
+            }
+            let port_ok = r
+                .addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(ConfigError::invalid(
+                    format!("arbiter.raft.replicas[{i}].addr"),
+                    format!("{:?}", r.addr),
+                    "must be host:port",
+                ));
+            }
+        }
+        if !raft.replicas.is_empty() && !raft.replicas.iter().any(|r| r.id == raft.id) {
+            return Err(ConfigError::invalid(
+                "arbiter.raft.replicas",
+                format!("{} entries", raft.replicas.len()),
+                format!("must list this replica (raft.id = {})", raft.id),
+            ));
+        }
+        rules::at_least("arbiter.raft.heartbeat_ms", raft.heartbeat_ms, 10)?;
+        if raft.election_min_ms <= raft.heartbeat_ms {
+            return Err(ConfigError::invalid(
+                "arbiter.raft.election_min_ms",
+                raft.election_min_ms,
+                format!("must be above heartbeat_ms = {}", raft.heartbeat_ms),
+            ));
+        }
+        if raft.election_max_ms <= raft.election_min_ms {
+            return Err(ConfigError::invalid(
+                "arbiter.raft.election_max_ms",
+                raft.election_max_ms,
+                format!("must be above election_min_ms = {}", raft.election_min_ms),
+            ));
+        }
+        if raft.write_timeout_ms < raft.election_max_ms {
+            return Err(ConfigError::invalid(
+                "arbiter.raft.write_timeout_ms",
+                raft.write_timeout_ms,
+                format!(
+                    "must be at least election_max_ms = {}: a write must outlive one election",
+                    raft.election_max_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_lease(&self) -> Result<(), ConfigError> {
         let lease = &self.lease;
         rules::at_least("arbiter.lease.ttl_ms", lease.ttl_ms, RENEWALS_PER_TTL)?;

@@ -25,7 +25,7 @@ mod security;
 pub use agent::AgentConfig;
 pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
-    StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
+    RaftConfig, ReplicaEntry, StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
 };
 pub use bridge::{BridgeConfig, BridgePeer};
 pub use budget::{

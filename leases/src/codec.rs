@@ -29,7 +29,7 @@ use crate::lease::Lease;
 use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
-use crate::protocol::{Request, Response, SessionDown, SessionUp};
+use crate::protocol::{PeerRequest, PeerResponse, Request, Response, SessionDown, SessionUp};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
 /// The format version written in the first byte of every frame.
@@ -47,6 +47,9 @@ pub const MAX_CATALOG_SNAPSHOT_BYTES: usize = 512 * 1024 * 1024;
 pub const MAX_SMALL_MESSAGE_BYTES: usize = 64 * 1024;
 /// Largest session message from an arbiter (an update carrying snapshots).
 pub const MAX_SESSION_DOWN_BYTES: usize = 64 * 1024 * 1024;
+/// Largest message between replicas: a batch of log entries or one
+/// snapshot chunk (openraft's `snapshot_max_chunk_size` stays below it).
+pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// What a frame holds (its second byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +71,10 @@ pub enum FrameKind {
     Request = 7,
     /// A `protocol::Response`.
     Response = 8,
+    /// A `protocol::PeerRequest`.
+    PeerRequest = 9,
+    /// A `protocol::PeerResponse`.
+    PeerResponse = 10,
 }
 
 impl FrameKind {
@@ -81,6 +88,8 @@ impl FrameKind {
             FrameKind::SessionDown => "session message from an arbiter",
             FrameKind::Request => "request",
             FrameKind::Response => "response",
+            FrameKind::PeerRequest => "request from a peer replica",
+            FrameKind::PeerResponse => "response from a peer replica",
         }
     }
 }
@@ -330,6 +339,23 @@ pub fn encode_response(m: &Response) -> Vec<u8> {
 /// Decodes a response.
 pub fn decode_response(bytes: &[u8]) -> Result<Response, CodecError> {
     unframe(bytes, FrameKind::Response, MAX_SMALL_MESSAGE_BYTES)
+}
+
+/// Encodes a message to a peer replica.
+pub fn encode_peer_request(m: &PeerRequest) -> Vec<u8> {
+    frame(FrameKind::PeerRequest, m)
+}
+/// Decodes a message from a peer replica.
+pub fn decode_peer_request(bytes: &[u8]) -> Result<PeerRequest, CodecError> {
+    unframe(bytes, FrameKind::PeerRequest, MAX_PEER_MESSAGE_BYTES)
+}
+/// Encodes an answer to a peer replica.
+pub fn encode_peer_response(m: &PeerResponse) -> Vec<u8> {
+    frame(FrameKind::PeerResponse, m)
+}
+/// Decodes an answer from a peer replica.
+pub fn decode_peer_response(bytes: &[u8]) -> Result<PeerResponse, CodecError> {
+    unframe(bytes, FrameKind::PeerResponse, MAX_PEER_MESSAGE_BYTES)
 }
 
 /// Why a frame could not be read from a stream.

@@ -141,6 +141,23 @@ impl DeltaLog {
         )
     }
 
+    /// The services changed after revision `after`, each once, or `None`
+    /// when the log no longer reaches back that far.
+    pub fn services_after(&self, after: Revision) -> Option<Vec<ServiceKey>> {
+        if after < self.floor {
+            return None;
+        }
+        let start = self.entries.partition_point(|d| d.revision <= after);
+        let mut services: Vec<ServiceKey> = self
+            .entries
+            .range(start..)
+            .map(|d| d.service.clone())
+            .collect();
+        services.sort();
+        services.dedup();
+        Some(services)
+    }
+
     /// Every change above this revision is retained.
     pub fn floor(&self) -> Revision {
         self.floor

@@ -17,6 +17,7 @@
 //! - `codec`: the only encoder and decoder.
 //! - `params`: what every replica of a shard must agree on.
 
+pub mod audit;
 pub mod catalog;
 pub mod client;
 pub mod codec;
@@ -37,7 +38,7 @@ mod redb_file;
 pub mod secret;
 pub mod server;
 pub mod snapshot;
-pub mod store;
+
 pub mod tls;
 pub mod view;
 

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod connection;
 pub mod core;
 pub mod metrics;
+pub mod peer;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,9 +22,11 @@ use tokio::task::JoinHandle;
 
 use crate::ids::ShardId;
 use crate::params::CatalogParams;
-use crate::server::core::Core;
+use crate::raft::{self, CatalogRaftNode, RaftStoreError, ReplicaId};
+use crate::server::connection::PeerContext;
+use crate::server::core::{Core, Replica};
 use crate::server::metrics::Metrics;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::server::peer::{Peers, RaftNet};
 use crate::tls::{self, TlsError, TlsMaterial};
 
 /// Why the arbiter could not start.
@@ -32,9 +35,12 @@ pub enum ServerError {
     /// The config holds a value this crate cannot use.
     #[error("arbiter config: {0}")]
     Config(String),
-    /// Storage could not be opened or recovered.
+    /// Raft storage could not be opened or recovered.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] RaftStoreError),
+    /// openraft refused to start.
+    #[error("raft: {0}")]
+    Raft(String),
     /// TLS material is unusable.
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -53,58 +59,43 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Io { what, source }
 }
 
-/// A running arbiter.
+/// A running arbiter replica.
 pub struct ArbiterServer {
-    /// The QUIC address agents connect to.
+    /// The QUIC address agents and peer replicas connect to.
     pub quic_addr: SocketAddr,
     /// The admin HTTP address.
     pub admin_addr: SocketAddr,
     /// The operator token file.
     pub token_file: PathBuf,
+    /// This replica's Raft id.
+    pub replica_id: ReplicaId,
+    raft: CatalogRaftNode,
+    peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl ArbiterServer {
-    /// Recovers the catalog from `config.data_dir` and starts serving.
-    /// Every lease gets one TTL of grace from now (R3).
+    /// Opens this replica's Raft storage in `config.data_dir` and starts
+    /// serving. A new group is initialized by its lowest-id replica from
+    /// `raft.replicas`; the catalog is what the log and snapshot hold.
     pub async fn start(
         config: ArbiterConfig,
         material: &TlsMaterial,
     ) -> Result<ArbiterServer, ServerError> {
         let params = CatalogParams::from_config(&config, ShardId(0))
             .map_err(|e| ServerError::Config(e.to_string()))?;
+        let region = params.region.clone();
         std::fs::create_dir_all(&config.data_dir).map_err(io(format!(
             "creating data directory {}",
             config.data_dir.display()
         )))?;
-        let options = StoreOptions {
-            audit_max_entries: config.store.audit_max_entries,
-            compact_every: config.store.compact_every,
-        };
-        let store = Arc::new(Store::open(&config.data_dir, options)?);
-        let recovered = store.recover(params)?;
-        let log_len = store.log_len()?;
-        tracing::info!(
-            revision = %recovered.catalog.revision(),
-            snapshot = %recovered.snapshot_revision,
-            replayed = recovered.replayed,
-            "catalog recovered"
-        );
+        let (log, state_machine) = raft::open(&config.data_dir, params)?;
+        let state_machine = state_machine.with_audit_limit(config.store.audit_max_entries);
+        let applied = state_machine.catalog();
         let token_file = config.data_dir.join("admin.token");
         let token = crate::secret::ensure_token(&token_file)
             .map_err(io(format!("writing {}", token_file.display())))?;
-
-        let metrics = Arc::new(Metrics::new());
-        let (core_tx, core_rx) = mpsc::channel(65_536);
-        let core = Core::new(
-            config.clone(),
-            recovered.catalog,
-            store.clone(),
-            metrics.clone(),
-            log_len,
-        );
-        let mut tasks = vec![tokio::spawn(core.run(core_rx))];
 
         let mut server_config = tls::server_config(material)?;
         let mut transport = quinn::TransportConfig::default();
@@ -123,40 +114,110 @@ impl ArbiterServer {
         let quic_addr = endpoint
             .local_addr()
             .map_err(io("reading the QUIC listener address"))?;
-        tasks.push(tokio::spawn(connection::accept_loop(
-            endpoint.clone(),
-            core_tx.clone(),
-        )));
-
         let admin = tokio::net::TcpListener::bind(config.admin)
             .await
             .map_err(io(format!("binding admin listener {}", config.admin)))?;
         let admin_addr = admin
             .local_addr()
             .map_err(io("reading the admin listener address"))?;
-        let app = admin::router(core_tx, store, metrics, token);
+
+        let peers =
+            Peers::new(material, region.clone()).map_err(io("binding the peer client socket"))?;
+        let raft_config = raft_config(&config)?;
+        let id = config.raft.id;
+        let node = openraft::Raft::new(id, raft_config, RaftNet(peers.clone()), log, state_machine)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        let mut members = config.raft.members(quic_addr);
+        if config.raft.replicas.is_empty() {
+            // A group of one lives wherever it is bound (port 0 in tests).
+            members[0].addr = quic_addr.to_string();
+        }
+        let first = members.iter().map(|m| m.id).min() == Some(id);
+        let initialized = node
+            .is_initialized()
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        if first && !initialized {
+            let nodes: std::collections::BTreeMap<ReplicaId, openraft::BasicNode> = members
+                .iter()
+                .map(|m| (m.id, openraft::BasicNode::new(m.addr.clone())))
+                .collect();
+            tracing::info!(replica = id, members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new Raft group");
+            node.initialize(nodes)
+                .await
+                .map_err(|e| ServerError::Raft(format!("initializing the group: {e}")))?;
+        }
+        tracing::info!(
+            replica = id,
+            revision = %applied.mark().revision,
+            "catalog opened"
+        );
+
+        let metrics = Arc::new(Metrics::new());
+        let (core_tx, core_rx) = mpsc::channel(65_536);
+        let replica = Replica {
+            id,
+            raft: node.clone(),
+            applied: applied.clone(),
+            peers: peers.clone(),
+        };
+        let core = Core::new(config.clone(), replica, metrics.clone());
+        let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
+        let mut tasks = vec![tokio::spawn(core.run(core_rx))];
+        tasks.push(tokio::spawn(connection::accept_loop(
+            endpoint.clone(),
+            core_tx.clone(),
+            PeerContext {
+                raft: node.clone(),
+                region: region.clone(),
+                timeout: write_timeout,
+            },
+        )));
+        let app = admin::router(admin::AdminState {
+            core: core_tx,
+            applied,
+            raft: node.clone(),
+            peers: peers.clone(),
+            metrics,
+            token: token.into(),
+            write_timeout,
+        });
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(admin, app).await {
                 tracing::error!(error = %e, "admin endpoint stopped");
             }
         }));
-        tracing::info!(quic = %quic_addr, admin = %admin_addr, region = %config.region, "arbiter serving");
+        tracing::info!(quic = %quic_addr, admin = %admin_addr, region = %config.region, replica = id, "arbiter serving");
         Ok(ArbiterServer {
             quic_addr,
             admin_addr,
             token_file,
+            replica_id: id,
+            raft: node,
+            peers,
             endpoint,
             tasks,
         })
     }
 
-    /// Stops serving and waits until the store is released, so the same
+    /// This replica's Raft node (for tests and benchmarks: leadership,
+    /// metrics).
+    pub fn raft(&self) -> &CatalogRaftNode {
+        &self.raft
+    }
+
+    /// Stops serving and waits until the storage is released, so the same
     /// data directory can be opened again (tests restart arbiters).
     pub async fn shutdown(self) {
         self.endpoint.close(
             quinn::VarInt::from_u32(connection::close_code::DONE),
             b"arbiter shutting down",
         );
+        self.peers.close();
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
         for task in &self.tasks {
             task.abort();
         }
@@ -165,4 +226,25 @@ impl ArbiterServer {
         }
         self.endpoint.wait_idle().await;
     }
+}
+
+/// openraft's settings from `[raft]` and `[store]`.
+fn raft_config(config: &ArbiterConfig) -> Result<Arc<openraft::Config>, ServerError> {
+    let r = &config.raft;
+    let c = openraft::Config {
+        cluster_name: format!("rollcall-{}", config.region),
+        heartbeat_interval: r.heartbeat_ms,
+        election_timeout_min: r.election_min_ms,
+        election_timeout_max: r.election_max_ms,
+        install_snapshot_timeout: r.write_timeout_ms.max(1_000),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.store.compact_every),
+        // Followers a little behind catch up from the log, not a snapshot.
+        max_in_snapshot_log_to_keep: 1_000.min(config.store.compact_every),
+        max_payload_entries: 4_096,
+        snapshot_max_chunk_size: 4 * 1024 * 1024,
+        ..Default::default()
+    };
+    c.validate()
+        .map(Arc::new)
+        .map_err(|e| ServerError::Config(format!("arbiter.raft: {e}")))
 }

@@ -34,6 +34,8 @@ pub const RAFT_VALUE_FORMAT: u8 = 1;
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 pub(super) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_state");
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_snapshot");
+/// revision → `audit::encode_audit` bytes, written as entries apply.
+pub(super) const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format";
 
@@ -158,6 +160,7 @@ impl RaftDb {
             txn.open_table(LOG).map_err(|e| self.fail(e))?;
             txn.open_table(STATE).map_err(|e| self.fail(e))?;
             txn.open_table(SNAPSHOT).map_err(|e| self.fail(e))?;
+            txn.open_table(AUDIT).map_err(|e| self.fail(e))?;
             found
         };
         if let Some(found) = found.filter(|f| *f != RAFT_STORE_FORMAT) {

@@ -17,7 +17,9 @@ use std::path::Path;
 
 pub use db::{RaftStoreError, RAFT_DB_FILE, RAFT_STORE_FORMAT, RAFT_VALUE_FORMAT};
 pub use log_store::LogStore;
-pub use state_machine::{AppliedCatalog, AppliedMark, CatalogSnapshotBuilder, CatalogStateMachine};
+pub use state_machine::{
+    AppliedCatalog, AppliedMark, CatalogGuard, CatalogSnapshotBuilder, CatalogStateMachine,
+};
 pub use types::{
     CatalogRaft, CatalogRaftNode, Entry, LogId, Outcome, Proposal, ReplicaId, SnapshotMeta,
     StorageError, StoredMembership,

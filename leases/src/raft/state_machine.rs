@@ -30,13 +30,16 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use tokio::sync::watch;
 
-use super::db::{self, blocking, RaftDb, RaftStoreError, SNAPSHOT, SNAPSHOT_DATA, SNAPSHOT_META};
+use super::db::{
+    self, blocking, RaftDb, RaftStoreError, AUDIT, SNAPSHOT, SNAPSHOT_DATA, SNAPSHOT_META,
+};
 use super::types::{
     CatalogRaft, Entry, LogId, Outcome, SnapshotMeta, StorageError, StoredMembership,
 };
+use crate::audit::{self, AuditEntry, AuditQuery};
 use crate::catalog::Catalog;
 use crate::codec::{self, MAX_CATALOG_SNAPSHOT_BYTES};
 use crate::ids::Revision;
@@ -82,6 +85,7 @@ impl Shared {
 /// The arbiter's read handle on a replica's applied catalog. Cheap to clone.
 #[derive(Clone)]
 pub struct AppliedCatalog {
+    db: Arc<RaftDb>,
     shared: Arc<RwLock<Shared>>,
     marks: watch::Receiver<AppliedMark>,
 }
@@ -101,6 +105,13 @@ impl AppliedCatalog {
         f(&read(&self.shared).catalog)
     }
 
+    /// The catalog as applied, read-locked until the guard drops. Never
+    /// hold it across an `.await` or while calling `with_lease_memory`:
+    /// applying waits for it.
+    pub fn lock(&self) -> CatalogGuard<'_> {
+        CatalogGuard(read(&self.shared))
+    }
+
     /// Runs `f` on the lease table's leader-memory half (renewals and
     /// deadlines, which are not replicated; see `lease.rs`). Only the
     /// leader's driver calls this. A snapshot install replaces the catalog
@@ -117,6 +128,56 @@ impl AppliedCatalog {
     /// A receiver that wakes on every applied batch or installed snapshot.
     pub fn watch(&self) -> watch::Receiver<AppliedMark> {
         self.marks.clone()
+    }
+
+    /// Audit entries in ascending revision: those after `since`, touching
+    /// `service` if given, at most `limit`. Blocking: call it off the
+    /// runtime's workers.
+    pub fn audit(&self, q: &AuditQuery) -> Result<Vec<AuditEntry>, RaftStoreError> {
+        let mut out = Vec::new();
+        let start = match q.since {
+            None => 0,
+            Some(r) => match r.0.checked_add(1) {
+                Some(start) => start,
+                None => return Ok(out),
+            },
+        };
+        if q.limit == 0 {
+            return Ok(out);
+        }
+        let db = &self.db;
+        let txn = db.redb().begin_read().map_err(|e| db.fail(e))?;
+        let table = txn.open_table(AUDIT).map_err(|e| db.fail(e))?;
+        for item in table.range(start..).map_err(|e| db.fail(e))? {
+            let (key, bytes) = item.map_err(|e| db.fail(e))?;
+            let entry = audit::decode_audit(key.value(), bytes.value()).map_err(|detail| {
+                RaftStoreError::Corrupt {
+                    table: "audit",
+                    key: key.value().to_string(),
+                    detail,
+                }
+            })?;
+            if q.service
+                .as_ref()
+                .is_none_or(|s| entry.services.contains(s))
+            {
+                out.push(entry);
+                if out.len() == q.limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A read lock on the applied catalog (`AppliedCatalog::lock`).
+pub struct CatalogGuard<'a>(RwLockReadGuard<'a, Shared>);
+
+impl std::ops::Deref for CatalogGuard<'_> {
+    type Target = Catalog;
+    fn deref(&self) -> &Catalog {
+        &self.0.catalog
     }
 }
 
@@ -137,6 +198,7 @@ fn write(shared: &RwLock<Shared>) -> RwLockWriteGuard<'_, Shared> {
 pub struct CatalogStateMachine {
     db: Arc<RaftDb>,
     params: CatalogParams,
+    audit_max_entries: u64,
     shared: Arc<RwLock<Shared>>,
     marks: watch::Sender<AppliedMark>,
 }
@@ -180,6 +242,7 @@ impl CatalogStateMachine {
         Ok(CatalogStateMachine {
             db,
             params,
+            audit_max_entries: 1_000_000,
             shared: Arc::new(RwLock::new(shared)),
             marks,
         })
@@ -189,9 +252,16 @@ impl CatalogStateMachine {
     /// state machine to `Raft::new`.
     pub fn catalog(&self) -> AppliedCatalog {
         AppliedCatalog {
+            db: self.db.clone(),
             shared: self.shared.clone(),
             marks: self.marks.subscribe(),
         }
+    }
+
+    /// Keeps at most `n` audit entries (the newest); default 1,000,000.
+    pub fn with_audit_limit(mut self, n: u64) -> Self {
+        self.audit_max_entries = n.max(1);
+        self
     }
 
     /// The applied state for writing; `None` if the lock is poisoned.
@@ -218,25 +288,45 @@ impl RaftStateMachine<CatalogRaft> for CatalogStateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut shared = self.lock().ok_or_else(poisoned)?;
-        let mut outcomes = Vec::new();
-        for entry in entries {
-            let result = match entry.payload {
-                EntryPayload::Blank => None,
-                EntryPayload::Normal(proposal) => Some(shared.catalog.apply(&proposal.envelope)),
-                EntryPayload::Membership(membership) => {
-                    shared.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    None
-                }
-            };
-            shared.last_applied = Some(entry.log_id);
-            outcomes.push(Outcome {
-                revision: shared.catalog.revision(),
-                result,
-            });
+        let (outcomes, audits, mark) = {
+            let mut shared = self.lock().ok_or_else(poisoned)?;
+            let mut outcomes = Vec::new();
+            let mut audits = Vec::new();
+            for entry in entries {
+                let result = match entry.payload {
+                    EntryPayload::Blank => None,
+                    EntryPayload::Normal(proposal) => {
+                        let result = shared.catalog.apply(&proposal.envelope);
+                        if let Some(a) = result
+                            .as_ref()
+                            .ok()
+                            .and_then(|applied| AuditEntry::describe(&proposal.envelope, applied))
+                        {
+                            audits.push((a.revision.0, audit::encode_audit(&a)));
+                        }
+                        Some(result)
+                    }
+                    EntryPayload::Membership(membership) => {
+                        shared.membership = StoredMembership::new(Some(entry.log_id), membership);
+                        None
+                    }
+                };
+                shared.last_applied = Some(entry.log_id);
+                outcomes.push(Outcome {
+                    revision: shared.catalog.revision(),
+                    result,
+                });
+            }
+            let mark = shared.mark();
+            (outcomes, audits, mark)
+        };
+        if !audits.is_empty() {
+            let db = self.db.clone();
+            let keep = self.audit_max_entries;
+            blocking(move || write_audit(&db, &audits, keep))
+                .await
+                .map_err(|e| StorageIOError::write_state_machine(&e))?;
         }
-        let mark = shared.mark();
-        drop(shared);
         tracing::debug!(
             entries = outcomes.len(),
             last_applied = %position(&mark.last_applied),
@@ -396,6 +486,26 @@ fn store_snapshot(
             .insert(SNAPSHOT_META, db::encode(meta).as_slice())
             .map_err(|e| db.fail(e))?;
         table.insert(SNAPSHOT_DATA, data).map_err(|e| db.fail(e))?;
+    }
+    txn.commit().map_err(|e| db.fail(e))
+}
+
+/// Writes applied entries' audit records, keeping the newest `keep`. Not
+/// fsynced on its own: it becomes durable with the next log append, and a
+/// crash before that re-applies (and re-audits) the same entries.
+fn write_audit(db: &RaftDb, audits: &[(u64, Vec<u8>)], keep: u64) -> Result<(), RaftStoreError> {
+    let txn = db.begin_write(Durability::None)?;
+    {
+        let mut table = txn.open_table(AUDIT).map_err(|e| db.fail(e))?;
+        for (revision, bytes) in audits {
+            table
+                .insert(revision, bytes.as_slice())
+                .map_err(|e| db.fail(e))?;
+        }
+        let held = table.len().map_err(|e| db.fail(e))?;
+        for _ in keep..held {
+            table.pop_first().map_err(|e| db.fail(e))?;
+        }
     }
     txn.commit().map_err(|e| db.fail(e))
 }

@@ -1,53 +1,185 @@
 //! The arbiter's admin HTTP endpoint, for operators on its host (loopback by
-//! default): `GET /metrics` (Prometheus text, no credential), `GET
-//! /v1/status` and `GET /v1/audit?service=&since=&limit=` (operator token as
-//! `Authorization: Bearer <token>`; the token is the file `admin.token` in
-//! the data directory, mode 0600).
+//! default): `GET /metrics` (Prometheus text, no credential); with the
+//! operator token as `Authorization: Bearer <token>` (the file `admin.token`
+//! in the data directory, mode 0600): `GET /v1/status`, `GET
+//! /v1/audit?service=&since=&limit=`, `GET /v1/cluster` (the Raft group),
+//! `POST /v1/cluster/members` (`{"id": 4, "addr": "host:port"}`: add a
+//! replica) and `DELETE /v1/cluster/members/{id}` (remove one). Membership
+//! changes sent to a follower are handed to the leader.
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::audit::AuditQuery;
 use crate::ids::Revision;
 use crate::name::ServiceKey;
-use crate::server::core::{AdminQuery, CoreMsg};
+use crate::protocol::{MembershipChange, PeerRequest, PeerResponse, RejectKind};
+use crate::raft::{AppliedCatalog, CatalogRaftNode};
+use crate::server::core::{raft_json, AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
-use crate::store::{AuditQuery, Store};
+use crate::server::peer::{self, Peers};
 
 /// Most audit entries one call returns.
 const MAX_AUDIT_LIMIT: usize = 10_000;
 
+/// What the admin endpoint reads and drives.
 #[derive(Clone)]
-struct AdminState {
-    core: mpsc::Sender<CoreMsg>,
-    store: Arc<Store>,
-    metrics: Arc<Metrics>,
-    token: Arc<str>,
+pub struct AdminState {
+    /// The core.
+    pub core: mpsc::Sender<CoreMsg>,
+    /// The applied catalog (its audit log).
+    pub applied: AppliedCatalog,
+    /// This replica's Raft node.
+    pub raft: CatalogRaftNode,
+    /// The client to the other replicas.
+    pub peers: Arc<Peers>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The operator token.
+    pub token: Arc<str>,
+    /// How long one write may take (`raft.write_timeout_ms`).
+    pub write_timeout: std::time::Duration,
 }
 
 /// The admin routes.
-pub fn router(
-    core: mpsc::Sender<CoreMsg>,
-    store: Arc<Store>,
-    metrics: Arc<Metrics>,
-    token: String,
-) -> Router {
+pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/v1/status", get(status))
         .route("/v1/audit", get(audit))
-        .with_state(AdminState {
-            core,
-            store,
-            metrics,
-            token: token.into(),
-        })
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/members", axum::routing::post(add_member))
+        .route("/v1/cluster/members/{id}", delete(remove_member))
+        .with_state(state)
+}
+
+async fn cluster(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let metrics = state.raft.metrics().borrow().clone();
+    Ok(Json(raft_json(&metrics)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMember {
+    id: u64,
+    addr: String,
+}
+
+async fn add_member(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    body: Result<Json<AddMember>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let Json(body) =
+        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    if body.id == 0 {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "id: must be at least 1",
+        ));
+    }
+    let port_ok = body
+        .addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "addr: {:?} must be host:port (the replica's QUIC listen address)",
+                body.addr
+            ),
+        ));
+    }
+    membership(
+        &state,
+        MembershipChange::Add {
+            id: body.id,
+            addr: body.addr,
+        },
+    )
+    .await
+}
+
+async fn remove_member(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let Path(id) =
+        id.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    membership(&state, MembershipChange::Remove { id }).await
+}
+
+/// Applies a membership change here when this replica leads, else hands it
+/// to the leader; answers the group as it is afterwards.
+async fn membership(state: &AdminState, change: MembershipChange) -> Result<Response, AdminError> {
+    let metrics = state.raft.metrics().borrow().clone();
+    let leader = metrics.current_leader;
+    let answer = if leader == Some(metrics.id) {
+        peer::change_membership(&state.raft, change, state.write_timeout).await
+    } else {
+        let addr = leader.and_then(|id| {
+            metrics
+                .membership_config
+                .nodes()
+                .find(|(n, _)| **n == id)
+                .map(|(_, node)| node.addr.clone())
+        });
+        let Some(addr) = addr else {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "no leader is known (an election is running, or there is no quorum); retry",
+            ));
+        };
+        match state
+            .peers
+            .call(
+                &addr,
+                &PeerRequest::Membership(change),
+                state.write_timeout * 21,
+            )
+            .await
+        {
+            Ok(PeerResponse::Answer(answer)) => answer,
+            Ok(_) => peer::unavailable(format!("the leader at {addr} answered out of protocol")),
+            Err(e) => peer::unavailable(e.to_string()),
+        }
+    };
+    match answer {
+        crate::protocol::Response::Committed { .. } => {
+            let metrics = state.raft.metrics().borrow().clone();
+            Ok(Json(raft_json(&metrics)).into_response())
+        }
+        crate::protocol::Response::Rejected { kind, message } => {
+            let (status, code) = match kind {
+                RejectKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+                _ => (StatusCode::UNPROCESSABLE_ENTITY, "refused"),
+            };
+            Err(error(status, code, message))
+        }
+        other => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
 }
 
 /// An error answer: status and JSON `{error, detail}`.
@@ -160,8 +292,8 @@ async fn audit(
         since: params.since.map(Revision),
         limit: params.limit.unwrap_or(1000).min(MAX_AUDIT_LIMIT),
     };
-    let store = state.store.clone();
-    let entries = tokio::task::spawn_blocking(move || store.audit(&query))
+    let applied = state.applied.clone();
+    let entries = tokio::task::spawn_blocking(move || applied.audit(&query))
         .await
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?;

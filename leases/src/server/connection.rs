@@ -1,6 +1,8 @@
-//! One agent's QUIC connection on the arbiter: authenticates the peer by its
-//! certificate, reads the session stream and request streams, writes what
-//! the core sends. Thin: every decision is the core's.
+//! One QUIC connection on the arbiter: authenticates the caller by its
+//! certificate; an arbiter of this region is a peer replica (`peer.rs`),
+//! anyone else an agent or controller, whose session stream and request
+//! streams this module reads and whose answers it writes. Thin: every
+//! decision is the core's.
 //!
 //! A frame that is oversized or does not decode closes the whole connection
 //! with an error saying why; it never reaches the core, so it changes
@@ -13,8 +15,23 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, FrameKind, MAX_SMALL_MESSAGE_BYTES};
 use crate::distribution::AgentId;
+use crate::endpoint::Role;
+use crate::name::Label;
+use crate::raft::CatalogRaftNode;
 use crate::server::core::{CoreMsg, Outbound};
+use crate::server::peer;
 use crate::tls;
+
+/// What a peer replica's connection is served with.
+#[derive(Clone)]
+pub struct PeerContext {
+    /// This replica's Raft node.
+    pub raft: CatalogRaftNode,
+    /// This replica's region.
+    pub region: Label,
+    /// How long a forwarded write may take.
+    pub timeout: std::time::Duration,
+}
 
 /// QUIC application close codes.
 pub mod close_code {
@@ -38,15 +55,24 @@ fn close(conn: &quinn::Connection, code: u32, reason: &str) {
 }
 
 /// Accepts connections until the endpoint closes.
-pub async fn accept_loop(endpoint: quinn::Endpoint, core: mpsc::Sender<CoreMsg>) {
+pub async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    core: mpsc::Sender<CoreMsg>,
+    peers: PeerContext,
+) {
     let next = Arc::new(AtomicU64::new(1));
     while let Some(incoming) = endpoint.accept().await {
         let agent = next.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(serve(incoming, agent, core.clone()));
+        tokio::spawn(serve(incoming, agent, core.clone(), peers.clone()));
     }
 }
 
-async fn serve(incoming: quinn::Incoming, agent: AgentId, core: mpsc::Sender<CoreMsg>) {
+async fn serve(
+    incoming: quinn::Incoming,
+    agent: AgentId,
+    core: mpsc::Sender<CoreMsg>,
+    peers: PeerContext,
+) {
     let conn = match incoming.await {
         Ok(conn) => conn,
         Err(e) => {
@@ -62,6 +88,18 @@ async fn serve(incoming: quinn::Incoming, agent: AgentId, core: mpsc::Sender<Cor
             return;
         }
     };
+    if identity.principal.role == Role::Arbiter {
+        peer::serve(
+            conn,
+            identity,
+            peers.region,
+            peers.raft,
+            core,
+            peers.timeout,
+        )
+        .await;
+        return;
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     if core
         .send(CoreMsg::Connected {

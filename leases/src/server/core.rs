@@ -1,8 +1,22 @@
-//! The arbiter's core task: the one owner of the catalog, the distributor,
-//! the lease deadlines and session silence. Everything reaches it as a
-//! `CoreMsg`; it applies proposals in batches, makes each batch durable with
-//! one fsync (group commit) before answering anyone or publishing anything,
-//! and carries the distributor's outputs to the connections.
+//! The arbiter's core task on one replica: the distributor, the sessions,
+//! and (on the leader) the lease deadlines and session silence. Everything
+//! reaches it as a `CoreMsg`.
+//!
+//! The catalog itself is the Raft group's replicated state machine; the core
+//! reads it as applied (`AppliedCatalog`) and never applies anything. Writes
+//! are proposed to openraft on the leader (`Raft::client_write`, which
+//! answers once the entry is committed by a quorum, fsynced, and applied
+//! here); a follower hands them to the leader (`PeerRequest::Propose`) and
+//! answers its agent once it has applied the revision itself, so the agent's
+//! next read on this replica sees its write. Every replica distributes what
+//! it has applied to the agents connected to it (R6): revisions are the
+//! same everywhere because they come from the one log.
+//!
+//! Renewals and silence are leader memory (R3): a follower reports which
+//! sessions it heard to the leader every sweep interval. A new leader
+//! extends every lease by one TTL and counts every session as heard at the
+//! moment it took over, so it expires nothing and accepts no down verdict
+//! for one silence window after an election.
 //!
 //! It decides nothing about the catalog itself (that is `Catalog::apply`)
 //! and touches no socket (connections hold those); it does read the clock,
@@ -13,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use foldhash::HashMap;
+use openraft::ServerState;
 use rollcall_config::ArbiterConfig;
 use tokio::sync::{mpsc, oneshot};
 
@@ -24,13 +39,12 @@ use crate::identity::Identity;
 use crate::ids::{AgentEpoch, Revision};
 use crate::name::{Label, NodeId, PrincipalName, ServiceKey};
 use crate::protocol::{
-    NodeInstance, RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
+    Heard, NodeInstance, PeerRequest, PeerResponse, RejectKind, Request, Response, ServiceUpdate,
+    SessionDown, SessionUp,
 };
-use crate::server::metrics::{Metrics, NodeLabel, ServiceLabel};
-use crate::store::{LogEntry, Store};
-
-/// Most proposals applied in one group commit.
-const MAX_BATCH: usize = 4096;
+use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
+use crate::server::metrics::{Metrics, NodeLabel, ReplicaLabel, ServiceLabel};
+use crate::server::peer::{self, Peers};
 
 /// What a connection's writer must do.
 #[derive(Debug)]
@@ -94,6 +108,14 @@ pub enum CoreMsg {
     },
     /// An admin question.
     Admin(AdminQuery),
+    /// What a peer replica hands this one (not Raft's own messages, which go
+    /// straight to openraft).
+    Peer {
+        /// The request.
+        request: PeerRequest,
+        /// Where the answer goes.
+        reply: oneshot::Sender<PeerResponse>,
+    },
 }
 
 /// The wall clock in ms since the Unix epoch: the time stamped on commands.
@@ -109,11 +131,31 @@ struct Conn {
     session: Option<(NodeId, AgentEpoch)>,
 }
 
-/// What to do once a proposal is durable.
+/// What to do once a proposal is decided.
 enum Then {
     Reply(oneshot::Sender<Response>),
     Welcome(AgentId),
     Nothing,
+}
+
+/// How a proposal ended.
+enum Decided {
+    /// Committed and applied here (this replica leads).
+    Local(Result<Applied, Rejection>),
+    /// The leader's answer to a forwarded proposal.
+    Remote(Response),
+}
+
+/// Results of work the core started on other tasks.
+enum Done {
+    /// A proposal was decided.
+    Decided {
+        envelope: Envelope,
+        then: Then,
+        decided: Decided,
+    },
+    /// The leader refused these renewals.
+    Refused(Vec<(NodeId, String)>),
 }
 
 /// A gossip down report waiting for the arbiter's own silence signal.
@@ -121,7 +163,7 @@ struct PendingDown {
     epoch: AgentEpoch,
     reporters: Vec<NodeId>,
     reported_at: u64,
-    identity: Identity,
+    actor: Principal,
     replies: Vec<oneshot::Sender<Response>>,
 }
 
@@ -132,37 +174,72 @@ struct Waiter {
     reply: oneshot::Sender<Response>,
 }
 
+/// A forwarded write's answer, held until this replica applied it.
+struct Deferred {
+    revision: Revision,
+    deadline_ms: u64,
+    envelope: Envelope,
+    then: Then,
+    response: Response,
+}
+
+/// What this replica is in its Raft group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Standing {
+    /// It leads, since this time (ms): before `since + silence_ms` it
+    /// accepts no down verdict, and it counts every session as heard then.
+    Leader { since: u64 },
+    /// It follows `leader` (id and QUIC address), if one is known.
+    Follower { leader: Option<(ReplicaId, String)> },
+}
+
+/// What a follower heard since its last report to the leader.
+struct HeardNote {
+    epoch: AgentEpoch,
+    at_ms: u64,
+    renewed: bool,
+}
+
+/// The parts of a replica the core drives.
+pub struct Replica {
+    /// This replica's id.
+    pub id: ReplicaId,
+    /// Its Raft node.
+    pub raft: CatalogRaftNode,
+    /// Its applied catalog.
+    pub applied: AppliedCatalog,
+    /// Its client to the other replicas.
+    pub peers: Arc<Peers>,
+}
+
 /// The core's state.
 pub struct Core {
     config: ArbiterConfig,
     region: Label,
-    catalog: Catalog,
+    replica: Replica,
+    standing: Standing,
+    mark: AppliedMark,
     dist: Distributor,
-    store: Arc<Store>,
     metrics: Arc<Metrics>,
     conns: HashMap<AgentId, Conn>,
     last_heard: HashMap<NodeId, u64>,
+    heard_out: HashMap<NodeId, HeardNote>,
     wakes: BTreeMap<u64, Vec<AgentId>>,
     waiters: Vec<Waiter>,
+    deferred: Vec<Deferred>,
     pending_downs: HashMap<NodeId, PendingDown>,
     expiring: HashMap<NodeId, u64>,
-    log_since_compaction: u64,
     next_purge_ms: u64,
+    snapshots_seen: Option<crate::raft::LogId>,
     me: Principal,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: Option<mpsc::UnboundedReceiver<Done>>,
 }
 
 impl Core {
-    /// A core over a recovered catalog. Every lease gets one TTL of grace
-    /// from now (R3), so a restart never mass-expires a fleet.
-    pub fn new(
-        config: ArbiterConfig,
-        mut catalog: Catalog,
-        store: Arc<Store>,
-        metrics: Arc<Metrics>,
-        log_len: u64,
-    ) -> Self {
+    /// A core over a replica whose Raft node is running.
+    pub fn new(config: ArbiterConfig, replica: Replica, metrics: Arc<Metrics>) -> Self {
         let now = now_ms();
-        catalog.leases_mut().extend_all(now);
         let d = &config.distribution;
         let dist = Distributor::new(DistParams {
             coalesce_window_ms: d.coalesce_window_ms,
@@ -170,35 +247,50 @@ impl Core {
             stall_timeout_ms: d.stall_timeout_ms,
             snapshot_retry_ms: d.snapshot_retry_ms,
         });
-        let region = catalog.params().region.clone();
+        let region = replica.applied.lock().params().region.clone();
         let me = Principal {
             role: Role::Arbiter,
             name: PrincipalName::new(&config.name)
                 .unwrap_or_else(|_| PrincipalName::new("arbiter").expect("a valid constant")),
         };
+        let mark = replica.applied.mark();
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
         Core {
             next_purge_ms: now + config.store.purge_interval_ms,
             config,
             region,
-            catalog,
+            replica,
+            standing: Standing::Follower { leader: None },
+            mark,
             dist,
-            store,
             metrics,
             conns: HashMap::default(),
             last_heard: HashMap::default(),
+            heard_out: HashMap::default(),
             wakes: BTreeMap::new(),
             waiters: Vec::new(),
+            deferred: Vec::new(),
             pending_downs: HashMap::default(),
             expiring: HashMap::default(),
-            log_since_compaction: log_len,
+            snapshots_seen: None,
             me,
+            done_tx,
+            done_rx: Some(done_rx),
         }
+    }
+
+    fn is_leader(&self) -> bool {
+        matches!(self.standing, Standing::Leader { .. })
     }
 
     /// Runs until every sender of `rx` is gone.
     pub async fn run(mut self, mut rx: mpsc::Receiver<CoreMsg>) {
         let sweep = Duration::from_millis(self.config.lease.sweep_interval_ms);
         let mut next_sweep = Instant::now() + sweep;
+        let mut marks = self.replica.applied.watch();
+        let mut raft_metrics = self.replica.raft.metrics();
+        let mut done_rx = self.done_rx.take().expect("run is called once");
+        self.on_raft_metrics(&raft_metrics.borrow_and_update().clone());
         loop {
             let next_wake = self.wakes.keys().next().map(|at| {
                 let now = now_ms();
@@ -210,12 +302,23 @@ impl Core {
                 msg = rx.recv() => {
                     let Some(msg) = msg else { return };
                     self.handle(msg, &mut proposals);
-                    while proposals.len() < MAX_BATCH {
+                    while proposals.len() < 4096 {
                         match rx.try_recv() {
                             Ok(msg) => self.handle(msg, &mut proposals),
                             Err(_) => break,
                         }
                     }
+                }
+                Some(done) = done_rx.recv() => self.done(done),
+                changed = marks.changed() => {
+                    if changed.is_err() { return }
+                    let mark = *marks.borrow_and_update();
+                    self.on_applied(mark);
+                }
+                changed = raft_metrics.changed() => {
+                    if changed.is_err() { return }
+                    let m = raft_metrics.borrow_and_update().clone();
+                    self.on_raft_metrics(&m);
                 }
                 _ = tokio::time::sleep_until(deadline.into()) => {}
             }
@@ -223,11 +326,13 @@ impl Core {
             if Instant::now() >= next_sweep {
                 next_sweep = Instant::now() + sweep;
                 self.sweep(now, &mut proposals);
+                self.report_heard(now);
+                self.expire_deferred(now);
             }
             self.fire_wakes(now);
             self.answer_waiters(now);
             if !proposals.is_empty() {
-                self.commit(proposals).await;
+                self.propose(proposals);
             }
         }
     }
@@ -258,7 +363,9 @@ impl Core {
             } => self.request(agent, request, reply, now, proposals),
             CoreMsg::Sent { agent } => {
                 let mut out = Vec::new();
-                self.dist.sent(agent, now, &self.catalog, &mut out);
+                let cat = self.replica.applied.lock();
+                self.dist.sent(agent, now, &cat, &mut out);
+                drop(cat);
                 self.carry(out);
             }
             CoreMsg::Closed { agent } => {
@@ -276,6 +383,7 @@ impl Core {
                 self.refresh_metrics();
                 let _ = reply.send(());
             }
+            CoreMsg::Peer { request, reply } => self.peer(request, reply, now, proposals),
         }
     }
 
@@ -294,6 +402,32 @@ impl Core {
         }
     }
 
+    fn refuse(&mut self, agent: AgentId, reason: String) {
+        self.send(
+            agent,
+            SessionDown::Refused {
+                reason: reason.clone(),
+            },
+        );
+        self.close(agent, reason);
+    }
+
+    /// Notes that `node` was heard now; a follower also queues it for its
+    /// next report to the leader.
+    fn heard(&mut self, node: &NodeId, epoch: AgentEpoch, now: u64, renewed: bool) {
+        self.last_heard.insert(node.clone(), now);
+        if !self.is_leader() {
+            let note = self.heard_out.entry(node.clone()).or_insert(HeardNote {
+                epoch,
+                at_ms: now,
+                renewed: false,
+            });
+            note.epoch = epoch;
+            note.at_ms = now;
+            note.renewed |= renewed;
+        }
+    }
+
     fn session(
         &mut self,
         agent: AgentId,
@@ -306,22 +440,17 @@ impl Core {
         };
         let identity = conn.identity.clone();
         let session = conn.session.clone();
-        if let Some((node, _)) = &session {
-            self.last_heard.insert(node.clone(), now);
+        if let Some((node, epoch)) = &session {
+            let renewed = matches!(msg, SessionUp::Renew);
+            self.heard(node, *epoch, now, renewed);
         }
         match (msg, session) {
             (SessionUp::Hello { node, epoch, zone }, None) => {
                 if let Err(reason) = self.may_hold_lease(&identity, &node) {
-                    self.send(
-                        agent,
-                        SessionDown::Refused {
-                            reason: reason.clone(),
-                        },
-                    );
-                    self.close(agent, reason);
+                    self.refuse(agent, reason);
                     return;
                 }
-                self.last_heard.insert(node.clone(), now);
+                self.heard(&node, epoch, now, false);
                 if let Some(conn) = self.conns.get_mut(&agent) {
                     conn.session = Some((node.clone(), epoch));
                 }
@@ -345,7 +474,7 @@ impl Core {
                 },
                 Some((node, _)),
             ) => {
-                let ours = self.catalog.params().shard;
+                let ours = self.replica.applied.lock().params().shard;
                 let allowed = if shard == ours {
                     self.may_watch(&node, &service)
                 } else {
@@ -360,8 +489,10 @@ impl Core {
                     return;
                 }
                 let mut out = Vec::new();
+                let cat = self.replica.applied.lock();
                 self.dist
-                    .subscribe(agent, service, have, now, &self.catalog, &mut out);
+                    .subscribe(agent, service, have, now, &cat, &mut out);
+                drop(cat);
                 self.carry(out);
             }
             (SessionUp::Unsubscribe { service }, Some(_)) => self.dist.unsubscribe(agent, &service),
@@ -371,35 +502,54 @@ impl Core {
             }
             (SessionUp::Renew, Some((node, epoch))) => {
                 self.metrics.renewals.inc();
-                match self.catalog.leases_mut().renew(&node, epoch, now) {
-                    Ok(renewal) if renewal.held => {
-                        // The session is back: reinstate the held lease (R3).
-                        let zone = self.catalog.leases().get(&node).map(|l| l.zone.clone());
-                        if let Some(zone) = zone {
-                            let command = Command::GrantLease {
-                                node,
-                                epoch,
-                                zone,
-                                ttl_ms: self.config.lease.ttl_ms,
-                            };
-                            proposals.push((self.envelope(&identity, command, now), Then::Nothing));
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let reason = e.to_string();
-                        self.send(
-                            agent,
-                            SessionDown::Refused {
-                                reason: reason.clone(),
-                            },
-                        );
-                        self.close(agent, reason);
-                    }
+                if !self.is_leader() {
+                    // Queued by `heard` for the leader.
+                    return;
+                }
+                match self.renew(&node, epoch, now, &identity.principal) {
+                    Ok(Some(reinstate)) => proposals.push((reinstate, Then::Nothing)),
+                    Ok(None) => {}
+                    Err(reason) => self.refuse(agent, reason),
                 }
             }
             (SessionUp::Keepalive, Some(_)) => {}
         }
+    }
+
+    /// Renews a lease in the leader's memory at `at`; a held lease whose
+    /// session is back is reinstated by the returned proposal (R3).
+    fn renew(
+        &mut self,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        at: u64,
+        actor: &Principal,
+    ) -> Result<Option<Envelope>, String> {
+        let renewal = self
+            .replica
+            .applied
+            .with_lease_memory(|leases| leases.renew(node, epoch, at))
+            .map_err(|e| e.to_string())?;
+        if !renewal.held {
+            return Ok(None);
+        }
+        let zone = self
+            .replica
+            .applied
+            .lock()
+            .leases()
+            .get(node)
+            .map(|l| l.zone.clone());
+        Ok(zone.map(|zone| Envelope {
+            at_ms: at,
+            actor: actor.clone(),
+            command: Command::GrantLease {
+                node: node.clone(),
+                epoch,
+                zone,
+                ttl_ms: self.config.lease.ttl_ms,
+            },
+        }))
     }
 
     fn may_hold_lease(&self, identity: &Identity, node: &NodeId) -> Result<(), String> {
@@ -479,50 +629,31 @@ impl Core {
             Ok(Authorized::Command(command)) => {
                 proposals.push((self.envelope(&identity, command, now), Then::Reply(reply)))
             }
-            // Answered from acknowledgements, not committed.
+            // Answered from acknowledgements, not committed: this replica's
+            // agents and every other replica's.
             Ok(Authorized::Await {
                 service,
                 revision,
                 timeout_ms,
-            }) => {
-                self.waiters.push(Waiter {
-                    service,
-                    revision,
-                    deadline_ms: now + timeout_ms,
-                    reply,
-                });
-                self.answer_waiters(now);
-            }
+            }) => self.await_everywhere(service, revision, timeout_ms, now, reply),
             Ok(Authorized::Down {
                 reporter,
                 node,
                 epoch,
-            }) => {
-                // The second signal (R4): this arbiter's own session with the
-                // node must be silent for silence_ms. Gossip may be faster
-                // than that, so the report waits until the silence would be
-                // long enough; hearing the node meanwhile means a partition.
-                let held = self
-                    .pending_downs
-                    .entry(node.clone())
-                    .or_insert_with(|| PendingDown {
-                        epoch,
-                        reporters: Vec::new(),
-                        reported_at: now,
-                        identity: identity.clone(),
-                        replies: Vec::new(),
-                    });
-                if !held.reporters.contains(&reporter)
-                    && held.reporters.len() < crate::command::MAX_REPORTERS
-                {
-                    held.reporters.push(reporter);
-                }
-                held.replies.push(reply);
-                self.decide_downs(now, proposals);
-            }
+            }) => self.report_down(
+                reporter,
+                identity.principal,
+                node,
+                epoch,
+                now,
+                reply,
+                proposals,
+            ),
             Ok(Authorized::List(node)) => {
                 let instances = self
-                    .catalog
+                    .replica
+                    .applied
+                    .lock()
                     .instances_on(&node)
                     .into_iter()
                     .map(|(service, r)| NodeInstance {
@@ -540,6 +671,245 @@ impl Core {
                 self.metrics.rejections.inc();
                 let _ = reply.send(response);
             }
+        }
+    }
+
+    /// A gossip down report: the leader holds it for the second signal, a
+    /// follower hands it to the leader.
+    #[allow(clippy::too_many_arguments)]
+    fn report_down(
+        &mut self,
+        reporter: NodeId,
+        actor: Principal,
+        node: NodeId,
+        epoch: AgentEpoch,
+        now: u64,
+        reply: oneshot::Sender<Response>,
+        proposals: &mut Vec<(Envelope, Then)>,
+    ) {
+        if !self.is_leader() {
+            let request = PeerRequest::ReportDown {
+                reporter,
+                actor,
+                node,
+                epoch,
+            };
+            // The leader may hold it for up to silence_ms.
+            let wait = Duration::from_millis(
+                self.config.lease.silence_ms + self.config.raft.write_timeout_ms,
+            );
+            self.forward(request, wait, move |answer| {
+                let _ = reply.send(answer);
+            });
+            return;
+        }
+        // The second signal (R4): this arbiter's own session with the node
+        // must be silent for silence_ms. Gossip may be faster than that, so
+        // the report waits until the silence would be long enough; hearing
+        // the node meanwhile means a partition.
+        let held = self
+            .pending_downs
+            .entry(node.clone())
+            .or_insert_with(|| PendingDown {
+                epoch,
+                reporters: Vec::new(),
+                reported_at: now,
+                actor,
+                replies: Vec::new(),
+            });
+        if !held.reporters.contains(&reporter)
+            && held.reporters.len() < crate::command::MAX_REPORTERS
+        {
+            held.reporters.push(reporter);
+        }
+        held.replies.push(reply);
+        self.decide_downs(now, proposals);
+    }
+
+    /// Sends `request` to the leader on another task; `then` gets its
+    /// `Answer`, or why there was none.
+    fn forward(
+        &self,
+        request: PeerRequest,
+        wait: Duration,
+        then: impl FnOnce(Response) + Send + 'static,
+    ) {
+        let Standing::Follower {
+            leader: Some((_, addr)),
+        } = &self.standing
+        else {
+            then(no_leader());
+            return;
+        };
+        let addr = addr.clone();
+        let peers = self.replica.peers.clone();
+        tokio::spawn(async move {
+            let answer = match peers.call(&addr, &request, wait).await {
+                Ok(PeerResponse::Answer(response)) => response,
+                Ok(_) => {
+                    peer::unavailable(format!("the leader at {addr} answered out of protocol"))
+                }
+                Err(e) => peer::unavailable(format!("the leader could not be reached: {e}; retry")),
+            };
+            then(answer);
+        });
+    }
+
+    /// Waits for the acknowledgements of `revision` by the agents of this
+    /// replica and of every other, and answers their sums.
+    fn await_everywhere(
+        &mut self,
+        service: ServiceKey,
+        revision: Revision,
+        timeout_ms: u64,
+        now: u64,
+        reply: oneshot::Sender<Response>,
+    ) {
+        let (local_tx, local_rx) = oneshot::channel();
+        self.waiters.push(Waiter {
+            service: service.clone(),
+            revision,
+            deadline_ms: now + timeout_ms,
+            reply: local_tx,
+        });
+        self.answer_waiters(now);
+        let others: Vec<String> = self.other_replicas().into_iter().map(|(_, a)| a).collect();
+        let peers = self.replica.peers.clone();
+        tokio::spawn(async move {
+            let request = PeerRequest::Propagation {
+                service,
+                revision,
+                timeout_ms,
+            };
+            let wait = Duration::from_millis(timeout_ms + 1_000);
+            let mut calls = tokio::task::JoinSet::new();
+            for addr in others {
+                let (peers, request) = (peers.clone(), request.clone());
+                calls.spawn(async move { peers.call(&addr, &request, wait).await });
+            }
+            let answers = calls.join_all().await;
+            let (mut acked, mut total) = match local_rx.await {
+                Ok(Response::Propagated { acked, total }) => (acked, total),
+                _ => (0, 0),
+            };
+            for answer in answers {
+                match answer {
+                    Ok(PeerResponse::Answer(Response::Propagated { acked: a, total: t })) => {
+                        acked += a;
+                        total += t;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "a replica did not report propagation"),
+                }
+            }
+            let _ = reply.send(Response::Propagated { acked, total });
+        });
+    }
+
+    /// The other replicas of the group, with their QUIC addresses.
+    fn other_replicas(&self) -> Vec<(ReplicaId, String)> {
+        let metrics = self.replica.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .nodes()
+            .filter(|(id, _)| **id != self.replica.id)
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect()
+    }
+
+    /// What a peer replica hands this one.
+    fn peer(
+        &mut self,
+        request: PeerRequest,
+        reply: oneshot::Sender<PeerResponse>,
+        now: u64,
+        proposals: &mut Vec<(Envelope, Then)>,
+    ) {
+        let answer = |reply: oneshot::Sender<PeerResponse>| {
+            let (tx, rx) = oneshot::channel::<Response>();
+            tokio::spawn(async move {
+                let response = rx
+                    .await
+                    .unwrap_or_else(|_| peer::unavailable("the write was dropped; retry".into()));
+                let _ = reply.send(PeerResponse::Answer(response));
+            });
+            tx
+        };
+        match request {
+            PeerRequest::Propose(envelope) => {
+                if !self.is_leader() {
+                    let _ = reply.send(PeerResponse::Answer(self.not_leader()));
+                    return;
+                }
+                proposals.push((envelope, Then::Reply(answer(reply))));
+            }
+            PeerRequest::ReportDown {
+                reporter,
+                actor,
+                node,
+                epoch,
+            } => {
+                if !self.is_leader() {
+                    let _ = reply.send(PeerResponse::Answer(self.not_leader()));
+                    return;
+                }
+                self.report_down(reporter, actor, node, epoch, now, answer(reply), proposals);
+            }
+            PeerRequest::Heard(heard) => {
+                let mut refused = Vec::new();
+                if self.is_leader() {
+                    for h in heard {
+                        let at = now.saturating_sub(h.ago_ms);
+                        let last = self.last_heard.entry(h.node.clone()).or_insert(at);
+                        *last = (*last).max(at);
+                        if h.renewed {
+                            let actor = Principal {
+                                role: Role::Agent,
+                                name: PrincipalName::new(h.node.as_str())
+                                    .expect("a node id is a valid principal name"),
+                            };
+                            match self.renew(&h.node, h.epoch, at, &actor) {
+                                Ok(Some(reinstate)) => proposals.push((reinstate, Then::Nothing)),
+                                Ok(None) => {}
+                                Err(reason) => refused.push((h.node, reason)),
+                            }
+                        }
+                    }
+                }
+                let _ = reply.send(PeerResponse::Refused(refused));
+            }
+            PeerRequest::Propagation {
+                service,
+                revision,
+                timeout_ms,
+            } => {
+                self.waiters.push(Waiter {
+                    service,
+                    revision,
+                    deadline_ms: now + timeout_ms.min(30_000),
+                    reply: answer(reply),
+                });
+                self.answer_waiters(now);
+            }
+            PeerRequest::AppendEntries(_)
+            | PeerRequest::Vote(_)
+            | PeerRequest::InstallSnapshot(_)
+            | PeerRequest::Membership(_) => {
+                let _ = reply.send(PeerResponse::Answer(peer::unavailable(
+                    "Raft messages are not the core's".into(),
+                )));
+            }
+        }
+    }
+
+    fn not_leader(&self) -> Response {
+        match &self.standing {
+            Standing::Follower {
+                leader: Some((id, addr)),
+            } => peer::unavailable(format!(
+                "this replica is not the leader; the leader is replica {id} at {addr}; retry"
+            )),
+            _ => no_leader(),
         }
     }
 
@@ -574,7 +944,8 @@ impl Core {
             }
         };
         let existing = |id: &crate::name::InstanceId| -> Result<(NodeId, ServiceKey), Response> {
-            match (self.catalog.instance(id), self.catalog.service_of(id)) {
+            let cat = self.replica.applied.lock();
+            match (cat.instance(id), cat.service_of(id)) {
                 (Some(r), Some(key)) => Ok((r.node_id.clone(), key.clone())),
                 _ => Err(Response::Rejected {
                     kind: RejectKind::NotFound,
@@ -678,64 +1049,118 @@ impl Core {
         }
     }
 
-    /// Applies a batch, makes it durable with one fsync, then answers and
-    /// publishes. A storage failure ends the process: the catalog in memory
-    /// is ahead of the disk and must not be served.
-    async fn commit(&mut self, proposals: Vec<(Envelope, Then)>) {
-        let started = Instant::now();
-        let mut results = Vec::with_capacity(proposals.len());
-        let mut entries = Vec::new();
-        for (env, then) in proposals {
-            let result = self.catalog.apply(&env);
-            if let Some(entry) = result
-                .as_ref()
-                .ok()
-                .and_then(|applied| LogEntry::committed(&env, applied))
-            {
-                entries.push(entry);
-            }
-            results.push((env, result, then));
-        }
-        if !entries.is_empty() {
-            let store = self.store.clone();
-            let count = entries.len() as u64;
-            let written = tokio::task::spawn_blocking(move || store.append(&entries)).await;
-            match written {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "arbiter store write failed; exiting so no undurable change is ever served");
-                    std::process::exit(70);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "arbiter store writer panicked; exiting");
-                    std::process::exit(70);
-                }
-            }
-            self.metrics.commits.inc_by(count);
-            self.metrics.batch_size.observe(count as f64);
-            self.log_since_compaction += count;
-        }
-        self.metrics
-            .commit_latency
-            .observe(started.elapsed().as_secs_f64());
-        let now = now_ms();
-        let mut changed: Vec<ServiceKey> = Vec::new();
-        for (env, result, then) in results {
-            if let Ok(applied) = &result {
-                changed.extend(applied.services.iter().cloned());
-                self.after_commit(&env, applied);
+    /// Proposes a batch: on the leader each goes to openraft (which batches
+    /// concurrent writes into one fsynced append and one replication round);
+    /// a follower hands each to the leader; with no leader known each is
+    /// refused as unavailable. The answers come back as `Done`.
+    fn propose(&mut self, proposals: Vec<(Envelope, Then)>) {
+        let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
+        for (envelope, then) in proposals {
+            let done = self.done_tx.clone();
+            if self.is_leader() {
+                let raft = self.replica.raft.clone();
+                let metrics = self.metrics.clone();
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let proposal = Proposal {
+                        envelope: envelope.clone(),
+                    };
+                    let decided = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
+                        Ok(Ok(written)) => match written.data.result {
+                            Some(result) => Decided::Local(result),
+                            None => Decided::Remote(peer::unavailable("the entry applied without a result".into())),
+                        },
+                        Ok(Err(e)) if peer::is_forward(&e) => Decided::Remote(peer::unavailable(format!(
+                            "leadership moved while committing: {e}; retry"
+                        ))),
+                        Ok(Err(e)) => Decided::Remote(peer::unavailable(format!("not committed: {e}"))),
+                        Err(_) => Decided::Remote(peer::unavailable(format!(
+                            "not committed within {} ms: this region's arbiter group has no quorum \
+                             (fewer than a majority of replicas reachable); writes resume when it has one",
+                            timeout.as_millis()
+                        ))),
+                    };
+                    if matches!(decided, Decided::Local(_)) {
+                        metrics
+                            .commit_latency
+                            .observe(started.elapsed().as_secs_f64());
+                    }
+                    let _ = done.send(Done::Decided {
+                        envelope,
+                        then,
+                        decided,
+                    });
+                });
             } else {
-                self.metrics.rejections.inc();
+                let request = PeerRequest::Propose(envelope.clone());
+                self.forward(request, timeout + Duration::from_secs(1), move |response| {
+                    let _ = done.send(Done::Decided {
+                        envelope,
+                        then,
+                        decided: Decided::Remote(response),
+                    });
+                });
             }
-            self.answer(then, &env, result);
         }
-        changed.sort();
-        changed.dedup();
-        let mut out = Vec::new();
-        self.dist.committed(&changed, now, &self.catalog, &mut out);
-        self.carry(out);
-        if self.log_since_compaction >= self.config.store.compact_every {
-            self.compact().await;
+    }
+
+    fn done(&mut self, done: Done) {
+        match done {
+            Done::Decided {
+                envelope,
+                then,
+                decided,
+            } => match decided {
+                Decided::Local(result) => {
+                    match &result {
+                        Ok(applied) => {
+                            self.metrics.commits.inc();
+                            self.after_commit(&envelope, applied);
+                        }
+                        Err(_) => {
+                            self.metrics.rejections.inc();
+                        }
+                    }
+                    self.finish(then, &envelope, Decided::Local(result));
+                }
+                Decided::Remote(response) => {
+                    if let Command::ExpireLease { node, .. } = &envelope.command {
+                        self.expiring.remove(node);
+                    }
+                    // Answer once this replica has applied the revision, so
+                    // the agent reads its own write here.
+                    if let Response::Committed {
+                        revision: Some(revision),
+                        ..
+                    } = &response
+                    {
+                        if *revision > self.mark.revision {
+                            self.deferred.push(Deferred {
+                                revision: *revision,
+                                deadline_ms: now_ms() + self.config.raft.write_timeout_ms,
+                                envelope,
+                                then,
+                                response,
+                            });
+                            return;
+                        }
+                    }
+                    self.finish(then, &envelope, Decided::Remote(response));
+                }
+            },
+            Done::Refused(refused) => {
+                for (node, reason) in refused {
+                    let agents: Vec<AgentId> = self
+                        .conns
+                        .iter()
+                        .filter(|(_, c)| c.session.as_ref().is_some_and(|(n, _)| *n == node))
+                        .map(|(a, _)| *a)
+                        .collect();
+                    for agent in agents {
+                        self.refuse(agent, reason.clone());
+                    }
+                }
+            }
         }
     }
 
@@ -754,77 +1179,221 @@ impl Core {
         }
     }
 
-    fn answer(&mut self, then: Then, env: &Envelope, result: Result<Applied, Rejection>) {
+    fn finish(&mut self, then: Then, env: &Envelope, decided: Decided) {
         match then {
-            Then::Nothing => {
-                if let Err(e) = result {
-                    tracing::debug!(command = env.command.kind(), error = %e, "internal proposal refused");
+            Then::Nothing => match decided {
+                Decided::Local(Err(e)) => {
+                    tracing::debug!(command = env.command.kind(), error = %e, "internal proposal refused")
                 }
-            }
-            Then::Reply(reply) => {
-                let _ = reply.send(response_of(&self.catalog, env, result));
-            }
-            Then::Welcome(agent) => match result {
-                Ok(_) => {
-                    let Command::GrantLease { node, ttl_ms, .. } = &env.command else {
-                        return;
-                    };
-                    let lease = self
-                        .catalog
-                        .leases()
-                        .get(node)
-                        .map(|l| l.id)
-                        .unwrap_or_default();
-                    let welcome = SessionDown::Welcome {
-                        region: self.region.clone(),
-                        shard: self.catalog.params().shard,
-                        revision: self.catalog.revision(),
-                        lease,
-                        ttl_ms: *ttl_ms,
-                    };
-                    tracing::info!(node = %node, lease = %lease, "agent session started");
-                    self.send(agent, welcome);
+                Decided::Remote(Response::Rejected { message, .. }) => {
+                    tracing::debug!(command = env.command.kind(), error = %message, "internal proposal refused")
                 }
-                Err(e) => {
-                    let reason = e.to_string();
-                    self.send(
-                        agent,
-                        SessionDown::Refused {
-                            reason: reason.clone(),
-                        },
-                    );
-                    self.close(agent, reason);
-                }
+                _ => {}
             },
+            Then::Reply(reply) => {
+                let response = match decided {
+                    Decided::Local(result) => {
+                        response_of(&self.replica.applied.lock(), env, result)
+                    }
+                    Decided::Remote(response) => response,
+                };
+                let _ = reply.send(response);
+            }
+            Then::Welcome(agent) => {
+                let refusal = match decided {
+                    Decided::Local(Ok(_)) | Decided::Remote(Response::Committed { .. }) => None,
+                    Decided::Local(Err(e)) => Some(e.to_string()),
+                    Decided::Remote(Response::Rejected { message, .. }) => Some(message),
+                    Decided::Remote(other) => Some(format!("unexpected answer {other:?}")),
+                };
+                if let Some(reason) = refusal {
+                    self.refuse(agent, reason);
+                    return;
+                }
+                let Command::GrantLease { node, ttl_ms, .. } = &env.command else {
+                    return;
+                };
+                let cat = self.replica.applied.lock();
+                let lease = cat.leases().get(node).map(|l| l.id).unwrap_or_default();
+                let welcome = SessionDown::Welcome {
+                    region: self.region.clone(),
+                    shard: cat.params().shard,
+                    revision: cat.revision(),
+                    lease,
+                    ttl_ms: *ttl_ms,
+                };
+                drop(cat);
+                tracing::info!(node = %node, lease = %lease, "agent session started");
+                self.send(agent, welcome);
+            }
         }
     }
 
-    async fn compact(&mut self) {
-        let snapshot = self.catalog.export();
-        let store = self.store.clone();
-        match tokio::task::spawn_blocking(move || store.compact(&snapshot)).await {
-            Ok(Ok(())) => {
-                self.log_since_compaction = 0;
-                tracing::info!(revision = %self.catalog.revision(), "catalog snapshot written; log truncated");
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "snapshot failed; the log keeps growing until the next try")
-            }
-            Err(e) => tracing::warn!(error = %e, "snapshot task failed"),
+    /// The replica applied more of the log (or installed a snapshot):
+    /// distributes what changed and answers what waited for it.
+    fn on_applied(&mut self, mark: AppliedMark) {
+        let now = now_ms();
+        let previous = std::mem::replace(&mut self.mark, mark);
+        let cat = self.replica.applied.lock();
+        let changed = if mark.installs != previous.installs {
+            None
+        } else {
+            cat.delta_log().services_after(previous.revision)
+        };
+        let changed = changed.unwrap_or_else(|| cat.services());
+        let mut out = Vec::new();
+        self.dist.committed(&changed, now, &cat, &mut out);
+        drop(cat);
+        self.carry(out);
+        if mark.installs != previous.installs && self.is_leader() {
+            let now = now_ms();
+            self.replica
+                .applied
+                .with_lease_memory(|leases| leases.extend_all(now));
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|d| d.revision <= mark.revision);
+        self.deferred = waiting;
+        for d in ready {
+            self.finish(d.then, &d.envelope, Decided::Remote(d.response));
+        }
+        self.answer_waiters(now);
+    }
+
+    /// Answers deferred writes whose revision has not arrived in time (this
+    /// replica lags): the write is committed, the answer says so.
+    fn expire_deferred(&mut self, now: u64) {
+        let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|d| now >= d.deadline_ms);
+        self.deferred = waiting;
+        for d in late {
+            tracing::warn!(revision = %d.revision, applied = %self.mark.revision, "this replica lags the leader; answering a committed write before applying it");
+            self.finish(d.then, &d.envelope, Decided::Remote(d.response));
         }
     }
 
-    /// Lease deadlines and purges: the leader's own proposals.
+    fn on_raft_metrics(&mut self, m: &openraft::RaftMetrics<ReplicaId, openraft::BasicNode>) {
+        let now = now_ms();
+        let leads = m.state == ServerState::Leader && m.current_leader == Some(self.replica.id);
+        let standing = if leads {
+            match self.standing {
+                Standing::Leader { since } => Standing::Leader { since },
+                Standing::Follower { .. } => Standing::Leader { since: now },
+            }
+        } else {
+            let leader = m.current_leader.and_then(|id| {
+                m.membership_config
+                    .nodes()
+                    .find(|(n, _)| **n == id)
+                    .map(|(_, node)| (id, node.addr.clone()))
+            });
+            Standing::Follower { leader }
+        };
+        if m.snapshot != self.snapshots_seen && m.snapshot.is_some() {
+            self.snapshots_seen = m.snapshot;
+            self.metrics.raft_snapshots.inc();
+        }
+        if standing == self.standing {
+            return;
+        }
+        match (&self.standing, &standing) {
+            (Standing::Follower { .. }, Standing::Leader { .. }) => {
+                // R3: no lease expires and no down verdict is accepted for
+                // having been silent towards the previous leader.
+                self.replica
+                    .applied
+                    .with_lease_memory(|leases| leases.extend_all(now));
+                self.expiring.clear();
+                self.heard_out.clear();
+                tracing::info!(
+                    replica = self.replica.id,
+                    term = m.current_term,
+                    "this replica leads; every lease extended by one TTL"
+                );
+            }
+            (Standing::Leader { .. }, Standing::Follower { leader }) => {
+                tracing::warn!(replica = self.replica.id, leader = ?leader, "this replica no longer leads");
+                for (_, held) in self.pending_downs.drain() {
+                    for reply in held.replies {
+                        let _ = reply.send(peer::unavailable(
+                            "this replica stopped leading while holding the down report; report again".into(),
+                        ));
+                    }
+                }
+                self.expiring.clear();
+            }
+            (_, Standing::Follower { leader }) => {
+                tracing::info!(replica = self.replica.id, leader = ?leader, "leader changed");
+            }
+            _ => {}
+        }
+        self.standing = standing;
+    }
+
+    /// A follower tells the leader which sessions it heard.
+    fn report_heard(&mut self, now: u64) {
+        if self.is_leader() || self.heard_out.is_empty() {
+            return;
+        }
+        let Standing::Follower {
+            leader: Some((_, addr)),
+        } = &self.standing
+        else {
+            return;
+        };
+        let heard: Vec<Heard> = self
+            .heard_out
+            .drain()
+            .map(|(node, note)| Heard {
+                node,
+                epoch: note.epoch,
+                ago_ms: now.saturating_sub(note.at_ms),
+                renewed: note.renewed,
+            })
+            .collect();
+        let addr = addr.clone();
+        let peers = self.replica.peers.clone();
+        let done = self.done_tx.clone();
+        let wait = Duration::from_millis(self.config.raft.write_timeout_ms);
+        tokio::spawn(async move {
+            match peers.call(&addr, &PeerRequest::Heard(heard), wait).await {
+                Ok(PeerResponse::Refused(refused)) if !refused.is_empty() => {
+                    let _ = done.send(Done::Refused(refused));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not report heard sessions to the leader")
+                }
+            }
+        });
+    }
+
+    /// When `node` was last heard, as the leader counts it: never earlier
+    /// than the moment this replica took over.
+    fn heard_at(&self, node: &NodeId) -> Option<u64> {
+        let since = match self.standing {
+            Standing::Leader { since } => since,
+            Standing::Follower { .. } => return self.last_heard.get(node).copied(),
+        };
+        Some(self.last_heard.get(node).map_or(since, |t| (*t).max(since)))
+    }
+
     /// Settles held down reports: heard again since the report → a
     /// partition inside the zone, nothing removed; silent for silence_ms →
     /// the verdict is proposed (both signals agree).
     fn decide_downs(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
+        if !self.is_leader() {
+            return;
+        }
         let silence = self.config.lease.silence_ms;
         let nodes: Vec<NodeId> = self.pending_downs.keys().cloned().collect();
         for node in nodes {
-            let heard = self.last_heard.get(&node).copied();
+            let heard = self.heard_at(&node);
             let reported_at = self.pending_downs[&node].reported_at;
-            if heard.is_some_and(|t| t > reported_at) {
+            let heard_directly = self.last_heard.get(&node).is_some_and(|t| *t > reported_at);
+            if heard_directly {
                 let held = self.pending_downs.remove(&node).expect("listed above");
                 self.metrics.down_reports_ignored.inc();
                 let ago = now.saturating_sub(heard.unwrap_or(now));
@@ -845,7 +1414,11 @@ impl Core {
                 };
                 let mut replies = held.replies.into_iter();
                 let first = replies.next();
-                let envelope = self.envelope(&held.identity, command, now);
+                let envelope = Envelope {
+                    at_ms: now,
+                    actor: held.actor,
+                    command,
+                };
                 match first {
                     Some(reply) => proposals.push((envelope, Then::Reply(reply))),
                     None => proposals.push((envelope, Then::Nothing)),
@@ -861,10 +1434,16 @@ impl Core {
         }
     }
 
+    /// Lease deadlines and purges: the leader's own proposals.
     fn sweep(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
+        if !self.is_leader() {
+            return;
+        }
         self.decide_downs(now, proposals);
         let due = self
-            .catalog
+            .replica
+            .applied
+            .lock()
             .leases()
             .due(now, self.config.guard.max_hold_ms);
         for (node, epoch) in due {
@@ -908,7 +1487,8 @@ impl Core {
     /// How many of `node`'s zone's leaseholders have had silent sessions for
     /// longer than the silence threshold (the node itself included).
     fn silent_in_zone(&self, node: &NodeId, now: u64) -> u32 {
-        let leases = self.catalog.leases();
+        let cat = self.replica.applied.lock();
+        let leases = cat.leases();
         let Some(zone) = leases.get(node).map(|l| l.zone.clone()) else {
             return 1;
         };
@@ -918,9 +1498,8 @@ impl Core {
             .into_iter()
             .filter(|l| l.zone == zone)
             .filter(|l| {
-                self.last_heard
-                    .get(&l.node)
-                    .is_none_or(|t| now.saturating_sub(*t) > silence)
+                self.heard_at(&l.node)
+                    .is_none_or(|t| now.saturating_sub(t) > silence)
             })
             .count()
             .max(1) as u32
@@ -930,9 +1509,11 @@ impl Core {
         let later = self.wakes.split_off(&(now + 1));
         let due = std::mem::replace(&mut self.wakes, later);
         let mut out = Vec::new();
+        let cat = self.replica.applied.lock();
         for agent in due.into_values().flatten() {
-            self.dist.wake(agent, now, &self.catalog, &mut out);
+            self.dist.wake(agent, now, &cat, &mut out);
         }
+        drop(cat);
         self.carry(out);
     }
 
@@ -972,9 +1553,10 @@ impl Core {
 
     fn refresh_metrics(&self) {
         let m = &self.metrics;
+        let cat = self.replica.applied.lock();
         m.ready.clear();
-        for key in self.catalog.services() {
-            if let Some(info) = self.catalog.service(&key) {
+        for key in cat.services() {
+            if let Some(info) = cat.service(&key) {
                 m.ready
                     .get_or_create(&ServiceLabel {
                         service: key.to_string(),
@@ -989,7 +1571,7 @@ impl Core {
                     .get_or_create(&NodeLabel {
                         node: node.to_string(),
                     })
-                    .set(self.dist.ack_lag(*agent, &self.catalog) as i64);
+                    .set(self.dist.ack_lag(*agent, &cat) as i64);
             }
         }
         let stats = self.dist.stats();
@@ -1002,12 +1584,34 @@ impl Core {
         m.stalled_agents.set(stats.stalled_agents as i64);
         m.connected_agents
             .set(self.conns.values().filter(|c| c.session.is_some()).count() as i64);
-        m.held_leases.set(self.catalog.leases().held() as i64);
-        m.leases.set(self.catalog.leases().len() as i64);
-        m.revision.set(self.catalog.revision().0 as i64);
+        m.held_leases.set(cat.leases().held() as i64);
+        m.leases.set(cat.leases().len() as i64);
+        m.revision.set(cat.revision().0 as i64);
+        drop(cat);
+        let raft = self.replica.raft.metrics().borrow().clone();
+        m.raft_term.set(raft.current_term as i64);
+        m.raft_leader
+            .set(raft.current_leader.map_or(0, |l| l as i64));
+        m.raft_is_leader.set(i64::from(self.is_leader()));
+        m.raft_last_log_index
+            .set(raft.last_log_index.unwrap_or(0) as i64);
+        m.raft_applied_index
+            .set(raft.last_applied.map_or(0, |l| l.index) as i64);
+        m.raft_apply_lag.clear();
+        if let Some(replication) = &raft.replication {
+            let last = raft.last_log_index.unwrap_or(0);
+            for (id, matched) in replication {
+                m.raft_apply_lag
+                    .get_or_create(&ReplicaLabel {
+                        replica: id.to_string(),
+                    })
+                    .set(last.saturating_sub(matched.map_or(0, |l| l.index)) as i64);
+            }
+        }
     }
 
     fn status(&self, now: u64) -> serde_json::Value {
+        let cat = self.replica.applied.lock();
         let agents: Vec<serde_json::Value> = self
             .conns
             .iter()
@@ -1017,22 +1621,68 @@ impl Core {
                     "node": node.as_str(),
                     "epoch": epoch.0,
                     "last_heard_ms_ago": self.last_heard.get(node).map(|t| now.saturating_sub(*t)),
-                    "ack_lag": self.dist.ack_lag(*agent, &self.catalog),
+                    "ack_lag": self.dist.ack_lag(*agent, &cat),
                 }))
             })
             .collect();
+        let raft = self.replica.raft.metrics().borrow().clone();
         serde_json::json!({
             "name": self.config.name,
             "region": self.region.as_str(),
-            "shard": self.catalog.params().shard.0,
-            "revision": self.catalog.revision().0,
-            "services": self.catalog.services().len(),
-            "leases": self.catalog.leases().len(),
-            "held_leases": self.catalog.leases().held(),
+            "shard": cat.params().shard.0,
+            "revision": cat.revision().0,
+            "services": cat.services().len(),
+            "leases": cat.leases().len(),
+            "held_leases": cat.leases().held(),
             "snapshots_in_flight": self.dist.snapshots_in_flight(),
             "agents": agents,
+            "raft": raft_json(&raft),
         })
     }
+}
+
+/// A replica's Raft state as the admin API shows it.
+pub fn raft_json(m: &openraft::RaftMetrics<ReplicaId, openraft::BasicNode>) -> serde_json::Value {
+    let membership = m.membership_config.membership();
+    let voters: std::collections::BTreeSet<ReplicaId> = membership.voter_ids().collect();
+    let last = m.last_log_index.unwrap_or(0);
+    let members: Vec<serde_json::Value> = membership
+        .nodes()
+        .map(|(id, node)| {
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id))
+                .map(|l| l.map_or(0, |l| l.index));
+            serde_json::json!({
+                "id": id,
+                "addr": node.addr,
+                "voter": voters.contains(id),
+                "leader": m.current_leader == Some(*id),
+                "matched_index": matched,
+                "lag": matched.map(|i| last.saturating_sub(i)),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": m.id,
+        "state": format!("{:?}", m.state),
+        "term": m.current_term,
+        "leader": m.current_leader,
+        "last_log_index": m.last_log_index,
+        "applied_index": m.last_applied.map(|l| l.index),
+        "snapshot_index": m.snapshot.map(|l| l.index),
+        "millis_since_quorum_ack": m.millis_since_quorum_ack,
+        "members": members,
+    })
+}
+
+fn no_leader() -> Response {
+    peer::unavailable(
+        "this region's arbiter group has no leader now (an election is running, or fewer than a \
+         majority of replicas are reachable); the write is not committed; retry"
+            .into(),
+    )
 }
 
 enum Authorized {

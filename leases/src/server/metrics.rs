@@ -24,6 +24,13 @@ pub struct NodeLabel {
     pub node: String,
 }
 
+/// Label of per-replica series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabel {
+    /// The replica's Raft id.
+    pub replica: String,
+}
+
 /// Every arbiter metric.
 pub struct Metrics {
     registry: Registry,
@@ -35,10 +42,9 @@ pub struct Metrics {
     pub commits: Counter,
     /// Requests rejected.
     pub rejections: Counter,
-    /// Time from a batch's first proposal to its fsync, in seconds.
+    /// Time from proposing a write on the leader to its being committed by
+    /// a quorum and applied, in seconds.
     pub commit_latency: Histogram,
-    /// Entries per group commit.
-    pub batch_size: Histogram,
     /// READY endpoints per service.
     pub ready: Family<ServiceLabel, Gauge>,
     /// Largest ack lag of each agent, in revisions.
@@ -64,6 +70,21 @@ pub struct Metrics {
     /// Gossip down reports about nodes whose session was still alive (a
     /// partition inside a zone): nothing was removed.
     pub down_reports_ignored: Counter,
+    /// The Raft term this replica knows.
+    pub raft_term: Gauge,
+    /// The leader's replica id (0: none known).
+    pub raft_leader: Gauge,
+    /// 1 on the leader, else 0.
+    pub raft_is_leader: Gauge,
+    /// The last log index this replica holds.
+    pub raft_last_log_index: Gauge,
+    /// The last log index this replica applied (its commit index as far as
+    /// it has acted on it).
+    pub raft_applied_index: Gauge,
+    /// On the leader: how many log entries each replica trails.
+    pub raft_apply_lag: Family<ReplicaLabel, Gauge>,
+    /// Raft snapshots this replica built or installed since start.
+    pub raft_snapshots: Counter,
 }
 
 impl Metrics {
@@ -76,7 +97,6 @@ impl Metrics {
             commits: Counter::default(),
             rejections: Counter::default(),
             commit_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
-            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             ready: Family::default(),
             ack_lag: Family::default(),
             snapshots_sent: Gauge::default(),
@@ -89,6 +109,13 @@ impl Metrics {
             revision: Gauge::default(),
             stalled_agents: Gauge::default(),
             down_reports_ignored: Counter::default(),
+            raft_term: Gauge::default(),
+            raft_leader: Gauge::default(),
+            raft_is_leader: Gauge::default(),
+            raft_last_log_index: Gauge::default(),
+            raft_applied_index: Gauge::default(),
+            raft_apply_lag: Family::default(),
+            raft_snapshots: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -109,13 +136,8 @@ impl Metrics {
         );
         registry.register(
             "commit_latency_seconds",
-            "From a batch's first proposal to its fsync",
+            "From proposing a write on the leader to its commit by a quorum and apply",
             m.commit_latency.clone(),
-        );
-        registry.register(
-            "commit_batch_entries",
-            "Log entries per group commit",
-            m.batch_size.clone(),
         );
         registry.register(
             "ready_endpoints",
@@ -172,6 +194,41 @@ impl Metrics {
             "down_reports_ignored",
             "Gossip down reports about nodes whose arbiter session was alive (partition inside a zone)",
             m.down_reports_ignored.clone(),
+        );
+        registry.register(
+            "raft_term",
+            "The Raft term this replica knows",
+            m.raft_term.clone(),
+        );
+        registry.register(
+            "raft_leader",
+            "The Raft leader's replica id (0: none known)",
+            m.raft_leader.clone(),
+        );
+        registry.register(
+            "raft_is_leader",
+            "1 on the Raft leader, else 0",
+            m.raft_is_leader.clone(),
+        );
+        registry.register(
+            "raft_last_log_index",
+            "The last Raft log index this replica holds",
+            m.raft_last_log_index.clone(),
+        );
+        registry.register(
+            "raft_applied_index",
+            "The last Raft log index this replica applied",
+            m.raft_applied_index.clone(),
+        );
+        registry.register(
+            "raft_replica_lag_entries",
+            "On the leader: log entries each replica trails",
+            m.raft_apply_lag.clone(),
+        );
+        registry.register(
+            "raft_snapshots",
+            "Raft snapshots built or installed since start",
+            m.raft_snapshots.clone(),
         );
         Metrics { registry, ..m }
     }

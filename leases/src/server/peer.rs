@@ -1,0 +1,501 @@
+//! Replica ↔ replica over the arbiter's QUIC port with mutual TLS: Raft's
+//! RPCs (openraft's `RaftNetwork`) and what a follower hands its leader.
+//!
+//! Only a certificate naming an arbiter of this region may speak here, in
+//! both directions: the server side is chosen by the caller's certificate
+//! (`connection.rs` sends arbiter identities to `serve`), and the client side
+//! checks the certificate of the replica it dialled. An agent's connection
+//! never reaches this module, so an agent cannot speak Raft.
+//!
+//! One request per bidirectional stream: one `PeerRequest` frame, one
+//! `PeerResponse` frame. A frame that is oversized or does not decode closes
+//! the connection and reaches neither Raft nor the core.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use foldhash::HashMap;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RPCTypes};
+use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::codec::{self, MAX_PEER_MESSAGE_BYTES};
+use crate::endpoint::Role;
+use crate::identity::Identity;
+use crate::name::Label;
+use crate::protocol::{
+    raft_rpc, MembershipChange, PeerRequest, PeerResponse, RejectKind, Response,
+};
+use crate::raft::{CatalogRaft, CatalogRaftNode, ReplicaId};
+use crate::server::connection::close_code;
+use crate::server::core::CoreMsg;
+use crate::tls::{self, TlsMaterial};
+
+/// Why a call to a peer replica failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PeerError {
+    /// No connection could be made or kept.
+    #[error("replica {addr} unreachable: {detail}")]
+    Unreachable {
+        /// The replica.
+        addr: String,
+        /// What failed.
+        detail: String,
+    },
+    /// No answer in time.
+    #[error("replica {addr} did not answer within {ms} ms")]
+    Timeout {
+        /// The replica.
+        addr: String,
+        /// The limit.
+        ms: u64,
+    },
+    /// The answer was not what the protocol allows.
+    #[error("replica {addr} answered badly: {detail}")]
+    Protocol {
+        /// The replica.
+        addr: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// The client side: one cached QUIC connection per peer address.
+pub struct Peers {
+    endpoint: quinn::Endpoint,
+    region: Label,
+    conns: Mutex<HashMap<String, quinn::Connection>>,
+}
+
+impl Peers {
+    /// A client endpoint presenting this replica's (arbiter) certificate.
+    pub fn new(material: &TlsMaterial, region: Label) -> std::io::Result<Arc<Peers>> {
+        let mut config = tls::client_config(material).map_err(std::io::Error::other)?;
+        let mut transport = quinn::TransportConfig::default();
+        transport.keep_alive_interval(Some(Duration::from_millis(500)));
+        transport.max_idle_timeout(Some(
+            Duration::from_secs(5)
+                .try_into()
+                .expect("5 s fits a QUIC idle timeout"),
+        ));
+        config.transport_config(Arc::new(transport));
+        let bind: std::net::SocketAddr = ([0, 0, 0, 0], 0).into();
+        let mut endpoint = quinn::Endpoint::client(bind)?;
+        endpoint.set_default_client_config(config);
+        Ok(Arc::new(Peers {
+            endpoint,
+            region,
+            conns: Mutex::new(HashMap::default()),
+        }))
+    }
+
+    fn cached(&self, addr: &str) -> Option<quinn::Connection> {
+        let conns = self.conns.lock().expect("peer map lock");
+        conns
+            .get(addr)
+            .filter(|c| c.close_reason().is_none())
+            .cloned()
+    }
+
+    async fn connect(&self, addr: &str) -> Result<quinn::Connection, PeerError> {
+        if let Some(conn) = self.cached(addr) {
+            return Ok(conn);
+        }
+        let unreachable = |detail: String| PeerError::Unreachable {
+            addr: addr.to_owned(),
+            detail,
+        };
+        let (host, _) = addr
+            .rsplit_once(':')
+            .ok_or_else(|| unreachable("not host:port".into()))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let socket = tokio::net::lookup_host(addr)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .next()
+            .ok_or_else(|| unreachable("the name resolves to no address".into()))?;
+        let conn = self
+            .endpoint
+            .connect(socket, host)
+            .map_err(|e| unreachable(e.to_string()))?
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let identity = tls::peer_identity(&conn).map_err(|e| unreachable(e.to_string()))?;
+        if identity.principal.role != Role::Arbiter || identity.region != self.region {
+            conn.close(
+                quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+                b"not an arbiter of this region",
+            );
+            return Err(unreachable(format!(
+                "its certificate names {} of region {}, not an arbiter of region {}",
+                identity.principal.role.as_str(),
+                identity.region,
+                self.region
+            )));
+        }
+        self.conns
+            .lock()
+            .expect("peer map lock")
+            .insert(addr.to_owned(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends `request` to the replica at `addr` and waits at most `timeout`
+    /// for its answer.
+    pub async fn call(
+        &self,
+        addr: &str,
+        request: &PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerResponse, PeerError> {
+        let bytes = codec::encode_peer_request(request);
+        let exchange = async {
+            let conn = self.connect(addr).await?;
+            let lost = |e: &dyn std::fmt::Display| PeerError::Unreachable {
+                addr: addr.to_owned(),
+                detail: e.to_string(),
+            };
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+            codec::write_frame(&mut send, &bytes)
+                .await
+                .map_err(|e| lost(&e))?;
+            let _ = send.finish();
+            let answer = codec::read_frame(&mut recv, MAX_PEER_MESSAGE_BYTES)
+                .await
+                .map_err(|e| lost(&e))?;
+            codec::decode_peer_response(&answer).map_err(|e| PeerError::Protocol {
+                addr: addr.to_owned(),
+                detail: e.to_string(),
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(PeerError::Timeout {
+                addr: addr.to_owned(),
+                ms: timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// Closes every connection.
+    pub fn close(&self) {
+        self.endpoint.close(
+            quinn::VarInt::from_u32(close_code::DONE),
+            b"replica stopping",
+        );
+    }
+}
+
+/// openraft's network: a `PeerLink` per target replica, over `Peers`.
+#[derive(Clone)]
+pub struct RaftNet(pub Arc<Peers>);
+
+impl RaftNetworkFactory<CatalogRaft> for RaftNet {
+    type Network = PeerLink;
+
+    async fn new_client(&mut self, target: ReplicaId, node: &BasicNode) -> PeerLink {
+        PeerLink {
+            target,
+            addr: node.addr.clone(),
+            peers: self.0.clone(),
+        }
+    }
+}
+
+/// The link to one replica.
+pub struct PeerLink {
+    target: ReplicaId,
+    addr: String,
+    peers: Arc<Peers>,
+}
+
+type RpcError<E = openraft::error::Infallible> =
+    RPCError<ReplicaId, BasicNode, RaftError<ReplicaId, E>>;
+
+impl PeerLink {
+    async fn call<E: std::error::Error>(
+        &self,
+        request: PeerRequest,
+        option: &RPCOption,
+        action: RPCTypes,
+    ) -> Result<PeerResponse, RpcError<E>> {
+        let timeout = option.hard_ttl();
+        self.peers
+            .call(&self.addr, &request, timeout)
+            .await
+            .map_err(|e| match e {
+                PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+                PeerError::Timeout { .. } => RPCError::Timeout(Timeout {
+                    action,
+                    id: 0,
+                    target: self.target,
+                    timeout,
+                }),
+                PeerError::Protocol { .. } => RPCError::Network(NetworkError::new(&e)),
+            })
+    }
+
+    fn mismatch<E: std::error::Error>(&self, got: &PeerResponse) -> RpcError<E> {
+        let detail = PeerError::Protocol {
+            addr: self.addr.clone(),
+            detail: format!("answered with {}", response_kind(got)),
+        };
+        RPCError::Network(NetworkError::new(&detail))
+    }
+}
+
+fn response_kind(r: &PeerResponse) -> &'static str {
+    match r {
+        PeerResponse::AppendEntries(_) => "AppendEntries",
+        PeerResponse::Vote(_) => "Vote",
+        PeerResponse::InstallSnapshot(_) => "InstallSnapshot",
+        PeerResponse::Answer(_) => "Answer",
+        PeerResponse::Refused(_) => "Refused",
+    }
+}
+
+impl RaftNetwork<CatalogRaft> for PeerLink {
+    async fn append_entries(
+        &mut self,
+        rpc: raft_rpc::AppendEntries,
+        option: RPCOption,
+    ) -> Result<openraft::raft::AppendEntriesResponse<ReplicaId>, RpcError> {
+        let answer = self
+            .call(
+                PeerRequest::AppendEntries(rpc),
+                &option,
+                RPCTypes::AppendEntries,
+            )
+            .await?;
+        match answer {
+            PeerResponse::AppendEntries(r) => {
+                r.map_err(|e| RemoteError::new(self.target, e).into())
+            }
+            other => Err(self.mismatch(&other)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: raft_rpc::InstallSnapshot,
+        option: RPCOption,
+    ) -> Result<openraft::raft::InstallSnapshotResponse<ReplicaId>, RpcError<InstallSnapshotError>>
+    {
+        let answer = self
+            .call(
+                PeerRequest::InstallSnapshot(rpc),
+                &option,
+                RPCTypes::InstallSnapshot,
+            )
+            .await?;
+        match answer {
+            PeerResponse::InstallSnapshot(r) => {
+                r.map_err(|e| RemoteError::new(self.target, e).into())
+            }
+            other => Err(self.mismatch(&other)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: raft_rpc::Vote,
+        option: RPCOption,
+    ) -> Result<openraft::raft::VoteResponse<ReplicaId>, RpcError> {
+        let answer = self
+            .call(PeerRequest::Vote(rpc), &option, RPCTypes::Vote)
+            .await?;
+        match answer {
+            PeerResponse::Vote(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
+            other => Err(self.mismatch(&other)),
+        }
+    }
+}
+
+/// Serves a connection whose certificate names `identity`, an arbiter.
+/// Another region's arbiter is refused.
+pub async fn serve(
+    conn: quinn::Connection,
+    identity: Identity,
+    region: Label,
+    raft: CatalogRaftNode,
+    core: mpsc::Sender<CoreMsg>,
+    timeout: Duration,
+) {
+    if identity.region != region {
+        let reason = format!(
+            "certificate is for region {}, this arbiter serves region {region}",
+            identity.region
+        );
+        tracing::warn!(remote = %conn.remote_address(), reason = %reason, "peer refused");
+        conn.close(
+            quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+            reason.as_bytes(),
+        );
+        return;
+    }
+    loop {
+        let Ok((send, recv)) = conn.accept_bi().await else {
+            return;
+        };
+        tokio::spawn(stream(
+            conn.clone(),
+            send,
+            recv,
+            raft.clone(),
+            core.clone(),
+            timeout,
+        ));
+    }
+}
+
+async fn stream(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    raft: CatalogRaftNode,
+    core: mpsc::Sender<CoreMsg>,
+    timeout: Duration,
+) {
+    let request = match codec::read_frame(&mut recv, MAX_PEER_MESSAGE_BYTES).await {
+        Ok(bytes) => codec::decode_peer_request(&bytes).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let request = match request {
+        Ok(request) => request,
+        Err(reason) => {
+            tracing::warn!(remote = %conn.remote_address(), reason = %reason, "bad frame from a peer replica; closing its connection");
+            let reason = format!("bad peer frame: {reason}");
+            conn.close(
+                quinn::VarInt::from_u32(close_code::PROTOCOL),
+                &reason.as_bytes()[..reason.len().min(1000)],
+            );
+            return;
+        }
+    };
+    let answer = handle(request, &raft, &core, timeout).await;
+    let _ = codec::write_frame(&mut send, &codec::encode_peer_response(&answer)).await;
+    let _ = send.finish();
+}
+
+async fn handle(
+    request: PeerRequest,
+    raft: &CatalogRaftNode,
+    core: &mpsc::Sender<CoreMsg>,
+    timeout: Duration,
+) -> PeerResponse {
+    match request {
+        PeerRequest::AppendEntries(rpc) => {
+            PeerResponse::AppendEntries(raft.append_entries(rpc).await)
+        }
+        PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
+        PeerRequest::InstallSnapshot(rpc) => {
+            PeerResponse::InstallSnapshot(raft.install_snapshot(rpc).await)
+        }
+        PeerRequest::Membership(change) => {
+            PeerResponse::Answer(change_membership(raft, change, timeout).await)
+        }
+        other => {
+            let (reply, answer) = oneshot::channel();
+            if core
+                .send(CoreMsg::Peer {
+                    request: other,
+                    reply,
+                })
+                .await
+                .is_err()
+            {
+                return PeerResponse::Answer(unavailable("this replica is stopping".into()));
+            }
+            answer.await.unwrap_or_else(|_| {
+                PeerResponse::Answer(unavailable("this replica is stopping".into()))
+            })
+        }
+    }
+}
+
+/// A refusal the caller should retry (HTTP 503).
+pub fn unavailable(message: String) -> Response {
+    Response::Rejected {
+        kind: RejectKind::Unavailable,
+        message,
+    }
+}
+
+/// Applies a membership change on the leader: an added replica first
+/// catches up as a learner, then joins the voters; a removed one leaves
+/// both. Answers `Committed` with no revision, or why not.
+pub async fn change_membership(
+    raft: &CatalogRaftNode,
+    change: MembershipChange,
+    timeout: Duration,
+) -> Response {
+    let work = async {
+        let voters: std::collections::BTreeSet<ReplicaId> = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        match change {
+            MembershipChange::Add { id, addr } => {
+                raft.add_learner(id, BasicNode::new(addr), true).await?;
+                let mut next = voters;
+                next.insert(id);
+                raft.change_membership(next, false).await?;
+            }
+            MembershipChange::Remove { id } => {
+                if voters.contains(&id) {
+                    let mut next = voters;
+                    next.remove(&id);
+                    raft.change_membership(next, false).await?;
+                } else {
+                    let gone = openraft::ChangeMembers::RemoveNodes([id].into());
+                    raft.change_membership(gone, false).await?;
+                }
+            }
+        }
+        Ok::<(), RaftError<ReplicaId, openraft::error::ClientWriteError<ReplicaId, BasicNode>>>(())
+    };
+    // Catching a new replica up can take a while; the membership change
+    // itself is bounded like any write once it starts.
+    match tokio::time::timeout(timeout * 20, work).await {
+        Ok(Ok(())) => Response::Committed {
+            revision: None,
+            generation: None,
+            state: None,
+        },
+        Ok(Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f)))) => {
+            unavailable(match f.leader_node {
+                Some(n) => format!(
+                    "this replica is not the leader; the leader is replica {} at {}",
+                    f.leader_id.unwrap_or_default(),
+                    n.addr
+                ),
+                None => "there is no leader now (no quorum?); retry".into(),
+            })
+        }
+        Ok(Err(RaftError::APIError(e))) => Response::Rejected {
+            kind: RejectKind::Invalid,
+            message: e.to_string(),
+        },
+        Ok(Err(e)) => unavailable(e.to_string()),
+        Err(_) => unavailable(format!(
+            "the membership change did not complete within {} ms; check `rollcall cluster members`",
+            (timeout * 20).as_millis()
+        )),
+    }
+}
+
+/// Whether the error says this replica is not (or no longer) the leader.
+pub fn is_forward(
+    e: &RaftError<ReplicaId, openraft::error::ClientWriteError<ReplicaId, BasicNode>>,
+) -> bool {
+    matches!(
+        e,
+        RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(_))
+    )
+}
