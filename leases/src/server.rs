@@ -207,6 +207,12 @@ impl ArbiterServer {
         &self.raft
     }
 
+    /// The UDP port this replica's calls to its peers leave from (tests cut
+    /// it to partition the replica).
+    pub fn peer_port(&self) -> u16 {
+        self.peers.local_addr().map_or(0, |a| a.port())
+    }
+
     /// Stops serving and waits until the storage is released, so the same
     /// data directory can be opened again (tests restart arbiters).
     pub async fn shutdown(self) {

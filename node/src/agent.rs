@@ -93,6 +93,9 @@ struct Inner {
     active: ActiveConnections,
     metrics: AgentMetrics,
     sessions: std::sync::atomic::AtomicU64,
+    /// A write was refused as unavailable (the arbiter group has no
+    /// quorum): reconcile again soon, without waiting for a reconnect.
+    retry_writes: std::sync::atomic::AtomicBool,
     config: AgentConfig,
     node: NodeId,
     zone: Label,
@@ -334,6 +337,7 @@ impl Agent {
                     .map_err(|e| AgentError::Config(e.to_string()))?,
                 metrics: AgentMetrics::new(),
                 sessions: std::sync::atomic::AtomicU64::new(0),
+                retry_writes: std::sync::atomic::AtomicBool::new(false),
                 node,
                 zone,
                 epoch,
@@ -363,6 +367,7 @@ impl Agent {
             tasks.push(tokio::spawn(agent.clone().link_loop(client)));
         }
         tasks.push(tokio::spawn(agent.clone().flush_loop()));
+        tasks.push(tokio::spawn(agent.clone().retry_loop()));
         tasks.push(tokio::spawn(agent.clone().health_loop()));
         let listener = tokio::net::TcpListener::bind(agent.inner.config.http_listen)
             .await
@@ -443,7 +448,10 @@ impl Agent {
         let min = self.inner.config.reconnect_min_ms;
         let max = self.inner.config.reconnect_max_ms;
         let mut failures: u32 = 0;
-        let mut attempt = 0usize;
+        // Agents spread over the replicas (any replica serves watches),
+        // each starting at a place fixed by its node id, then trying the
+        // next after a failure.
+        let mut attempt = xxhash_rust::xxh3::xxh3_64(self.inner.node.as_str().as_bytes()) as usize;
         loop {
             let address = &arbiters[attempt % arbiters.len()];
             attempt += 1;
@@ -741,12 +749,51 @@ impl Agent {
         }
     }
 
+    /// Sends one request. A refusal as unavailable (the region's arbiter
+    /// group has no quorum, or is electing) counts as not sent: the write
+    /// stays pending and is retried (`retry_loop`).
+    async fn ask(&self, conn: &ArbiterConn, request: &Request) -> Result<Response, ClientError> {
+        match conn.request(request).await? {
+            Response::Rejected {
+                kind: RejectKind::Unavailable,
+                message,
+            } => {
+                self.inner
+                    .retry_writes
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(ClientError::Connection(format!(
+                    "arbiter unavailable: {message}"
+                )))
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Re-sends pending writes every couple of seconds after one was refused
+    /// as unavailable, while the session stays up.
+    async fn retry_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(2_000));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(conn) = self.link() else { continue };
+            if self
+                .inner
+                .retry_writes
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::info!("retrying writes the arbiter refused as unavailable");
+                self.clone().reconcile(conn).await;
+            }
+        }
+    }
+
     // ----- reconciliation (R7) -----
 
     /// After a (re)connect: replays what is pending and reconciles the local
     /// registrations with the catalog's records on this node.
     async fn reconcile(self, conn: ArbiterConn) {
-        let listed = match conn.request(&Request::NodeInstances).await {
+        let listed = match self.ask(&conn, &Request::NodeInstances).await {
             Ok(Response::Instances(list)) => list,
             Ok(other) => {
                 tracing::warn!(answer = ?other, "unexpected answer to NodeInstances; reconciliation skipped");
@@ -863,7 +910,7 @@ impl Agent {
                 instance_id: stale.instance_id.clone(),
                 generation: stale.generation,
             };
-            if let Err(e) = conn.request(&request).await {
+            if let Err(e) = self.ask(&conn, &request).await {
                 tracing::warn!(error = %e, "reconciliation interrupted");
                 return;
             }
@@ -884,8 +931,11 @@ impl Agent {
         let Some(local) = self.lock().regs.get(id).cloned() else {
             return Ok(());
         };
-        match conn
-            .request(&Request::Register(self.registration(&local.registration)))
+        match self
+            .ask(
+                conn,
+                &Request::Register(self.registration(&local.registration)),
+            )
             .await?
         {
             Response::Committed {
@@ -934,7 +984,7 @@ impl Agent {
                 generation,
             },
         };
-        let response = conn.request(&request).await?;
+        let response = self.ask(conn, &request).await?;
         let mut state = self.lock();
         match (&response, local.intent) {
             (Response::Committed { .. }, Intent::Leave)
@@ -1148,7 +1198,7 @@ impl Agent {
             to: want.0,
             reason: want.1.clone(),
         };
-        match conn.request(&request).await? {
+        match self.ask(conn, &request).await? {
             Response::Committed { .. } => {
                 let mut state = self.lock();
                 if state.desired.get(id) == Some(&want) {
@@ -1174,7 +1224,7 @@ impl Agent {
             generation,
             liveness,
         };
-        if let Err(e) = conn.request(&request).await {
+        if let Err(e) = self.ask(&conn, &request).await {
             tracing::warn!(instance = %id, error = %e, "liveness not sent");
         }
     }
@@ -1239,11 +1289,14 @@ impl Agent {
 
     async fn report_down(&self, node: NodeId, epoch: AgentEpoch) {
         let Some(conn) = self.link() else { return };
-        match conn
-            .request(&Request::ReportDown {
-                node: node.clone(),
-                epoch,
-            })
+        match self
+            .ask(
+                &conn,
+                &Request::ReportDown {
+                    node: node.clone(),
+                    epoch,
+                },
+            )
             .await
         {
             Ok(Response::Committed { .. }) => {
@@ -1380,8 +1433,8 @@ impl Agent {
         self.authorize(caller, &reg.service)?;
         let id = reg.instance_id.clone();
         if let Some(conn) = self.link() {
-            match conn
-                .request(&Request::Register(self.registration(&reg)))
+            match self
+                .ask(&conn, &Request::Register(self.registration(&reg)))
                 .await
             {
                 Ok(Response::Committed {
@@ -1526,7 +1579,7 @@ impl Agent {
             to: State::Draining,
             reason: drain_reason(),
         };
-        match conn.request(&request).await {
+        match self.ask(&conn, &request).await {
             Ok(Response::Committed { revision, .. }) => {
                 self.mark_committed(id);
                 tokio::spawn(self.clone().finish_drain(id.clone(), generation));
@@ -1599,7 +1652,7 @@ impl Agent {
             revision,
             timeout_ms: self.inner.config.propagation_timeout_ms,
         };
-        match conn.request(&request).await {
+        match self.ask(conn, &request).await {
             Ok(Response::Propagated { acked, total }) => Ok(Propagated {
                 acked,
                 total,
@@ -1659,11 +1712,14 @@ impl Agent {
                 serde_json::json!({"revision": null, "pending": true}),
             ));
         };
-        match conn
-            .request(&Request::Deregister {
-                instance_id: id.clone(),
-                generation,
-            })
+        match self
+            .ask(
+                &conn,
+                &Request::Deregister {
+                    instance_id: id.clone(),
+                    generation,
+                },
+            )
             .await
         {
             Ok(Response::Committed { revision, .. }) => {

@@ -152,11 +152,18 @@ impl Peers {
         timeout: Duration,
     ) -> Result<PeerResponse, PeerError> {
         let bytes = codec::encode_peer_request(request);
+        let started = std::time::Instant::now();
         let exchange = async {
+            tracing::trace!(addr, "peer call: connecting");
             let conn = self.connect(addr).await?;
+            tracing::trace!(addr, "peer call: connected");
+            // A closed connection's reason says more than the stream error.
             let lost = |e: &dyn std::fmt::Display| PeerError::Unreachable {
                 addr: addr.to_owned(),
-                detail: e.to_string(),
+                detail: match conn.close_reason() {
+                    Some(reason) => format!("{e}: {reason}"),
+                    None => e.to_string(),
+                },
             };
             let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
             codec::write_frame(&mut send, &bytes)
@@ -172,12 +179,29 @@ impl Peers {
             })
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(PeerError::Timeout {
-                addr: addr.to_owned(),
-                ms: timeout.as_millis() as u64,
-            }),
+            Ok(result) => {
+                tracing::trace!(
+                    addr,
+                    kind = request_kind(request),
+                    ms = started.elapsed().as_millis() as u64,
+                    ok = result.is_ok(),
+                    "peer call"
+                );
+                result
+            }
+            Err(_) => {
+                tracing::trace!(addr, kind = request_kind(request), "peer call timed out");
+                Err(PeerError::Timeout {
+                    addr: addr.to_owned(),
+                    ms: timeout.as_millis() as u64,
+                })
+            }
         }
+    }
+
+    /// The local address peer calls leave from.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.endpoint.local_addr()
     }
 
     /// Closes every connection.
@@ -244,6 +268,19 @@ impl PeerLink {
             detail: format!("answered with {}", response_kind(got)),
         };
         RPCError::Network(NetworkError::new(&detail))
+    }
+}
+
+fn request_kind(r: &PeerRequest) -> &'static str {
+    match r {
+        PeerRequest::AppendEntries(_) => "AppendEntries",
+        PeerRequest::Vote(_) => "Vote",
+        PeerRequest::InstallSnapshot(_) => "InstallSnapshot",
+        PeerRequest::Propose(_) => "Propose",
+        PeerRequest::Heard(_) => "Heard",
+        PeerRequest::ReportDown { .. } => "ReportDown",
+        PeerRequest::Membership(_) => "Membership",
+        PeerRequest::Propagation { .. } => "Propagation",
     }
 }
 
@@ -375,7 +412,14 @@ async fn stream(
             return;
         }
     };
+    let started = std::time::Instant::now();
+    let kind = request_kind(&request);
     let answer = handle(request, &raft, &core, timeout).await;
+    tracing::debug!(
+        kind,
+        ms = started.elapsed().as_millis() as u64,
+        "peer request served"
+    );
     let _ = codec::write_frame(&mut send, &codec::encode_peer_response(&answer)).await;
     let _ = send.finish();
 }

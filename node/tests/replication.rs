@@ -1,0 +1,690 @@
+//! Three arbiter replicas (openraft over QUIC + mTLS on loopback) with real
+//! agents: a leader killed during a stream of writes, a minority partition,
+//! a wiped follower, two leader changes in a row, and quorum loss.
+//!
+//! Replicas reach each other through UDP relays the test owns, so a
+//! partition drops packets (as a cut link does) instead of closing sockets.
+//! Waits are generous; they bound hangs, they are not timing claims (the
+//! benchmark `leases/benches/replication.rs` measures times).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{eventually, free_udp_port, Cluster, Http};
+use rollcall_config::{AgentConfig, ArbiterConfig, ReplicaEntry};
+use rollcall_leases::client::ArbiterClient;
+use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
+use rollcall_leases::server::ArbiterServer;
+use rollcall_leases::tls::{Ca, TlsMaterial};
+use rollcall_leases::{AgentEpoch, Label, NodeId, Role};
+use rollcall_node::agent::{Agent, AgentHandle};
+use serde_json::Value;
+use tokio::net::UdpSocket;
+
+/// A UDP relay in front of one replica's QUIC port: peers dial the relay.
+/// `cut` drops everything; `blocked` drops packets from those source ports
+/// (a replica's outgoing peer socket), in both directions.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    blocked: Arc<Mutex<HashSet<u16>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: SocketAddr) -> Relay {
+        let listen = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = listen.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let blocked: Arc<Mutex<HashSet<u16>>> = Arc::default();
+        let (c, b) = (cut.clone(), blocked.clone());
+        let task = tokio::spawn(async move {
+            let mut routes: BTreeMap<SocketAddr, Arc<UdpSocket>> = BTreeMap::new();
+            let mut buf = vec![0u8; 65_536];
+            loop {
+                let Ok((n, from)) = listen.recv_from(&mut buf).await else {
+                    return;
+                };
+                let dropped = move |c: &AtomicBool, b: &Mutex<HashSet<u16>>| {
+                    c.load(Ordering::Relaxed) || b.lock().unwrap().contains(&from.port())
+                };
+                if dropped(&c, &b) {
+                    continue;
+                }
+                let out = match routes.get(&from) {
+                    Some(out) => out.clone(),
+                    None => {
+                        let out = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+                        out.connect(upstream).await.unwrap();
+                        routes.insert(from, out.clone());
+                        let (back, listen, c, b) =
+                            (out.clone(), listen.clone(), c.clone(), b.clone());
+                        tokio::spawn(async move {
+                            let mut buf = vec![0u8; 65_536];
+                            loop {
+                                // A connected UDP socket reports an ICMP
+                                // "port unreachable" (a replica not started
+                                // yet) as an error on the next receive.
+                                let Ok(n) = back.recv(&mut buf).await else {
+                                    continue;
+                                };
+                                if !dropped(&c, &b) {
+                                    let _ = listen.send_to(&buf[..n], from).await;
+                                }
+                            }
+                        });
+                        out
+                    }
+                };
+                let _ = out.send(&buf[..n]).await;
+            }
+        });
+        Relay {
+            addr,
+            cut,
+            blocked,
+            task,
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Three replicas of region r1, ids 1–3.
+struct Group {
+    ca: Ca,
+    dir: tempfile::TempDir,
+    configs: Vec<ArbiterConfig>,
+    tls: Vec<TlsMaterial>,
+    servers: Vec<Option<ArbiterServer>>,
+    relays: Vec<Relay>,
+}
+
+impl Group {
+    async fn start(tune: impl Fn(&mut ArbiterConfig)) -> Group {
+        // RUST_LOG=info shows the replicas' elections when a test fails.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+        let mut relays = Vec::new();
+        for port in &ports {
+            relays.push(Relay::start(SocketAddr::from(([127, 0, 0, 1], *port))).await);
+        }
+        let replicas: Vec<ReplicaEntry> = relays
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ReplicaEntry {
+                id: i as u64 + 1,
+                addr: r.addr.to_string(),
+            })
+            .collect();
+        let mut configs = Vec::new();
+        let mut tls = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let mut config = ArbiterConfig {
+                name: format!("arbiter-{}", i + 1),
+                listen: SocketAddr::from(([127, 0, 0, 1], *port)),
+                admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+                data_dir: dir.path().join(format!("arbiter-{}", i + 1)),
+                ..ArbiterConfig::default()
+            };
+            config.raft.id = i as u64 + 1;
+            config.raft.replicas = replicas.clone();
+            config.raft.write_timeout_ms = 2_000;
+            tune(&mut config);
+            configs.push(config);
+            tls.push(Cluster::material(
+                &ca,
+                Role::Arbiter,
+                &format!("arbiter-{}", i + 1),
+            ));
+        }
+        let mut group = Group {
+            ca,
+            dir,
+            configs,
+            tls,
+            servers: vec![None, None, None],
+            relays,
+        };
+        for i in 0..3 {
+            group.start_replica(i).await;
+        }
+        group
+    }
+
+    async fn start_replica(&mut self, i: usize) {
+        let server = ArbiterServer::start(self.configs[i].clone(), &self.tls[i])
+            .await
+            .unwrap();
+        self.servers[i] = Some(server);
+    }
+
+    async fn stop_replica(&mut self, i: usize) {
+        if let Some(server) = self.servers[i].take() {
+            server.shutdown().await;
+        }
+    }
+
+    fn quic_addrs(&self) -> Vec<String> {
+        self.configs.iter().map(|c| c.listen.to_string()).collect()
+    }
+
+    /// The leader's index as replica `from` sees it, once it sees one.
+    async fn leader_seen_by(&self, from: usize) -> usize {
+        let raft = self.servers[from].as_ref().unwrap().raft().clone();
+        eventually("a leader is elected", || {
+            let raft = raft.clone();
+            async move {
+                raft.metrics()
+                    .borrow()
+                    .current_leader
+                    .map(|id| id as usize - 1)
+            }
+        })
+        .await
+    }
+
+    /// The leader, once every running replica agrees on one.
+    async fn leader(&self) -> usize {
+        eventually("the running replicas agree on a leader", || async {
+            let seen: BTreeSet<Option<u64>> = self
+                .servers
+                .iter()
+                .flatten()
+                .map(|s| s.raft().metrics().borrow().current_leader)
+                .collect();
+            match seen.into_iter().collect::<Vec<_>>()[..] {
+                [Some(id)] if self.servers[id as usize - 1].is_some() => Some(id as usize - 1),
+                _ => None,
+            }
+        })
+        .await
+    }
+
+    fn admin(&self, i: usize) -> common::Admin {
+        let server = self.servers[i].as_ref().expect("replica running");
+        common::Admin {
+            base: format!("http://{}", server.admin_addr),
+            token: std::fs::read_to_string(&server.token_file)
+                .unwrap()
+                .trim()
+                .to_owned(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// Every audit entry replica `i` holds, oldest first.
+    async fn audit(&self, i: usize) -> Vec<Value> {
+        let (status, body) = self.admin(i).get("/v1/audit?limit=10000").await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().unwrap().clone()
+    }
+
+    /// Cuts replica `i` off from the other replicas, both directions.
+    fn isolate(&self, i: usize) {
+        self.relays[i].cut.store(true, Ordering::Relaxed);
+        let port = self.servers[i].as_ref().unwrap().peer_port();
+        for (j, relay) in self.relays.iter().enumerate() {
+            if j != i {
+                relay.blocked.lock().unwrap().insert(port);
+            }
+        }
+    }
+
+    fn heal(&self) {
+        for relay in &self.relays {
+            relay.cut.store(false, Ordering::Relaxed);
+            relay.blocked.lock().unwrap().clear();
+        }
+    }
+
+    fn agent_config(&self, node: &str, arbiters: Vec<String>) -> AgentConfig {
+        AgentConfig {
+            node_id: node.into(),
+            region: "r1".into(),
+            data_dir: self.dir.path().join("agents").join(node),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dns_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            arbiters,
+            reconnect_min_ms: 50,
+            reconnect_max_ms: 500,
+            ..AgentConfig::default()
+        }
+    }
+
+    async fn agent(&self, node: &str) -> AgentHandle {
+        self.agent_on(node, self.quic_addrs()).await
+    }
+
+    async fn agent_on(&self, node: &str, arbiters: Vec<String>) -> AgentHandle {
+        let tls = Cluster::material(&self.ca, Role::Agent, node);
+        Agent::start(self.agent_config(node, arbiters), Some(&tls))
+            .await
+            .unwrap()
+    }
+}
+
+/// The order of `addrs` that makes an agent for `node` start on `first`
+/// (agents start at a place fixed by their node id, then move on).
+fn starting_at(node: &str, addrs: &[String], first: usize) -> Vec<String> {
+    let start = xxhash_rust::xxh3::xxh3_64(node.as_bytes()) as usize % addrs.len();
+    let mut order: Vec<String> = addrs.to_vec();
+    order.swap(start, first);
+    order
+}
+
+fn counter(handle: &AgentHandle, name: &str) -> f64 {
+    handle
+        .agent
+        .metrics_text()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Audit revisions are 1, 2, …, n with no gap.
+fn assert_contiguous(audit: &[Value]) {
+    let revisions: Vec<u64> = audit
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = (1..=revisions.len() as u64).collect();
+    assert_eq!(revisions, expected, "revisions are contiguous");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_during_writes_loses_no_acknowledged_write_and_agents_resume_by_delta() {
+    let mut group = Group::start(|_| {}).await;
+    let leader = group.leader().await;
+
+    // The writer stays on a follower; the watcher starts on the leader.
+    let follower = (leader + 1) % 3;
+    let writer = group
+        .agent_on(
+            "writer",
+            starting_at("writer", &group.quic_addrs(), follower),
+        )
+        .await;
+    let watcher = group
+        .agent_on(
+            "watcher",
+            starting_at("watcher", &group.quic_addrs(), leader),
+        )
+        .await;
+    let (w, v) = (Http::of(&writer), Http::of(&watcher));
+    w.wait_connected().await;
+    v.wait_connected().await;
+    assert_eq!(
+        v.status().await["arbiter"]["address"],
+        group.quic_addrs()[leader],
+        "the watcher's session is on the leader"
+    );
+    let (status, _) = w.register("web", "web-0", 9000).await;
+    assert_eq!(status, 200);
+    eventually("the watcher sees web-0", || async {
+        v.ready_ids("web").await.filter(|ids| ids.len() == 1)
+    })
+    .await;
+    let snapshots_before = counter(&watcher, "rollcall_agent_snapshots_applied_total");
+
+    let mut acknowledged = Vec::new();
+    let mut pending = Vec::new();
+    for i in 1..=40u16 {
+        if i == 15 {
+            group.stop_replica(leader).await;
+        }
+        let id = format!("web-{i}");
+        let (status, body) = w.register("web", &id, 9000 + i).await;
+        match status {
+            200 => acknowledged.push(id),
+            202 => pending.push(id),
+            other => panic!("registration {id} answered {other}: {body}"),
+        }
+    }
+    let new_leader = group.leader_seen_by(follower).await;
+    assert_ne!(new_leader, leader, "a new leader took over");
+    assert!(
+        acknowledged.len() >= 14,
+        "writes before the kill were acknowledged"
+    );
+
+    // Pending writes go through once the new leader is there; every write
+    // reaches the watcher, which moved to a surviving replica.
+    eventually("all 41 instances are READY at the watcher", || async {
+        v.ready_ids("web").await.filter(|ids| ids.len() == 41)
+    })
+    .await;
+    assert!(v.connected().await);
+    assert_ne!(
+        v.status().await["arbiter"]["address"],
+        group.quic_addrs()[leader]
+    );
+    assert!(counter(&watcher, "rollcall_agent_reconnects_total") >= 1.0);
+    assert_eq!(
+        counter(&watcher, "rollcall_agent_snapshots_applied_total"),
+        snapshots_before,
+        "the watcher resumed by delta on the other replica, no snapshot"
+    );
+
+    // No acknowledged write is lost and revisions are contiguous on both
+    // survivors, which agree entry by entry.
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let audits = [
+        group.audit(survivors[0]).await,
+        group.audit(survivors[1]).await,
+    ];
+    for audit in &audits {
+        assert_contiguous(audit);
+        let registered: HashSet<&str> = audit
+            .iter()
+            .filter(|e| e["command"] == "register")
+            .map(|e| e["instance"].as_str().unwrap())
+            .collect();
+        for id in acknowledged.iter().chain(&pending) {
+            assert!(registered.contains(id.as_str()), "{id} is in the log");
+        }
+    }
+    let last = |a: &[Value]| a.last().unwrap()["revision"].as_u64().unwrap();
+    eventually("survivors applied the same log", || async {
+        let a = group.audit(survivors[0]).await;
+        let b = group.audit(survivors[1]).await;
+        (last(&a) == last(&b) && a == b).then_some(())
+    })
+    .await;
+    writer.shutdown().await;
+    watcher.shutdown().await;
+    for i in survivors {
+        group.stop_replica(i).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_partition_refuses_writes_while_the_majority_accepts_them() {
+    let group = Group::start(|_| {}).await;
+    let leader = group.leader().await;
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    // One agent writes through the old leader, one through a majority replica.
+    let minority = group
+        .agent_on("minority", vec![group.quic_addrs()[leader].clone()])
+        .await;
+    let majority = group
+        .agent_on("majority", vec![group.quic_addrs()[others[0]].clone()])
+        .await;
+    let (m1, m2) = (Http::of(&minority), Http::of(&majority));
+    m1.wait_connected().await;
+    m2.wait_connected().await;
+    assert_eq!(m1.register("api", "api-0", 7000).await.0, 200);
+
+    group.isolate(leader);
+    let new_leader = eventually("the majority elects a new leader", || async {
+        let seen = group.leader_seen_by(others[0]).await;
+        (seen != leader).then_some(seen)
+    })
+    .await;
+    assert!(others.contains(&new_leader));
+
+    // The majority commits; the isolated old leader cannot, and says so.
+    let (status, body) = m2.register("api", "api-1", 7001).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = m1.register("api", "api-2", 7002).await;
+    assert_eq!(status, 202, "kept pending, not committed: {body}");
+    assert_eq!(body["pending"], true);
+    let registered = |audit: &[Value], id: &str| {
+        audit
+            .iter()
+            .any(|e| e["command"] == "register" && e["instance"] == id)
+    };
+    let audit = group.audit(others[0]).await;
+    assert!(registered(&audit, "api-1"));
+    assert!(!registered(&audit, "api-2"));
+
+    // Healed: the old leader follows, and the pending write goes through.
+    group.heal();
+    eventually(
+        "the pending write commits after the partition heals",
+        || async {
+            let audit = group.audit(others[1]).await;
+            registered(&audit, "api-2").then_some(())
+        },
+    )
+    .await;
+    let audit = group.audit(others[0]).await;
+    assert_contiguous(&audit);
+    minority.shutdown().await;
+    majority.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_rejoins_from_a_snapshot() {
+    let mut group = Group::start(|c| c.store.compact_every = 20).await;
+    let leader = group.leader().await;
+    // Replica 1 initializes new groups, so wipe another one.
+    let wiped = (1..3).find(|i| *i != leader).unwrap();
+    let writer = group.agent("writer").await;
+    let w = Http::of(&writer);
+    w.wait_connected().await;
+    for i in 0..60u16 {
+        let (status, body) = w.register("db", &format!("db-{i}"), 5000 + i).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    group.stop_replica(wiped).await;
+    std::fs::remove_dir_all(&group.configs[wiped].data_dir).unwrap();
+    // Written while it is gone, so it must catch up past a purged log.
+    for i in 60..80u16 {
+        let (status, body) = w.register("db", &format!("db-{i}"), 5000 + i).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    group.start_replica(wiped).await;
+    let leader_revision = group.admin(leader).revision().await;
+    eventually("the wiped replica caught up", || async {
+        (group.admin(wiped).revision().await == leader_revision).then_some(())
+    })
+    .await;
+    let raft = group.servers[wiped].as_ref().unwrap().raft().clone();
+    let metrics = raft.metrics().borrow().clone();
+    assert!(
+        metrics.snapshot.is_some(),
+        "it holds a snapshot: it caught up from one"
+    );
+    let status = group.admin(wiped).status().await;
+    assert_eq!(status["services"], 1);
+    assert_eq!(
+        status["raft"]["members"].as_array().unwrap().len(),
+        3,
+        "it knows the group"
+    );
+    writer.shutdown().await;
+}
+
+/// Opens a session as node `reporter` on replica `on` and reports `node`
+/// down, as an agent whose gossip lost sight of it would.
+async fn report_down(group: &Group, on: usize, node: &str, epoch: AgentEpoch) -> Response {
+    let reporter = "reporter";
+    let client = ArbiterClient::new(&Cluster::material(&group.ca, Role::Agent, reporter)).unwrap();
+    let conn = client.connect(&group.quic_addrs()[on]).await.unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new(reporter).unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("default").unwrap(),
+    };
+    let (_writer, mut reader) = conn.open_session(&hello).await.unwrap();
+    let welcome = reader.next().await.unwrap();
+    assert!(
+        matches!(welcome, SessionDown::Welcome { .. }),
+        "{welcome:?}"
+    );
+    let answer = conn
+        .request(&Request::ReportDown {
+            node: NodeId::new(node).unwrap(),
+            epoch,
+        })
+        .await
+        .unwrap();
+    let left = conn
+        .request(&Request::Leave {
+            epoch: AgentEpoch(1),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(left, Response::Committed { .. }), "{left:?}");
+    conn.close("done");
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_about_a_live_agent()
+{
+    let mut group = Group::start(|c| {
+        c.lease.ttl_ms = 3_000;
+        c.lease.silence_ms = 1_000;
+        c.lease.sweep_interval_ms = 100;
+    })
+    .await;
+    let nodes = ["a1", "a2", "a3"];
+    let mut agents = Vec::new();
+    for node in nodes {
+        let mut config = group.agent_config(node, group.quic_addrs());
+        config.keepalive_ms = 200;
+        let tls = Cluster::material(&group.ca, Role::Agent, node);
+        agents.push(Agent::start(config, Some(&tls)).await.unwrap());
+    }
+    for (i, agent) in agents.iter().enumerate() {
+        let http = Http::of(agent);
+        http.wait_connected().await;
+        assert_eq!(
+            http.register("cart", &format!("cart-{i}"), 6000 + i as u16)
+                .await
+                .0,
+            200
+        );
+    }
+
+    for change in 0..2 {
+        let leader = group.leader().await;
+        group.stop_replica(leader).await;
+        let survivor = (leader + 1) % 3;
+        let next = eventually("a new leader", || async {
+            let seen = group.leader_seen_by(survivor).await;
+            (seen != leader).then_some(seen)
+        })
+        .await;
+        // Right after the election, a down report about a live agent (as
+        // a gossip peer that lost sight of it would send).
+        let answer = report_down(&group, survivor, "a2", agents[1].agent.epoch()).await;
+        assert!(
+            matches!(
+                &answer,
+                Response::Rejected { kind: RejectKind::Invalid, message } if message.contains("alive")
+            ),
+            "change {change}: the down report about live a2 is refused: {answer:?}"
+        );
+        let leases_before: u64 = group.admin(next).status().await["leases"].as_u64().unwrap();
+        assert_eq!(leases_before, 3, "change {change}: every lease is there");
+        // Longer than a TTL, so a lease nobody renewed would expire.
+        tokio::time::sleep(Duration::from_millis(4_000)).await;
+        group.start_replica(leader).await;
+        let _ = group.leader().await;
+    }
+
+    let leader = group.leader().await;
+    let audit = group.audit(leader).await;
+    let ended: Vec<&Value> = audit
+        .iter()
+        .filter(|e| {
+            let c = e["command"].as_str().unwrap();
+            (c == "expire-lease" || c == "node-down")
+                && !e["detail"].as_str().unwrap().contains("reporter")
+        })
+        .collect();
+    assert!(
+        ended.is_empty(),
+        "no lease expired, no node marked down: {ended:?}"
+    );
+    let status = group.admin(leader).status().await;
+    assert_eq!(status["leases"], 3);
+    assert_eq!(status["held_leases"], 0);
+    let viewer = Http::of(&agents[1]);
+    eventually("every instance stays READY", || async {
+        viewer.ready_ids("cart").await.filter(|ids| ids.len() == 3)
+    })
+    .await;
+    for agent in agents {
+        agent.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_agents_serve_their_cache_keep_writes_pending_and_send_them_when_it_returns()
+{
+    let mut group = Group::start(|_| {}).await;
+    let _ = group.leader().await;
+    let agent = group.agent("solo").await;
+    let http = Http::of(&agent);
+    http.wait_connected().await;
+    assert_eq!(http.register("pay", "pay-0", 4000).await.0, 200);
+
+    // Two of three replicas gone: no quorum.
+    let connected_to = http.status().await["arbiter"]["address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let keep = group
+        .quic_addrs()
+        .iter()
+        .position(|a| *a == connected_to)
+        .unwrap();
+    for i in (0..3).filter(|i| *i != keep) {
+        group.stop_replica(i).await;
+    }
+    // The cache still answers while writes are refused and kept pending.
+    let (status, body) = http.register("pay", "pay-1", 4001).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(http.ready_ids("pay").await.unwrap(), vec!["pay-0"]);
+    let (status, body) = http.resolve("pay").await;
+    assert_eq!(status, 200, "{body}");
+
+    for i in (0..3).filter(|i| *i != keep) {
+        group.start_replica(i).await;
+    }
+    eventually(
+        "the pending registration commits once quorum is back",
+        || async { http.ready_ids("pay").await.filter(|ids| ids.len() == 2) },
+    )
+    .await;
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_certificate_cannot_speak_raft() {
+    let group = Group::start(|_| {}).await;
+    let _ = group.leader().await;
+    let agent_tls = Cluster::material(&group.ca, Role::Agent, "intruder");
+    let peers =
+        rollcall_leases::server::peer::Peers::new(&agent_tls, Label::new("r1").unwrap()).unwrap();
+    let vote = rollcall_leases::protocol::PeerRequest::Heard(Vec::new());
+    let answer = peers
+        .call(&group.quic_addrs()[0], &vote, Duration::from_secs(5))
+        .await;
+    // The replica treats an agent certificate as an agent: a peer frame is
+    // a protocol error that closes the connection, and nothing answers it.
+    let err = answer.expect_err("an agent must get no answer to a peer request");
+    assert!(
+        err.to_string().contains("expected a request frame"),
+        "the connection closed as a protocol error: {err}"
+    );
+}
