@@ -55,6 +55,10 @@ enum Command {
     Dev(DevArgs),
     /// Print the arbiter's audit log: who changed what, at which revision.
     Audit(AuditArgs),
+    /// Show or change the arbiter replica set (the Raft group) through any
+    /// replica's admin endpoint; changes are handed to the leader.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
@@ -133,12 +137,17 @@ struct DevArgs {
     /// The agent's HTTP API.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     http: SocketAddr,
-    /// The arbiter's admin endpoint.
+    /// The arbiter's admin endpoint (replica k of `--replicas` uses the
+    /// port k − 1 above it).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
     admin: SocketAddr,
-    /// The arbiter's QUIC address; a free port when omitted.
+    /// The arbiter's QUIC address (replica k uses the port k − 1 above
+    /// it); free ports when omitted.
     #[arg(long, value_name = "ADDR")]
     quic: Option<SocketAddr>,
+    /// Arbiter replicas in one Raft group: 1, 3 or 5.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    replicas: u8,
     /// A TCP proxy listener for a service (`SERVICE=ADDR`, SERVICE as
     /// `service`, `namespace/service` or `namespace/service/port_name`);
     /// repeatable.
@@ -169,6 +178,48 @@ fn parse_proxy(value: &str) -> Result<rollcall_config::ProxyEntry, String> {
         service: key,
         listen,
     })
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// List the replicas: id, QUIC address, voter or learner, leader, how
+    /// far each trails the leader's log.
+    Members(ClusterArgs),
+    /// Add a replica (started with `raft.id = ID` and an empty data
+    /// directory): it catches up as a learner, then becomes a voter.
+    Add {
+        #[command(flatten)]
+        admin: ClusterArgs,
+        /// The new replica's id.
+        #[arg(long)]
+        id: u64,
+        /// Its QUIC address (`host:port`, its `listen`).
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: String,
+    },
+    /// Remove a replica from the group (replace one: add the new, then
+    /// remove the old).
+    Remove {
+        #[command(flatten)]
+        admin: ClusterArgs,
+        /// The replica's id.
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ClusterArgs {
+    /// Any replica's admin address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
+    admin: String,
+    /// The operator token file (`admin.token` in that replica's data dir).
+    #[arg(
+        long,
+        value_name = "F",
+        default_value = "./rollcall-data/arbiter/admin.token"
+    )]
+    token_file: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -265,6 +316,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => serve(run_agent(args)),
         Command::Dev(args) => serve(run_dev(args)),
         Command::Audit(args) => serve(audit(args)),
+        Command::Cluster(command) => serve(cluster(command)),
         Command::Drain(args) => serve(drain(args)),
         Command::GossipKey(args) => {
             println!("{}", rollcall_gossip::ZoneKey::generate_line(args.id));
@@ -463,11 +515,89 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         http: args.http,
         admin: args.admin,
         quic: args.quic,
+        replicas: args.replicas,
     };
     let dev = rollcall_node::dev::Dev::start(options).await?;
     println!("{}", dev.banner());
     stop_signal().await;
     dev.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
+    let (args, request) = match &command {
+        ClusterCommand::Members(args) => (args, None),
+        ClusterCommand::Add { admin, id, addr } => (
+            admin,
+            Some((
+                reqwest::Method::POST,
+                "/v1/cluster/members".to_owned(),
+                Some(serde_json::json!({"id": id, "addr": addr})),
+            )),
+        ),
+        ClusterCommand::Remove { admin, id } => (
+            admin,
+            Some((
+                reqwest::Method::DELETE,
+                format!("/v1/cluster/members/{id}"),
+                None,
+            )),
+        ),
+    };
+    let token = rollcall_leases::secret::read_token(&args.token_file)
+        .with_context(|| format!("reading the operator token {}", args.token_file.display()))?;
+    let (method, path, body) =
+        request.unwrap_or((reqwest::Method::GET, "/v1/cluster".to_owned(), None));
+    let url = format!("http://{}{path}", args.admin);
+    let mut call = reqwest::Client::new()
+        .request(method, &url)
+        .bearer_auth(token);
+    if let Some(body) = body {
+        call = call.json(&body);
+    }
+    let response = call.send().await.with_context(|| format!("asking {url}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.context("reading the answer")?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "the arbiter answered {status}: {}",
+            body["detail"].as_str().unwrap_or("no detail")
+        );
+    }
+    println!(
+        "term {}  leader {}  (asked replica {})",
+        body["term"], body["leader"], body["id"]
+    );
+    println!(
+        "{:>4}  {:<24}  {:<8}  {:<6}  lag",
+        "id", "addr", "role", "leader"
+    );
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    for m in body["members"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        println!(
+            "{:>4}  {:<24}  {:<8}  {:<6}  {}",
+            text(&m["id"]),
+            text(&m["addr"]),
+            if m["voter"] == true {
+                "voter"
+            } else {
+                "learner"
+            },
+            if m["leader"] == true { "yes" } else { "" },
+            text(&m["lag"]),
+        );
+    }
+    if body["leader"] != body["id"] {
+        println!("(lag is known on the leader; ask its admin address for it)");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

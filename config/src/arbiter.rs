@@ -644,6 +644,33 @@ mod tests {
     }
 
     #[test]
+    fn raft_errors_name_the_field() {
+        let cases = [
+            ("[raft]\nid = 0", "arbiter.raft.id"),
+            (
+                "[raft]\nid = 4\n[[raft.replicas]]\nid = 1\naddr = \"a:1\"",
+                "arbiter.raft.replicas",
+            ),
+            (
+                "[[raft.replicas]]\nid = 1\naddr = \"no-port\"",
+                "arbiter.raft.replicas[0].addr",
+            ),
+            (
+                "[[raft.replicas]]\nid = 1\naddr = \"a:1\"\n[[raft.replicas]]\nid = 1\naddr = \"b:1\"",
+                "arbiter.raft.replicas[1].id",
+            ),
+            ("[raft]\nelection_min_ms = 50", "arbiter.raft.election_min_ms"),
+            ("[raft]\nwrite_timeout_ms = 500", "arbiter.raft.write_timeout_ms"),
+        ];
+        for (text, field) in cases {
+            let err = ArbiterConfig::from_toml_str(text)
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(field), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
     fn default_round_trips_through_toml() {
         let text = toml::to_string(&ArbiterConfig::default()).expect("serializable");
         assert_eq!(

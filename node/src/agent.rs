@@ -769,10 +769,10 @@ impl Agent {
         }
     }
 
-    /// Re-sends pending writes every couple of seconds after one was refused
+    /// Re-sends pending writes every 500 ms after one was refused
     /// as unavailable, while the session stays up.
     async fn retry_loop(self) {
-        let mut tick = tokio::time::interval(Duration::from_millis(2_000));
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;

@@ -1,12 +1,12 @@
-//! `rollcall dev`: the embedded default. One process with an arbiter and an
-//! agent on loopback, a throwaway CA and certificates made at start, data
-//! under one directory. For trying rollcall on a laptop, never production:
+//! `rollcall dev`: the embedded default. One process with an arbiter (or a
+//! Raft group of `--replicas` arbiters) and an agent on loopback, a
+//! throwaway CA and certificates made at start, data under one directory. For trying rollcall on a laptop, never production:
 //! the CA lives only in memory and is new at every start.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use rollcall_config::{AgentConfig, ArbiterConfig, ProxyEntry};
+use rollcall_config::{AgentConfig, ArbiterConfig, ProxyEntry, ReplicaEntry};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::server::{ArbiterServer, ServerError};
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
@@ -29,6 +29,8 @@ pub struct DevOptions {
     pub proxies: Vec<ProxyEntry>,
     /// The agent's DNS server.
     pub dns: SocketAddr,
+    /// Arbiter replicas (1, 3 or 5), one Raft group in this process.
+    pub replicas: u8,
 }
 
 /// Why `rollcall dev` could not start.
@@ -43,12 +45,15 @@ pub enum DevError {
     /// The agent did not start.
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// The options are unusable.
+    #[error("{0}")]
+    Options(String),
 }
 
 /// A running dev cluster.
 pub struct Dev {
-    /// The arbiter.
-    pub arbiter: ArbiterServer,
+    /// The arbiter replicas, replica 1 first.
+    pub arbiters: Vec<ArbiterServer>,
     /// The agent.
     pub agent: AgentHandle,
     /// The agent's data directory (its token file is `agent.token` there).
@@ -74,33 +79,72 @@ impl Dev {
                 &ca.issue(&identity, &[], &[])?,
             ))
         };
-        let arbiter_tls = issue(Role::Arbiter, "arbiter-1")?;
         let agent_tls = issue(Role::Agent, NODE)?;
-
-        let arbiter_config = ArbiterConfig {
-            region: REGION.into(),
-            listen: options
-                .quic
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-            admin: options.admin,
-            data_dir: options.data_dir.join("arbiter"),
-            ..ArbiterConfig::default()
+        let n = options.replicas;
+        if ![1, 3, 5].contains(&n) {
+            return Err(DevError::Options(format!(
+                "--replicas {n}: use 1, 3 or 5 (a Raft group needs an odd number to keep a majority)"
+            )));
+        }
+        // Every replica must know the others' QUIC addresses before it
+        // starts, so they are fixed here: --quic and the ports after it, or
+        // free ports.
+        let quic: Vec<SocketAddr> = (0..n)
+            .map(|k| match options.quic {
+                Some(q) if q.port() != 0 => Ok(SocketAddr::new(q.ip(), q.port() + u16::from(k))),
+                _ if n == 1 => Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
+                _ => std::net::UdpSocket::bind("127.0.0.1:0")
+                    .and_then(|s| s.local_addr())
+                    .map_err(|e| DevError::Options(format!("finding a free UDP port: {e}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        let replicas: Vec<ReplicaEntry> = if n == 1 {
+            Vec::new()
+        } else {
+            quic.iter()
+                .enumerate()
+                .map(|(k, addr)| ReplicaEntry {
+                    id: k as u64 + 1,
+                    addr: addr.to_string(),
+                })
+                .collect()
         };
-        let arbiter = ArbiterServer::start(arbiter_config, &arbiter_tls).await?;
+        let mut arbiters = Vec::new();
+        for k in 0..n {
+            let name = format!("arbiter-{}", k + 1);
+            let mut config = ArbiterConfig {
+                name: name.clone(),
+                region: REGION.into(),
+                listen: quic[usize::from(k)],
+                admin: match options.admin.port() {
+                    0 => options.admin,
+                    port => SocketAddr::new(options.admin.ip(), port + u16::from(k)),
+                },
+                data_dir: if n == 1 {
+                    options.data_dir.join("arbiter")
+                } else {
+                    options.data_dir.join(&name)
+                },
+                ..ArbiterConfig::default()
+            };
+            config.raft.id = u64::from(k) + 1;
+            config.raft.replicas = replicas.clone();
+            arbiters.push(ArbiterServer::start(config, &issue(Role::Arbiter, &name)?).await?);
+        }
         let agent_dir = options.data_dir.join("agent");
         let agent_config = AgentConfig {
             node_id: NODE.into(),
             region: REGION.into(),
             http_listen: options.http,
             data_dir: agent_dir.clone(),
-            arbiters: vec![arbiter.quic_addr.to_string()],
+            arbiters: arbiters.iter().map(|a| a.quic_addr.to_string()).collect(),
             proxy: options.proxies.clone(),
             dns_listen: options.dns,
             ..AgentConfig::default()
         };
         let agent = Agent::start(agent_config, Some(&agent_tls)).await?;
         Ok(Dev {
-            arbiter,
+            arbiters,
             agent,
             agent_dir,
         })
@@ -114,8 +158,7 @@ impl Dev {
         format!(
             "rollcall dev is running (region {REGION}, node {NODE})\n\
              \x20 agent HTTP API   http://{http}   (node token: {token})\n\
-             \x20 arbiter admin    http://{admin}   (operator token: {admin_token})\n\
-             \x20 arbiter QUIC     {quic}\n\
+             {arbiters}\
              \x20 DNS              {dns} (UDP and TCP; try: dig @{dns_ip} -p {dns_port} web.default.svc.rollcall)\n\
              {proxies}\
              \n\
@@ -124,9 +167,13 @@ impl Dev {
              \x20 curl http://{http}/v1/endpoints/web\n\
              \x20 curl -X PUT {auth} http://{http}/v1/agent/instances/web-1/drain\n",
             token = token.display(),
-            admin = self.arbiter.admin_addr,
-            admin_token = self.arbiter.token_file.display(),
-            quic = self.arbiter.quic_addr,
+            arbiters = self.arbiters.iter().map(|a| format!(
+                "  arbiter {id}        admin http://{admin}   QUIC {quic}   (operator token: {token})\n",
+                id = a.replica_id,
+                admin = a.admin_addr,
+                quic = a.quic_addr,
+                token = a.token_file.display(),
+            )).collect::<String>(),
             dns = self.agent.dns_addr,
             dns_ip = self.agent.dns_addr.ip(),
             dns_port = self.agent.dns_addr.port(),
@@ -134,9 +181,11 @@ impl Dev {
         )
     }
 
-    /// Stops the agent, then the arbiter.
+    /// Stops the agent, then the arbiters.
     pub async fn shutdown(self) {
         self.agent.shutdown().await;
-        self.arbiter.shutdown().await;
+        for arbiter in self.arbiters {
+            arbiter.shutdown().await;
+        }
     }
 }

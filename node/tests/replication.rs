@@ -688,3 +688,64 @@ async fn an_agent_certificate_cannot_speak_raft() {
         "the connection closed as a protocol error: {err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_sent_to_a_follower_reach_the_leader() {
+    let group = Group::start(|_| {}).await;
+    let leader = group.leader().await;
+    let follower = (leader + 1) % 3;
+    let removed = (leader + 2) % 3;
+    let admin = group.admin(follower);
+    let voters = |body: &Value| -> Vec<u64> {
+        body["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["voter"] == true)
+            .map(|m| m["id"].as_u64().unwrap())
+            .collect()
+    };
+    let response = admin
+        .client
+        .delete(format!("{}/v1/cluster/members/{}", admin.base, removed + 1))
+        .bearer_auth(&admin.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (_, body) = group.admin(leader).get("/v1/cluster").await;
+    assert_eq!(voters(&body).len(), 2, "{body}");
+    assert!(!voters(&body).contains(&(removed as u64 + 1)));
+
+    let response = admin
+        .client
+        .post(format!("{}/v1/cluster/members", admin.base))
+        .bearer_auth(&admin.token)
+        .json(
+            &serde_json::json!({"id": removed + 1, "addr": group.relays[removed].addr.to_string()}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (_, body) = group.admin(leader).get("/v1/cluster").await;
+    assert_eq!(voters(&body).len(), 3, "{body}");
+
+    // A bad body changes nothing and says what is wrong.
+    let response = admin
+        .client
+        .post(format!("{}/v1/cluster/members", admin.base))
+        .bearer_auth(&admin.token)
+        .json(&serde_json::json!({"id": 9, "addr": "no-port"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let detail: Value = response.json().await.unwrap();
+    assert!(
+        detail["detail"].as_str().unwrap().contains("addr"),
+        "{detail}"
+    );
+    let (_, body) = group.admin(leader).get("/v1/cluster").await;
+    assert_eq!(body["members"].as_array().unwrap().len(), 3);
+}

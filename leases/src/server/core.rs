@@ -44,7 +44,7 @@ use crate::protocol::{
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
 use crate::server::metrics::{Metrics, NodeLabel, ReplicaLabel, ServiceLabel};
-use crate::server::peer::{self, Peers};
+use crate::server::peer::{self, PeerError, Peers};
 
 /// What a connection's writer must do.
 #[derive(Debug)]
@@ -727,29 +727,66 @@ impl Core {
     }
 
     /// Sends `request` to the leader on another task; `then` gets its
-    /// `Answer`, or why there was none.
+    /// `Answer`, or why there was none. While no request has reached a
+    /// leader (none known, or its address does not answer a handshake) it
+    /// keeps looking until `wait` is over; a leader change while waiting for
+    /// the answer ends the wait with "retry", since the old leader may be
+    /// gone.
     fn forward(
         &self,
         request: PeerRequest,
         wait: Duration,
         then: impl FnOnce(Response) + Send + 'static,
     ) {
-        let Standing::Follower {
-            leader: Some((_, addr)),
-        } = &self.standing
-        else {
-            then(no_leader());
-            return;
-        };
-        let addr = addr.clone();
         let peers = self.replica.peers.clone();
+        let mut metrics = self.replica.raft.metrics();
+        let me = self.replica.id;
         tokio::spawn(async move {
-            let answer = match peers.call(&addr, &request, wait).await {
-                Ok(PeerResponse::Answer(response)) => response,
-                Ok(_) => {
-                    peer::unavailable(format!("the leader at {addr} answered out of protocol"))
+            let deadline = tokio::time::Instant::now() + wait;
+            let answer = loop {
+                let leader = {
+                    let m = metrics.borrow_and_update();
+                    m.current_leader.filter(|l| *l != me).and_then(|id| {
+                        m.membership_config
+                            .nodes()
+                            .find(|(n, _)| **n == id)
+                            .map(|(_, node)| (id, node.addr.clone()))
+                    })
+                };
+                let Some((leader, addr)) = leader else {
+                    // No leader, or this replica became it: wait for news.
+                    if tokio::time::timeout_at(deadline, metrics.changed())
+                        .await
+                        .is_err()
+                    {
+                        break no_leader();
+                    }
+                    continue;
+                };
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let moved = async {
+                    loop {
+                        if metrics.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                        if metrics.borrow().current_leader != Some(leader) {
+                            return;
+                        }
+                    }
+                };
+                tokio::select! {
+                    answer = peers.call(&addr, &request, left) => match answer {
+                        Ok(PeerResponse::Answer(response)) => break response,
+                        Ok(_) => break peer::unavailable(format!("the leader at {addr} answered out of protocol")),
+                        Err(PeerError::Unreachable { .. }) if tokio::time::Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        Err(e) => break peer::unavailable(format!("the leader did not answer: {e}; retry")),
+                    },
+                    _ = moved => break peer::unavailable(format!(
+                        "leadership moved away from replica {leader} while it held this write; retry"
+                    )),
                 }
-                Err(e) => peer::unavailable(format!("the leader could not be reached: {e}; retry")),
             };
             then(answer);
         });

@@ -37,9 +37,17 @@ use crate::tls::{self, TlsMaterial};
 /// Why a call to a peer replica failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PeerError {
-    /// No connection could be made or kept.
+    /// No connection could be made: the request was not sent.
     #[error("replica {addr} unreachable: {detail}")]
     Unreachable {
+        /// The replica.
+        addr: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The connection failed after the request may have been sent.
+    #[error("connection to replica {addr} lost: {detail}")]
+    Lost {
         /// The replica.
         addr: String,
         /// What failed.
@@ -62,6 +70,9 @@ pub enum PeerError {
         detail: String,
     },
 }
+
+/// Longest wait for a handshake with a peer replica.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The client side: one cached QUIC connection per peer address.
 pub struct Peers {
@@ -154,11 +165,21 @@ impl Peers {
         let bytes = codec::encode_peer_request(request);
         let started = std::time::Instant::now();
         let exchange = async {
-            tracing::trace!(addr, "peer call: connecting");
-            let conn = self.connect(addr).await?;
-            tracing::trace!(addr, "peer call: connected");
+            // A live replica answers a handshake in milliseconds; a dead one
+            // never does, and the caller may try another.
+            let conn = match tokio::time::timeout(CONNECT_TIMEOUT.min(timeout), self.connect(addr))
+                .await
+            {
+                Ok(conn) => conn?,
+                Err(_) => {
+                    return Err(PeerError::Unreachable {
+                        addr: addr.to_owned(),
+                        detail: format!("no handshake within {} ms", CONNECT_TIMEOUT.as_millis()),
+                    })
+                }
+            };
             // A closed connection's reason says more than the stream error.
-            let lost = |e: &dyn std::fmt::Display| PeerError::Unreachable {
+            let lost = |e: &dyn std::fmt::Display| PeerError::Lost {
                 addr: addr.to_owned(),
                 detail: match conn.close_reason() {
                     Some(reason) => format!("{e}: {reason}"),
@@ -251,7 +272,9 @@ impl PeerLink {
             .call(&self.addr, &request, timeout)
             .await
             .map_err(|e| match e {
-                PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+                PeerError::Unreachable { .. } | PeerError::Lost { .. } => {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
                 PeerError::Timeout { .. } => RPCError::Timeout(Timeout {
                     action,
                     id: 0,
