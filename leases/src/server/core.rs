@@ -746,7 +746,14 @@ impl Core {
             let answer = loop {
                 let leader = {
                     let m = metrics.borrow_and_update();
-                    m.current_leader.filter(|l| *l != me).and_then(|id| {
+                    if m.current_leader == Some(me) {
+                        // Handled here on the retry, not handed anywhere.
+                        break peer::unavailable(
+                            "this replica became the leader while handing the write over; retry"
+                                .into(),
+                        );
+                    }
+                    m.current_leader.and_then(|id| {
                         m.membership_config
                             .nodes()
                             .find(|(n, _)| **n == id)
@@ -754,7 +761,7 @@ impl Core {
                     })
                 };
                 let Some((leader, addr)) = leader else {
-                    // No leader, or this replica became it: wait for news.
+                    // No leader known: wait for news.
                     if tokio::time::timeout_at(deadline, metrics.changed())
                         .await
                         .is_err()
