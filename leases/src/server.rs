@@ -148,6 +148,16 @@ impl ArbiterServer {
                 .await
                 .map_err(|e| ServerError::Raft(format!("initializing the group: {e}")))?;
         }
+        if members.len() == 1 && members[0].id == id {
+            // A group of one elects itself at once; serve after it has, so
+            // the first sessions are not refused for want of a leader.
+            let _ = node
+                .wait(Some(Duration::from_millis(
+                    config.raft.election_max_ms * 10,
+                )))
+                .current_leader(id, "a group of one elects itself")
+                .await;
+        }
         tracing::info!(
             replica = id,
             revision = %applied.mark().revision,

@@ -2,7 +2,7 @@
 //! log entries to a `Catalog`, in log order, and builds and installs
 //! snapshots of it.
 //!
-//! A `Normal` entry's `Envelope` goes to `Catalog::apply`, which is
+//! Each `Envelope` of a `Normal` entry goes to `Catalog::apply`, in order, which is
 //! deterministic, so every replica reaches the same catalog and the same
 //! revisions; a rejection is part of the outcome, not an error. A
 //! `Membership` entry is recorded as the replica set. A blank entry only
@@ -293,28 +293,32 @@ impl RaftStateMachine<CatalogRaft> for CatalogStateMachine {
             let mut outcomes = Vec::new();
             let mut audits = Vec::new();
             for entry in entries {
-                let result = match entry.payload {
-                    EntryPayload::Blank => None,
-                    EntryPayload::Normal(proposal) => {
-                        let result = shared.catalog.apply(&proposal.envelope);
-                        if let Some(a) = result
-                            .as_ref()
-                            .ok()
-                            .and_then(|applied| AuditEntry::describe(&proposal.envelope, applied))
-                        {
-                            audits.push((a.revision.0, audit::encode_audit(&a)));
-                        }
-                        Some(result)
-                    }
+                let results = match entry.payload {
+                    EntryPayload::Blank => Vec::new(),
+                    EntryPayload::Normal(proposal) => proposal
+                        .envelopes
+                        .iter()
+                        .map(|envelope| {
+                            let result = shared.catalog.apply(envelope);
+                            if let Some(a) = result
+                                .as_ref()
+                                .ok()
+                                .and_then(|applied| AuditEntry::describe(envelope, applied))
+                            {
+                                audits.push((a.revision.0, audit::encode_audit(&a)));
+                            }
+                            result
+                        })
+                        .collect(),
                     EntryPayload::Membership(membership) => {
                         shared.membership = StoredMembership::new(Some(entry.log_id), membership);
-                        None
+                        Vec::new()
                     }
                 };
                 shared.last_applied = Some(entry.log_id);
                 outcomes.push(Outcome {
                     revision: shared.catalog.revision(),
-                    result,
+                    results,
                 });
             }
             let mark = shared.mark();

@@ -48,7 +48,7 @@ fn log_id(term: u64, index: u64) -> LogId {
 fn normal(index: u64, envelope: Envelope) -> Entry {
     Entry {
         log_id: log_id(1, index),
-        payload: EntryPayload::Normal(Proposal { envelope }),
+        payload: EntryPayload::Normal(Proposal::one(envelope)),
     }
 }
 
@@ -187,6 +187,31 @@ fn exported(catalog: &AppliedCatalog) -> Vec<u8> {
 }
 
 #[tokio::test]
+async fn a_batch_entry_applies_its_envelopes_in_order_with_one_result_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_log, mut sm) = open(dir.path(), params()).unwrap();
+    let applied = sm.catalog();
+    let envelopes = story();
+    let batch = Entry {
+        log_id: log_id(1, 1),
+        payload: EntryPayload::Normal(Proposal {
+            envelopes: envelopes.clone(),
+        }),
+    };
+    let outcomes = sm.apply([wire(&batch)]).await.unwrap();
+
+    let mut direct = Catalog::new(params());
+    let expected: Vec<_> = envelopes.iter().map(|e| direct.apply(e)).collect();
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].results, expected);
+    assert_eq!(outcomes[0].revision, direct.revision());
+    assert_eq!(
+        exported(&applied),
+        encode_catalog_snapshot(&direct.export())
+    );
+}
+
+#[tokio::test]
 async fn normal_entries_apply_as_the_catalog_applies_their_envelopes() {
     let dir = tempfile::tempdir().unwrap();
     let (_log, mut sm) = open(dir.path(), params()).unwrap();
@@ -204,13 +229,15 @@ async fn normal_entries_apply_as_the_catalog_applies_their_envelopes() {
     for (entry, outcome) in entries.iter().zip(&outcomes) {
         match entry.payload {
             EntryPayload::Normal(_) => {
-                assert_eq!(outcome.result, Some(results.next().unwrap()));
+                assert_eq!(outcome.results, vec![results.next().unwrap()]);
             }
-            _ => assert_eq!(outcome.result, None),
+            _ => assert!(outcome.results.is_empty()),
         }
     }
     assert!(
-        outcomes.iter().any(|o| matches!(o.result, Some(Err(_)))),
+        outcomes
+            .iter()
+            .any(|o| matches!(o.results.first(), Some(Err(_)))),
         "the story has a rejected command"
     );
     assert!(direct.revision().0 >= 5, "the story commits changes");
@@ -549,8 +576,8 @@ async fn a_cluster_replicates_writes_and_a_new_replica_catches_up_from_a_snapsho
     let mut last = None;
     for envelope in story() {
         let expected = direct.apply(&envelope);
-        let written = leader.client_write(Proposal { envelope }).await.unwrap();
-        assert_eq!(written.data.result, Some(expected));
+        let written = leader.client_write(Proposal::one(envelope)).await.unwrap();
+        assert_eq!(written.data.results, vec![expected]);
         assert_eq!(written.data.revision, direct.revision());
         last = Some(written.log_id.index);
     }

@@ -1,5 +1,5 @@
 //! The Raft type configuration of a catalog shard: what the replicated log
-//! carries (a `Proposal`: one `Envelope`), what applying an entry answers
+//! carries (a `Proposal`: a batch of `Envelope`s), what applying an entry answers
 //! (an `Outcome`), how replicas are named (`u64` ids, `BasicNode` holding the
 //! replica's QUIC `host:port`) and what a snapshot is (the bytes of
 //! `codec::encode_catalog_snapshot`).
@@ -42,17 +42,29 @@ pub type StoredMembership = openraft::StoredMembership<ReplicaId, openraft::Basi
 /// What describes a snapshot: its last log id and membership.
 pub type SnapshotMeta = openraft::SnapshotMeta<ReplicaId, openraft::BasicNode>;
 
-/// What a leader proposes: one catalog command with its time and actor.
+/// What a leader proposes: a batch of catalog commands, each with its time
+/// and actor, applied in order as one log entry. Batching is the arbiter's
+/// group commit: concurrent writes share one fsynced append and one
+/// replication round.
 ///
-/// It serializes as the `codec::encode_command` frame, so a log entry or a
-/// Raft message holds the same bytes as the single-replica store's log, and a
-/// peer's entry is size-checked and validated by `codec::decode_command`
-/// before anything applies it.
+/// Each command serializes as its `codec::encode_command` frame, so a log
+/// entry or a Raft message holds the same bytes as every other command
+/// encoding, and a peer's entry is size-checked and validated by
+/// `codec::decode_command` before anything applies it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
-    /// The command.
-    #[serde(with = "command_frame")]
-    pub envelope: Envelope,
+    /// The commands, applied in this order.
+    #[serde(with = "command_frames")]
+    pub envelopes: Vec<Envelope>,
+}
+
+impl Proposal {
+    /// A proposal of one command.
+    pub fn one(envelope: Envelope) -> Proposal {
+        Proposal {
+            envelopes: vec![envelope],
+        }
+    }
 }
 
 /// What applying one log entry gave, handed back by
@@ -62,32 +74,45 @@ pub struct Outcome {
     /// The catalog's revision once this entry applied; the same on every
     /// replica, because every replica applies the same log.
     pub revision: Revision,
-    /// What the catalog answered a `Normal` entry (`None` for the blank and
-    /// membership entries openraft writes itself). A rejection is an answer,
-    /// not a failure: the entry is committed and every replica rejects it
-    /// alike, changing nothing.
+    /// What the catalog answered each command of a `Normal` entry, in order
+    /// (empty for the blank and membership entries openraft writes itself).
+    /// A rejection is an answer, not a failure: the entry is committed and
+    /// every replica rejects that command alike, changing nothing.
     ///
     /// Only the proposer in this process reads it. openraft requires `R` to
     /// be serializable but never sends it, so it is not serialized, and a
-    /// deserialized `Outcome` holds `None` here.
+    /// deserialized `Outcome` holds no results.
     #[serde(skip)]
-    pub result: Option<Result<Applied, Rejection>>,
+    pub results: Vec<Result<Applied, Rejection>>,
 }
 
-/// `Envelope` as its codec frame, a byte sequence.
-mod command_frame {
+/// Each `Envelope` as its codec frame, a sequence of byte sequences.
+mod command_frames {
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use crate::codec;
     use crate::command::Envelope;
 
-    pub fn serialize<S: Serializer>(env: &Envelope, s: S) -> Result<S::Ok, S::Error> {
-        codec::encode_command(env).serialize(s)
+    /// Most commands in one entry (a batch is at most the core's 4,096).
+    const MAX_BATCH: usize = 65_536;
+
+    pub fn serialize<S: Serializer>(envs: &[Envelope], s: S) -> Result<S::Ok, S::Error> {
+        let frames: Vec<Vec<u8>> = envs.iter().map(codec::encode_command).collect();
+        frames.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Envelope, D::Error> {
-        let bytes = Vec::<u8>::deserialize(d)?;
-        codec::decode_command(&bytes).map_err(D::Error::custom)
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Envelope>, D::Error> {
+        let frames = Vec::<Vec<u8>>::deserialize(d)?;
+        if frames.len() > MAX_BATCH {
+            return Err(D::Error::custom(format!(
+                "{} commands in one entry; at most {MAX_BATCH}",
+                frames.len()
+            )));
+        }
+        frames
+            .iter()
+            .map(|bytes| codec::decode_command(bytes).map_err(D::Error::custom))
+            .collect()
     }
 }

@@ -154,8 +154,33 @@ enum Done {
         then: Then,
         decided: Decided,
     },
+    /// A batch was committed and applied here (this replica leads), with
+    /// each command's result, or failed as a whole with this answer.
+    Batch {
+        items: Vec<(Envelope, Then)>,
+        outcome: Result<Vec<Result<Applied, Rejection>>, Response>,
+    },
     /// The leader refused these renewals.
     Refused(Vec<(NodeId, String)>),
+    /// A proposal being handed over when this replica became the leader.
+    ProposeAgain { envelope: Envelope, then: Then },
+    /// A down report being handed over when this replica became the leader.
+    ReportAgain {
+        reporter: NodeId,
+        actor: Principal,
+        node: NodeId,
+        epoch: AgentEpoch,
+        reply: oneshot::Sender<Response>,
+    },
+}
+
+/// How handing a request to the leader ended.
+enum Forwarded {
+    /// The leader's answer, or why there was none.
+    Answer(Response),
+    /// This replica became the leader first: the request is back, to be
+    /// handled here.
+    NowLeader(PeerRequest),
 }
 
 /// A gossip down report waiting for the arbiter's own silence signal.
@@ -234,6 +259,10 @@ pub struct Core {
     me: Principal,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: Option<mpsc::UnboundedReceiver<Done>>,
+    /// Leader: proposals waiting for the next batch.
+    queue: Vec<(Envelope, Then)>,
+    /// Leader: batches sent to openraft and not yet answered.
+    in_flight: usize,
 }
 
 impl Core {
@@ -276,6 +305,8 @@ impl Core {
             me,
             done_tx,
             done_rx: Some(done_rx),
+            queue: Vec::new(),
+            in_flight: 0,
         }
     }
 
@@ -698,8 +729,28 @@ impl Core {
             let wait = Duration::from_millis(
                 self.config.lease.silence_ms + self.config.raft.write_timeout_ms,
             );
-            self.forward(request, wait, move |answer| {
-                let _ = reply.send(answer);
+            let done = self.done_tx.clone();
+            self.forward(request, wait, move |answer| match answer {
+                Forwarded::Answer(answer) => {
+                    let _ = reply.send(answer);
+                }
+                Forwarded::NowLeader(PeerRequest::ReportDown {
+                    reporter,
+                    actor,
+                    node,
+                    epoch,
+                }) => {
+                    let _ = done.send(Done::ReportAgain {
+                        reporter,
+                        actor,
+                        node,
+                        epoch,
+                        reply,
+                    });
+                }
+                Forwarded::NowLeader(_) => {
+                    let _ = reply.send(peer::unavailable("retry".into()));
+                }
             });
             return;
         }
@@ -736,7 +787,7 @@ impl Core {
         &self,
         request: PeerRequest,
         wait: Duration,
-        then: impl FnOnce(Response) + Send + 'static,
+        then: impl FnOnce(Forwarded) + Send + 'static,
     ) {
         let peers = self.replica.peers.clone();
         let mut metrics = self.replica.raft.metrics();
@@ -747,11 +798,8 @@ impl Core {
                 let leader = {
                     let m = metrics.borrow_and_update();
                     if m.current_leader == Some(me) {
-                        // Handled here on the retry, not handed anywhere.
-                        break peer::unavailable(
-                            "this replica became the leader while handing the write over; retry"
-                                .into(),
-                        );
+                        drop(m);
+                        break Forwarded::NowLeader(request);
                     }
                     m.current_leader.and_then(|id| {
                         m.membership_config
@@ -766,7 +814,7 @@ impl Core {
                         .await
                         .is_err()
                     {
-                        break no_leader();
+                        break Forwarded::Answer(no_leader());
                     }
                     continue;
                 };
@@ -783,16 +831,16 @@ impl Core {
                 };
                 tokio::select! {
                     answer = peers.call(&addr, &request, left) => match answer {
-                        Ok(PeerResponse::Answer(response)) => break response,
-                        Ok(_) => break peer::unavailable(format!("the leader at {addr} answered out of protocol")),
+                        Ok(PeerResponse::Answer(response)) => break Forwarded::Answer(response),
+                        Ok(_) => break Forwarded::Answer(peer::unavailable(format!("the leader at {addr} answered out of protocol"))),
                         Err(PeerError::Unreachable { .. }) if tokio::time::Instant::now() < deadline => {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
-                        Err(e) => break peer::unavailable(format!("the leader did not answer: {e}; retry")),
+                        Err(e) => break Forwarded::Answer(peer::unavailable(format!("the leader did not answer: {e}; retry"))),
                     },
-                    _ = moved => break peer::unavailable(format!(
+                    _ = moved => break Forwarded::Answer(peer::unavailable(format!(
                         "leadership moved away from replica {leader} while it held this write; retry"
-                    )),
+                    ))),
                 }
             };
             then(answer);
@@ -1093,58 +1141,82 @@ impl Core {
         }
     }
 
-    /// Proposes a batch: on the leader each goes to openraft (which batches
-    /// concurrent writes into one fsynced append and one replication round);
-    /// a follower hands each to the leader; with no leader known each is
-    /// refused as unavailable. The answers come back as `Done`.
+    /// Proposes: on the leader the proposals join the queue of the next
+    /// batch, which is one Raft entry (group commit: one fsynced append and
+    /// one replication round for all of them) with at most two batches in
+    /// flight; a follower hands each to the leader; with no leader known
+    /// each is refused as unavailable once `write_timeout_ms` has passed.
+    /// The answers come back as `Done`.
     fn propose(&mut self, proposals: Vec<(Envelope, Then)>) {
+        if self.is_leader() {
+            self.queue.extend(proposals);
+            self.send_batches();
+            return;
+        }
         let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
         for (envelope, then) in proposals {
             let done = self.done_tx.clone();
-            if self.is_leader() {
-                let raft = self.replica.raft.clone();
-                let metrics = self.metrics.clone();
-                tokio::spawn(async move {
-                    let started = Instant::now();
-                    let proposal = Proposal {
-                        envelope: envelope.clone(),
-                    };
-                    let decided = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
-                        Ok(Ok(written)) => match written.data.result {
-                            Some(result) => Decided::Local(result),
-                            None => Decided::Remote(peer::unavailable("the entry applied without a result".into())),
+            let request = PeerRequest::Propose(envelope.clone());
+            self.forward(
+                request,
+                timeout + Duration::from_secs(1),
+                move |forwarded| {
+                    let _ = done.send(match forwarded {
+                        Forwarded::Answer(response) => Done::Decided {
+                            envelope,
+                            then,
+                            decided: Decided::Remote(response),
                         },
-                        Ok(Err(e)) if peer::is_forward(&e) => Decided::Remote(peer::unavailable(format!(
-                            "leadership moved while committing: {e}; retry"
-                        ))),
-                        Ok(Err(e)) => Decided::Remote(peer::unavailable(format!("not committed: {e}"))),
-                        Err(_) => Decided::Remote(peer::unavailable(format!(
-                            "not committed within {} ms: this region's arbiter group has no quorum \
-                             (fewer than a majority of replicas reachable); writes resume when it has one",
-                            timeout.as_millis()
-                        ))),
-                    };
-                    if matches!(decided, Decided::Local(_)) {
+                        Forwarded::NowLeader(_) => Done::ProposeAgain { envelope, then },
+                    });
+                },
+            );
+        }
+    }
+
+    /// Sends queued proposals as batches while fewer than two are in
+    /// flight.
+    fn send_batches(&mut self) {
+        const MAX_IN_FLIGHT: usize = 2;
+        const MAX_BATCH: usize = 4_096;
+        let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
+        while self.in_flight < MAX_IN_FLIGHT && !self.queue.is_empty() {
+            let take = self.queue.len().min(MAX_BATCH);
+            let items: Vec<(Envelope, Then)> = self.queue.drain(..take).collect();
+            self.in_flight += 1;
+            let proposal = Proposal {
+                envelopes: items.iter().map(|(e, _)| e.clone()).collect(),
+            };
+            let raft = self.replica.raft.clone();
+            let metrics = self.metrics.clone();
+            let done = self.done_tx.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let outcome = match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
+                    Ok(Ok(written)) if written.data.results.len() == items.len() => {
                         metrics
                             .commit_latency
                             .observe(started.elapsed().as_secs_f64());
+                        metrics.batch_size.observe(items.len() as f64);
+                        Ok(written.data.results)
                     }
-                    let _ = done.send(Done::Decided {
-                        envelope,
-                        then,
-                        decided,
-                    });
-                });
-            } else {
-                let request = PeerRequest::Propose(envelope.clone());
-                self.forward(request, timeout + Duration::from_secs(1), move |response| {
-                    let _ = done.send(Done::Decided {
-                        envelope,
-                        then,
-                        decided: Decided::Remote(response),
-                    });
-                });
-            }
+                    Ok(Ok(written)) => Err(peer::unavailable(format!(
+                        "the batch applied {} results for {} commands",
+                        written.data.results.len(),
+                        items.len()
+                    ))),
+                    Ok(Err(e)) if peer::is_forward(&e) => Err(peer::unavailable(format!(
+                        "leadership moved while committing: {e}; retry"
+                    ))),
+                    Ok(Err(e)) => Err(peer::unavailable(format!("not committed: {e}"))),
+                    Err(_) => Err(peer::unavailable(format!(
+                        "not committed within {} ms: this region's arbiter group has no quorum \
+                         (fewer than a majority of replicas reachable); writes resume when it has one",
+                        timeout.as_millis()
+                    ))),
+                };
+                let _ = done.send(Done::Batch { items, outcome });
+            });
         }
     }
 
@@ -1192,6 +1264,56 @@ impl Core {
                     self.finish(then, &envelope, Decided::Remote(response));
                 }
             },
+            Done::Batch { items, outcome } => {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                match outcome {
+                    Ok(results) => {
+                        for ((envelope, then), result) in items.into_iter().zip(results) {
+                            match &result {
+                                Ok(applied) => {
+                                    self.metrics.commits.inc();
+                                    self.after_commit(&envelope, applied);
+                                }
+                                Err(_) => {
+                                    self.metrics.rejections.inc();
+                                }
+                            }
+                            self.finish(then, &envelope, Decided::Local(result));
+                        }
+                    }
+                    Err(response) => {
+                        for (envelope, then) in items {
+                            if let Command::ExpireLease { node, .. } = &envelope.command {
+                                self.expiring.remove(node);
+                            }
+                            self.finish(then, &envelope, Decided::Remote(response.clone()));
+                        }
+                    }
+                }
+                self.send_batches();
+            }
+            Done::ProposeAgain { envelope, then } => self.propose(vec![(envelope, then)]),
+            Done::ReportAgain {
+                reporter,
+                actor,
+                node,
+                epoch,
+                reply,
+            } => {
+                let mut proposals = Vec::new();
+                self.report_down(
+                    reporter,
+                    actor,
+                    node,
+                    epoch,
+                    now_ms(),
+                    reply,
+                    &mut proposals,
+                );
+                if !proposals.is_empty() {
+                    self.propose(proposals);
+                }
+            }
             Done::Refused(refused) => {
                 for (node, reason) in refused {
                     let agents: Vec<AgentId> = self
@@ -1359,6 +1481,11 @@ impl Core {
             }
             (Standing::Leader { .. }, Standing::Follower { leader }) => {
                 tracing::warn!(replica = self.replica.id, leader = ?leader, "this replica no longer leads");
+                let queued = std::mem::take(&mut self.queue);
+                if !queued.is_empty() {
+                    self.standing = standing.clone();
+                    self.propose(queued);
+                }
                 for (_, held) in self.pending_downs.drain() {
                     for reply in held.replies {
                         let _ = reply.send(peer::unavailable(

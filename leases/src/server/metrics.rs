@@ -45,6 +45,8 @@ pub struct Metrics {
     /// Time from proposing a write on the leader to its being committed by
     /// a quorum and applied, in seconds.
     pub commit_latency: Histogram,
+    /// Commands per Raft entry (group commit).
+    pub batch_size: Histogram,
     /// READY endpoints per service.
     pub ready: Family<ServiceLabel, Gauge>,
     /// Largest ack lag of each agent, in revisions.
@@ -109,6 +111,7 @@ impl Metrics {
             revision: Gauge::default(),
             stalled_agents: Gauge::default(),
             down_reports_ignored: Counter::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
             raft_is_leader: Gauge::default(),
