@@ -284,14 +284,15 @@ pub struct RaftConfig {
     /// Only the lowest id initializes a new group; later changes go through
     /// `rollcall cluster add|remove`, not this list.
     pub replicas: Vec<ReplicaEntry>,
-    /// How often the leader sends heartbeats, in ms. Default 50.
+    /// How often the leader sends heartbeats, in ms; also how long one
+    /// AppendEntries may take before openraft retries it. Default 100.
     pub heartbeat_ms: u64,
     /// A follower that hears no leader for a random time in
-    /// [election_min_ms, election_max_ms) starts an election. Default 250.
+    /// [election_min_ms, election_max_ms) starts an election. Default 300.
     pub election_min_ms: u64,
     /// Upper end of the election timeout, in ms; also how long a follower
     /// that heard a leader refuses to vote for another (openraft's leader
-    /// lease). Default 500: a dead leader is replaced in about 0.5–1 s.
+    /// lease). Default 600: a dead leader is replaced in about 1 s.
     pub election_max_ms: u64,
     /// A write not committed within this long is refused as unavailable
     /// (the group has no quorum); the agent keeps it pending. Default 3000.
@@ -303,9 +304,9 @@ impl Default for RaftConfig {
         Self {
             id: 1,
             replicas: Vec::new(),
-            heartbeat_ms: 50,
-            election_min_ms: 250,
-            election_max_ms: 500,
+            heartbeat_ms: 100,
+            election_min_ms: 300,
+            election_max_ms: 600,
             write_timeout_ms: 3_000,
         }
     }

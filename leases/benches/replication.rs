@@ -286,7 +286,10 @@ fn main() {
                 if let Ok(Ok(Response::Committed { .. })) = answer {
                     break;
                 }
-                assert!(killed.elapsed() < Duration::from_secs(30), "no write committed within 30 s");
+                assert!(
+                    killed.elapsed() < Duration::from_secs(30),
+                    "no write committed within 30 s; the last answer: {answer:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let ms = killed.elapsed().as_secs_f64() * 1000.0;

@@ -256,7 +256,10 @@ fn raft_config(config: &ArbiterConfig) -> Result<Arc<openraft::Config>, ServerEr
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.store.compact_every),
         // Followers a little behind catch up from the log, not a snapshot.
         max_in_snapshot_log_to_keep: 1_000.min(config.store.compact_every),
-        max_payload_entries: 4_096,
+        // openraft gives one AppendEntries `heartbeat_ms` to complete, so
+        // a lagging follower is caught up in small steps (an entry is a
+        // batch of up to 1,024 commands).
+        max_payload_entries: 16,
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         ..Default::default()
     };

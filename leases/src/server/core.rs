@@ -1144,7 +1144,8 @@ impl Core {
     /// Proposes: on the leader the proposals join the queue of the next
     /// batch, which is one Raft entry (group commit: one fsynced append and
     /// one replication round for all of them) with at most two batches in
-    /// flight; a follower hands each to the leader; with no leader known
+    /// flight and at most 1,024 commands each; a follower hands each to
+    /// the leader; with no leader known
     /// each is refused as unavailable once `write_timeout_ms` has passed.
     /// The answers come back as `Done`.
     fn propose(&mut self, proposals: Vec<(Envelope, Then)>) {
@@ -1178,7 +1179,7 @@ impl Core {
     /// flight.
     fn send_batches(&mut self) {
         const MAX_IN_FLIGHT: usize = 2;
-        const MAX_BATCH: usize = 4_096;
+        const MAX_BATCH: usize = 1_024;
         let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
         while self.in_flight < MAX_IN_FLIGHT && !self.queue.is_empty() {
             let take = self.queue.len().min(MAX_BATCH);
