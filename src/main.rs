@@ -632,8 +632,8 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
     for entry in body.as_array().map(Vec::as_slice).unwrap_or_default() {
         println!(
             "{:>9}  {:<24}  {:<28}  {:<14}  {}",
-            entry["revision"],
-            entry["at_ms"],
+            entry["revision"].to_string(),
+            entry["at_ms"].to_string(),
             entry["actor"].as_str().unwrap_or(""),
             entry["command"].as_str().unwrap_or(""),
             entry["detail"].as_str().unwrap_or(""),
