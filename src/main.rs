@@ -65,6 +65,59 @@ enum Command {
     /// Print a fresh zone key line (`<key id> <64 hex digits>`) for the
     /// agents' `gossip.key_file`.
     GossipKey(GossipKeyArgs),
+    /// The chaos harness: real processes in network namespaces, faults,
+    /// traffic timelines and reports (needs root).
+    #[command(subcommand)]
+    Chaos(ChaosCommand),
+    /// A test backend for the chaos harness: a TCP server that answers
+    /// every connection with one line, its instance id, then holds the
+    /// connection until the client closes it.
+    Echo(EchoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// Run a scenario (chaos/scenarios/<name>.toml): builds a cluster of
+    /// `rollcall` processes in network namespaces, drives the scenario's
+    /// faults while traffic flows through every agent's proxy, and writes
+    /// report.json, report.md and timeline.json. Exits 0 when the scenario
+    /// passes its criteria, 1 when it fails them, 2 when it cannot run.
+    Run(ChaosRunArgs),
+}
+
+#[derive(Debug, Args)]
+struct ChaosRunArgs {
+    /// The scenario file.
+    scenario: PathBuf,
+    /// Report directory; default chaos-reports/<scenario name>.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
+    /// Multiply every scenario duration by X (0.1 = ten times shorter); the
+    /// system's own timers are never scaled.
+    #[arg(long, value_name = "X")]
+    time_scale: Option<f64>,
+    /// Recorded in the report.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Override the scenario's agent count.
+    #[arg(long, value_name = "N")]
+    agents: Option<u32>,
+    /// The CI version of the scenario (fewer agents, its own time scale).
+    #[arg(long)]
+    short: bool,
+}
+
+#[derive(Debug, Args)]
+struct EchoArgs {
+    /// Where to listen (`host:port`).
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// The instance id to answer with.
+    #[arg(long, value_name = "ID")]
+    id: String,
+    /// Close each connection right after the id line instead of holding it.
+    #[arg(long)]
+    no_hold: bool,
 }
 
 #[derive(Debug, Args)]
@@ -318,6 +371,13 @@ fn main() -> ExitCode {
         Command::Audit(args) => serve(audit(args)),
         Command::Cluster(command) => serve(cluster(command)),
         Command::Drain(args) => serve(drain(args)),
+        Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
+        Command::Echo(args) => serve(async move {
+            rollcall_chaos::echo::serve(args.listen, args.id, !args.no_hold)
+                .await
+                .with_context(|| format!("echo on {}", args.listen))?;
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::GossipKey(args) => {
             println!("{}", rollcall_gossip::ZoneKey::generate_line(args.id));
             Ok(ExitCode::SUCCESS)
@@ -522,6 +582,49 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     stop_signal().await;
     dev.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
+    let binary = std::env::current_exe().context("finding the rollcall binary")?;
+    let run = rollcall_chaos::RunArgs {
+        scenario: args.scenario,
+        report: args.report,
+        time_scale: args.time_scale,
+        seed: args.seed,
+        agents: args.agents,
+        short: args.short,
+        binary,
+    };
+    // Ctrl-C or SIGTERM drops the run, which stops its processes and
+    // removes its namespaces.
+    let outcome = tokio::select! {
+        outcome = rollcall_chaos::run(&run) => outcome?,
+        _ = stop_signal() => anyhow::bail!("stopped; everything the run started was removed"),
+    };
+    let (report, dir) = outcome;
+    println!(
+        "{}: {} — leave p99 {} ms, crash p99 {} ms, failed connections {}; report in {}",
+        report.scenario,
+        if report.pass { "PASS" } else { "FAIL" },
+        report
+            .leave_ms
+            .p99
+            .map_or("-".into(), |v| format!("{v:.0}")),
+        report
+            .crash_ms
+            .p99
+            .map_or("-".into(), |v| format!("{v:.0}")),
+        report.failed_conns,
+        dir.display()
+    );
+    for failure in &report.failures {
+        eprintln!("  {failure}");
+    }
+    Ok(if report.pass {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {

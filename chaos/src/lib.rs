@@ -5,4 +5,118 @@
 //! The simulator must drive the same state machines the binaries run, never a
 //! re-implementation of them.
 //!
-//! Built by the chaos and simulation issues; this crate holds no code yet.
+//! Built by the chaos and simulation issues. So far (issue 7, in
+//! progress): the run's records (`timeline`), the test backend (`echo`),
+//! the namespace network (`netns`), the open-loop traffic generator
+//! (`traffic`), the scenario format (`scenario`) and the report computed
+//! from a timeline (`report`). The runner that builds a cluster in the
+//! namespaces and drives a scenario's steps comes next.
+
+pub mod echo;
+pub mod netns;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod timeline;
+pub mod traffic;
+
+use std::path::PathBuf;
+
+use rollcall_config::{AgentConfig, ArbiterConfig};
+use rollcall_config::{Budget, Case};
+
+/// `rollcall chaos run`'s arguments.
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    /// The scenario file.
+    pub scenario: PathBuf,
+    /// Where report.json, report.md and the run's files go; default
+    /// `chaos-reports/<scenario name>`.
+    pub report: Option<PathBuf>,
+    /// Multiplies every scenario duration (not the system's own timers).
+    pub time_scale: Option<f64>,
+    /// Recorded in the report (the harness draws nothing at random yet).
+    pub seed: u64,
+    /// Overrides the scenario's agent count.
+    pub agents: Option<u32>,
+    /// The CI version of the scenario.
+    pub short: bool,
+    /// The `rollcall` binary every process runs.
+    pub binary: PathBuf,
+}
+
+/// Why a scenario could not be run (a run that ran and failed its pass
+/// criteria is a `Report` with `pass: false`, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// The scenario file is unusable.
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    /// The run could not be carried out.
+    #[error(transparent)]
+    Run(#[from] runner::RunError),
+    /// The report could not be written.
+    #[error("writing the report to {dir}: {source}")]
+    Write {
+        /// The report directory.
+        dir: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Loads the scenario, runs it in namespaces, computes and writes the
+/// report; returns it and the directory it was written to.
+pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError> {
+    let loaded = scenario::Scenario::load(&args.scenario)?;
+    let scenario = loaded.for_run(args.short, args.agents, args.time_scale)?;
+    let dir = args
+        .report
+        .clone()
+        .unwrap_or_else(|| runner::default_dir(&scenario));
+    let run_id = format!("{:x}", std::process::id() % 0x10_0000);
+    let options = runner::RunOptions {
+        binary: args.binary.clone(),
+        dir: dir.clone(),
+        subnet: 200 + (std::process::id() % 50) as u8,
+        run_id,
+    };
+    let result = runner::run(&scenario, &options).await?;
+    let timeline = result.timeline;
+    let input = report::ReportInput {
+        scenario: scenario.name.clone(),
+        seed: args.seed,
+        agents: scenario.agents,
+        converge_ms: None,
+        false_removals: result.false_removals,
+        max_concurrent_snapshots: result.max_concurrent_snapshots,
+        outage: result.outage,
+    };
+    let report = report::compute(&input, &timeline, &scenario.pass);
+    let budget = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
+    let predicted = |case: Case| {
+        budget.row(case).map_or_else(String::new, |row| {
+            format!(
+                "expected {:.0} ms, worst {:.0} ms",
+                row.expected_ms(),
+                row.worst_ms()
+            )
+        })
+    };
+    let budget_rows = vec![
+        ("leave_ms".to_owned(), predicted(Case::Leave)),
+        ("crash_ms".to_owned(), predicted(Case::SilentNodeCrash)),
+    ];
+    report::write(&dir, &report, &budget_rows).map_err(|source| ChaosError::Write {
+        dir: dir.clone(),
+        source,
+    })?;
+    let timeline_json = serde_json::to_vec(&timeline).expect("a timeline always serializes");
+    std::fs::write(dir.join("timeline.json"), timeline_json).map_err(|source| {
+        ChaosError::Write {
+            dir: dir.clone(),
+            source,
+        }
+    })?;
+    Ok((report, dir))
+}

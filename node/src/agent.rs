@@ -133,6 +133,12 @@ struct Shared {
     /// Nodes of this zone the agent's gossip holds down, with the agent
     /// run it saw.
     gossip_down: std::collections::BTreeMap<NodeId, AgentEpoch>,
+    /// Of those, the nodes whose down report the arbiter answered in this
+    /// session (committed, or refused because it still hears the node).
+    /// Until it has, their endpoints stay ejected here even with a session
+    /// up: right after an outage the catalog has not caught up with a crash
+    /// gossip saw during it.
+    down_settled: BTreeSet<NodeId>,
 }
 
 /// What the shared endpoint view answers for a service.
@@ -329,6 +335,7 @@ impl Agent {
             health: HashMap::new(),
             desired: HashMap::new(),
             gossip_down: std::collections::BTreeMap::new(),
+            down_settled: BTreeSet::new(),
         };
         let agent = Agent {
             inner: Arc::new(Inner {
@@ -477,6 +484,7 @@ impl Agent {
         state.link = None;
         state.session = None;
         state.lease = None;
+        state.down_settled.clear();
         state.sync.disconnected(now_ms());
     }
 
@@ -1282,7 +1290,9 @@ impl Agent {
 
     /// The zone's gossip sees a peer (again).
     pub fn peer_up(&self, node: &NodeId) {
-        if self.lock().gossip_down.remove(node).is_some() {
+        let mut state = self.lock();
+        state.down_settled.remove(node);
+        if state.gossip_down.remove(node).is_some() {
             tracing::info!(node = %node, "gossip: peer up again");
         }
     }
@@ -1300,10 +1310,12 @@ impl Agent {
             .await
         {
             Ok(Response::Committed { .. }) => {
-                tracing::info!(node = %node, "down verdict committed")
+                tracing::info!(node = %node, "down verdict committed");
+                self.lock().down_settled.insert(node);
             }
             Ok(Response::Rejected { message, .. }) => {
-                tracing::info!(node = %node, reason = %message, "down report not acted on")
+                tracing::info!(node = %node, reason = %message, "down report not acted on");
+                self.lock().down_settled.insert(node);
             }
             Ok(other) => tracing::warn!(answer = ?other, "unexpected answer to a down report"),
             Err(e) => tracing::warn!(node = %node, error = %e, "down report not sent"),
@@ -1831,13 +1843,15 @@ impl Agent {
             .map(|l| l.registration.instance_id.clone())
             .collect();
         // While the arbiter is reachable the agent follows the catalog, whose
-        // verdicts need two signals; only when cut off does it trust its own
-        // gossip view (R7).
-        let down: BTreeSet<NodeId> = if state.session.is_some() {
-            BTreeSet::new()
-        } else {
-            state.gossip_down.keys().cloned().collect()
-        };
+        // verdicts need two signals; when cut off it trusts its own gossip
+        // view (R7), and after a reconnect it keeps doing so for each node
+        // until the arbiter has answered that node's down report.
+        let down: BTreeSet<NodeId> = state
+            .gossip_down
+            .keys()
+            .filter(|n| state.session.is_none() || !state.down_settled.contains(*n))
+            .cloned()
+            .collect();
         let memory = state.memory.entry(key.clone()).or_default();
         let selection = memory.select(
             &records,

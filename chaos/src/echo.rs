@@ -1,0 +1,98 @@
+//! `rollcall echo`: the chaos harness's test backend. A TCP server that
+//! answers every connection with one line, its instance id, then holds the
+//! connection open until the client closes it (so in-flight connections
+//! can be watched through a drain), or closes it at once when `hold` is
+//! off. Nothing else: it must be simple enough that any failure seen
+//! through a proxy is rollcall's, not the backend's.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Serves `id` on `listen` until the task is dropped. `hold`: keep each
+/// connection open until the client closes it.
+pub async fn serve(listen: SocketAddr, id: String, hold: bool) -> std::io::Result<()> {
+    let listener = TcpListener::bind(listen).await?;
+    serve_on(listener, id, hold).await
+}
+
+/// Like `serve`, on a bound listener.
+pub async fn serve_on(listener: TcpListener, id: String, hold: bool) -> std::io::Result<()> {
+    let line: std::sync::Arc<[u8]> = format!("{id}\n").into_bytes().into();
+    loop {
+        let (mut stream, _) = listener.accept().await?;
+        let line = line.clone();
+        tokio::spawn(async move {
+            if stream.write_all(&line).await.is_err() || !hold {
+                return;
+            }
+            // Hold until the client closes; whatever it sends is ignored.
+            let mut sink = [0u8; 512];
+            while let Ok(n) = stream.read(&mut sink).await {
+                if n == 0 {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Connects to `addr` and reads the first line, the answering instance's
+/// id; `None` when nothing answered within `timeout`, the connection
+/// failed, or the first line was empty.
+pub async fn ask(addr: SocketAddr, timeout: std::time::Duration) -> Option<String> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut buf = Vec::with_capacity(64);
+        let mut byte = [0u8; 1];
+        while buf.len() < 256 {
+            match stream.read(&mut byte).await {
+                Ok(1) if byte[0] == b'\n' => break,
+                Ok(1) => buf.push(byte[0]),
+                _ => break,
+            }
+        }
+        let id = String::from_utf8(buf).ok()?;
+        (!id.is_empty()).then_some(id)
+    };
+    tokio::time::timeout(timeout, exchange).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn answers_its_id_and_holds_until_the_client_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_on(listener, "web-7".into(), true));
+        let answer = ask(addr, std::time::Duration::from_secs(5)).await;
+        assert_eq!(answer.as_deref(), Some("web-7"));
+
+        // Held: after the line, the server sends nothing and does not close.
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut line = [0u8; 6];
+        stream.read_exact(&mut line).await.unwrap();
+        assert_eq!(&line, b"web-7\n");
+        let mut more = [0u8; 1];
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            stream.read(&mut more),
+        )
+        .await;
+        assert!(waited.is_err(), "the connection is held open");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_no_answer() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(ask(port, std::time::Duration::from_secs(2)).await, None);
+    }
+}

@@ -1,0 +1,980 @@
+//! The report of a chaos run: the R5 figures computed from the run's
+//! [`Timeline`] (what the traffic saw), plus the few figures the harness
+//! measures elsewhere, judged against the scenario's [`Pass`] bounds and
+//! written as `report.json` (a public contract: field names and shape must
+//! not change) and `report.md` (for people). Computing is pure: it must not
+//! read clocks, the network or the control plane's opinion; only
+//! [`write`] touches the filesystem.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::Pass;
+use crate::timeline::{Conn, Event, Outcome, Route, Timeline};
+
+/// How long after its leave committed a backend may still be given new
+/// connections, in ms: the leave SLO of R5 (3 s). A connection opened later
+/// counts in [`Report::new_conns_to_drained`].
+pub const DRAIN_GRACE_MS: u64 = rollcall_config::LEAVE_SLO_MS as u64;
+
+/// What the harness measured outside the timeline, plus the run's identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReportInput {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed the run used.
+    pub seed: u64,
+    /// Agents in the run (after `--short` and `--agents`).
+    pub agents: u32,
+    /// How long the cluster took to converge, in ms, as the harness
+    /// measured it; `None` when the scenario has nothing to converge from.
+    pub converge_ms: Option<u64>,
+    /// Instances the control plane removed although they were alive.
+    pub false_removals: u64,
+    /// Most full snapshots the arbiter served at once.
+    pub max_concurrent_snapshots: u64,
+    /// The control-plane outage the scenario caused, as (start, end) in ms
+    /// since the run started; `None` when there was none.
+    pub outage: Option<(u64, u64)>,
+}
+
+/// The report of one run: exactly the fields of `report.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed the run used.
+    pub seed: u64,
+    /// Agents in the run.
+    pub agents: u32,
+    /// How long the run lasted, in seconds.
+    pub duration_s: f64,
+    /// Leave times, in ms: from each commit of DRAINING or UNHEALTHY to the
+    /// last connection the instance answered (see [`compute`]).
+    pub leave_ms: Stats,
+    /// Hard-failure times, in ms: from each injected hard failure to the
+    /// last failed connection attributed to it (see [`compute`]).
+    pub crash_ms: Stats,
+    /// The harness's convergence time, in ms, when it measured one.
+    pub converge_ms: Option<u64>,
+    /// Answered connections opened more than [`DRAIN_GRACE_MS`] after the
+    /// answering instance's leave committed (and before it was READY again).
+    pub new_conns_to_drained: u64,
+    /// Answered connections opened before the answering instance's first
+    /// `Ready` event (only instances with a `Ready` event count).
+    pub new_conns_to_not_ready: u64,
+    /// Every failed connection of the run.
+    pub failed_conns: u64,
+    /// Instances the control plane removed although they were alive.
+    pub false_removals: u64,
+    /// Most full snapshots the arbiter served at once.
+    pub max_concurrent_snapshots: u64,
+    /// The scenario's phases, in time order.
+    pub phases: Vec<Phase>,
+    /// The control-plane outage; `null` when the run had none.
+    pub outage: Option<Outage>,
+    /// Whether every figure is within the scenario's pass bounds.
+    pub pass: bool,
+    /// One sentence per bound exceeded, naming the measured value and the
+    /// bound; empty when `pass`.
+    pub failures: Vec<String>,
+}
+
+/// Summary of a set of durations in ms. Percentiles use the nearest-rank
+/// method (the smallest sample with at least p % of the samples at or below
+/// it), so every figure is a value that was actually measured. All three
+/// are `null` when there are no samples.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Number of samples.
+    pub count: u64,
+    /// Median (nearest rank).
+    pub p50: Option<f64>,
+    /// 99th percentile (nearest rank).
+    pub p99: Option<f64>,
+    /// Largest sample.
+    pub max: Option<f64>,
+}
+
+impl Stats {
+    /// Summarizes `samples` (in any order).
+    pub fn from_samples(mut samples: Vec<u64>) -> Stats {
+        samples.sort_unstable();
+        let n = samples.len();
+        let rank = |percent: usize| -> Option<f64> {
+            // Nearest rank: ceil(p/100 × n), at least 1, 1-based.
+            let rank = (percent * n).div_ceil(100).max(1);
+            samples.get(rank - 1).map(|&v| v as f64)
+        };
+        Stats {
+            count: n as u64,
+            p50: rank(50),
+            p99: rank(99),
+            max: samples.last().map(|&v| v as f64),
+        }
+    }
+}
+
+/// One named phase of the run: from its `Phase` event to the next one, or
+/// to the end of the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    /// Its name.
+    pub name: String,
+    /// When it began, seconds since the run started.
+    pub start_s: f64,
+    /// When it ended, seconds since the run started.
+    pub end_s: f64,
+    /// Connections opened within it.
+    pub conns: u64,
+    /// Of those, the ones that failed.
+    pub failed_conns: u64,
+}
+
+/// The control-plane outage of the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Outage {
+    /// How long it lasted, in seconds.
+    pub duration_s: f64,
+    /// Failed connections opened during it. The outage scenarios keep every
+    /// backend alive while the control plane is down, so every failure in
+    /// the window counts as a failure to a live backend.
+    pub failed_conns_to_live_backends: u64,
+}
+
+/// Computes the report of a run from its timeline and the harness's other
+/// figures, and judges it against `pass`. The rules, all on connection
+/// opening times:
+///
+/// - A *leave* of an instance starts at its first `LeaveCommitted` and lasts
+///   until its next `Ready` (its return), or the end of the run. A second
+///   commit during a leave (DRAINING, then UNHEALTHY) starts nothing: the
+///   R5 clock starts at the commit that left READY.
+/// - `leave_ms`: per leave, the time from its start to the last answered
+///   connection from that instance opened during the leave; 0 if none.
+/// - `new_conns_to_drained`: answered connections opened during a leave of
+///   the answering instance, more than [`DRAIN_GRACE_MS`] after its start.
+/// - `new_conns_to_not_ready`: answered connections opened before the
+///   answering instance's first `Ready` event.
+/// - `crash_ms`: per `HardFailure` of instance X at t, the time from t to
+///   the last *failed* connection opened at or after t on an agent that
+///   (a) had a connection answered by X before t, so X was in its candidate
+///   set, and (b) had answered some connection between t and that failure,
+///   so the failure is not the agent's own outage (its node crashed or is
+///   cut off). 0 if there is none. A failed connection carries no backend,
+///   so this cannot tell X's failures from another fault's on the same
+///   agents: it over-estimates when faults overlap, never under-estimates
+///   for a client-visible failure, and a proxy that silently retries on
+///   another backend shows no failure at all; so, when the timeline holds
+///   route samples, the sample is at least the time from t to the last
+///   sample in which any agent still offered X (the harness samples only
+///   agents on live nodes).
+/// - `outage.failed_conns_to_live_backends`: failed connections opened in
+///   `[start, end)` of `input.outage`.
+/// - Phases: connections opened in `[start, next phase's start)`; the last
+///   phase takes every connection from its start on.
+pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report {
+    let mut conns: Vec<&Conn> = timeline.conns.iter().collect();
+    conns.sort_by_key(|c| c.t_ms);
+    let mut events: Vec<&Event> = timeline.events.iter().collect();
+    events.sort_by_key(|e| e.t_ms());
+
+    let leaves = leaves(&events);
+    let first_ready = first_ready(&events);
+
+    let mut leave_samples = Vec::with_capacity(leaves.len());
+    for leave in &leaves {
+        let last = conns
+            .iter()
+            .filter(|c| answered_by(c, leave.instance) && leave.contains(c.t_ms))
+            .map(|c| c.t_ms)
+            .max();
+        leave_samples.push(last.map_or(0, |t| t - leave.start));
+    }
+
+    let mut leaves_of: HashMap<&str, Vec<&Leave>> = HashMap::new();
+    for leave in &leaves {
+        leaves_of.entry(leave.instance).or_default().push(leave);
+    }
+    let new_conns_to_drained = conns
+        .iter()
+        .filter(|c| match (&c.outcome, &c.backend) {
+            (Outcome::Answered, Some(b)) => leaves_of.get(b.as_str()).is_some_and(|ls| {
+                ls.iter()
+                    .any(|l| l.contains(c.t_ms) && c.t_ms - l.start > DRAIN_GRACE_MS)
+            }),
+            _ => false,
+        })
+        .count() as u64;
+
+    let new_conns_to_not_ready = conns
+        .iter()
+        .filter(|c| match (&c.outcome, &c.backend) {
+            (Outcome::Answered, Some(b)) => first_ready
+                .get(b.as_str())
+                .is_some_and(|&ready| c.t_ms < ready),
+            _ => false,
+        })
+        .count() as u64;
+
+    let crash_samples: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::HardFailure { t_ms, instance, .. } => {
+                Some(crash_time(&conns, &timeline.routes, instance, *t_ms))
+            }
+            _ => None,
+        })
+        .collect();
+
+    let failed_conns = conns
+        .iter()
+        .filter(|c| c.outcome == Outcome::Failed)
+        .count() as u64;
+
+    let outage = input.outage.map(|(start, end)| Outage {
+        duration_s: seconds(end.saturating_sub(start)),
+        failed_conns_to_live_backends: conns
+            .iter()
+            .filter(|c| c.outcome == Outcome::Failed && start <= c.t_ms && c.t_ms < end)
+            .count() as u64,
+    });
+
+    let mut report = Report {
+        scenario: input.scenario.clone(),
+        seed: input.seed,
+        agents: input.agents,
+        duration_s: seconds(timeline.duration_ms),
+        leave_ms: Stats::from_samples(leave_samples),
+        crash_ms: Stats::from_samples(crash_samples),
+        converge_ms: input.converge_ms,
+        new_conns_to_drained,
+        new_conns_to_not_ready,
+        failed_conns,
+        false_removals: input.false_removals,
+        max_concurrent_snapshots: input.max_concurrent_snapshots,
+        phases: phases(&events, &conns, timeline.duration_ms),
+        outage,
+        pass: false,
+        failures: Vec::new(),
+    };
+    report.failures = judge(&report, pass);
+    report.pass = report.failures.is_empty();
+    report
+}
+
+/// One leave of an instance: from the commit that took it out of READY
+/// until it was READY again (`end`, exclusive) or the run ended.
+struct Leave<'a> {
+    instance: &'a str,
+    start: u64,
+    end: Option<u64>,
+}
+
+impl Leave<'_> {
+    fn contains(&self, t_ms: u64) -> bool {
+        self.start <= t_ms && self.end.is_none_or(|end| t_ms < end)
+    }
+}
+
+/// The leaves in `events` (sorted by time), in the order they began.
+fn leaves<'a>(events: &[&'a Event]) -> Vec<Leave<'a>> {
+    let mut leaves: Vec<Leave<'a>> = Vec::new();
+    // Index in `leaves` of each instance's open leave.
+    let mut open: HashMap<&str, usize> = HashMap::new();
+    for event in events {
+        match event {
+            Event::LeaveCommitted { t_ms, instance } => {
+                open.entry(instance.as_str()).or_insert_with(|| {
+                    leaves.push(Leave {
+                        instance,
+                        start: *t_ms,
+                        end: None,
+                    });
+                    leaves.len() - 1
+                });
+            }
+            Event::Ready { t_ms, instance } => {
+                if let Some(i) = open.remove(instance.as_str()) {
+                    leaves[i].end = Some(*t_ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    leaves
+}
+
+/// Each instance's first `Ready` event time.
+fn first_ready<'a>(events: &[&'a Event]) -> HashMap<&'a str, u64> {
+    let mut first = HashMap::new();
+    for event in events {
+        if let Event::Ready { t_ms, instance } = event {
+            first.entry(instance.as_str()).or_insert(*t_ms);
+        }
+    }
+    first
+}
+
+fn answered_by(conn: &Conn, instance: &str) -> bool {
+    conn.outcome == Outcome::Answered && conn.backend.as_deref() == Some(instance)
+}
+
+/// The `crash_ms` sample of a hard failure of `instance` at `t`; `conns`
+/// sorted by opening time. The rule is documented on [`compute`].
+fn crash_time(conns: &[&Conn], routes: &[Route], instance: &str, t: u64) -> u64 {
+    let routed_to_it: HashSet<&str> = conns
+        .iter()
+        .take_while(|c| c.t_ms < t)
+        .filter(|c| answered_by(c, instance))
+        .map(|c| c.agent.as_str())
+        .collect();
+    let mut answered_since: HashSet<&str> = HashSet::new();
+    let mut last_failure = None;
+    for conn in conns.iter().skip_while(|c| c.t_ms < t) {
+        let agent = conn.agent.as_str();
+        if !routed_to_it.contains(agent) {
+            continue;
+        }
+        match conn.outcome {
+            Outcome::Answered => {
+                answered_since.insert(agent);
+            }
+            Outcome::Failed if answered_since.contains(agent) => last_failure = Some(conn.t_ms),
+            Outcome::Failed => {}
+        }
+    }
+    let failed = last_failure.map_or(0, |f| f - t);
+    let offered = routes
+        .iter()
+        .filter(|r| r.t_ms >= t && r.instances.iter().any(|i| i == instance))
+        .map(|r| r.t_ms - t)
+        .max()
+        .unwrap_or(0);
+    failed.max(offered)
+}
+
+/// The phases of the run from its `Phase` events (sorted by time).
+fn phases(events: &[&Event], conns: &[&Conn], run_end_ms: u64) -> Vec<Phase> {
+    let starts: Vec<(u64, &str)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Phase { t_ms, name } => Some((*t_ms, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(i, &(start, name))| {
+            let next = starts.get(i + 1).map(|&(t, _)| t);
+            let within = |c: &&&Conn| start <= c.t_ms && next.is_none_or(|n| c.t_ms < n);
+            Phase {
+                name: name.to_owned(),
+                start_s: seconds(start),
+                end_s: seconds(next.unwrap_or(run_end_ms.max(start))),
+                conns: conns.iter().filter(within).count() as u64,
+                failed_conns: conns
+                    .iter()
+                    .filter(within)
+                    .filter(|c| c.outcome == Outcome::Failed)
+                    .count() as u64,
+            }
+        })
+        .collect()
+}
+
+/// One sentence per pass bound the report exceeds.
+fn judge(report: &Report, pass: &Pass) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (what, stats, bound) in [
+        ("leave", &report.leave_ms, pass.leave_p99_ms),
+        ("crash", &report.crash_ms, pass.crash_p99_ms),
+    ] {
+        if let Some(p99) = stats.p99.filter(|&p99| p99 > bound as f64) {
+            failures.push(format!("{what} p99 {p99} ms exceeds {bound} ms"));
+        }
+    }
+    let mut count = |measured: u64, bound: u64, what: &str| {
+        if measured > bound {
+            failures.push(format!("{measured} {what} exceed the limit of {bound}"));
+        }
+    };
+    count(
+        report.new_conns_to_drained,
+        pass.max_new_conns_to_drained,
+        &format!("new connections to drained backends (more than {DRAIN_GRACE_MS} ms after the drain committed)"),
+    );
+    if let Some(outage) = &report.outage {
+        count(
+            outage.failed_conns_to_live_backends,
+            pass.max_failed_conns_to_live_backends_in_outage,
+            "failed connections to live backends during the outage",
+        );
+    }
+    count(
+        report.false_removals,
+        pass.max_false_removals,
+        "false removals",
+    );
+    if let Some(bound) = pass.max_concurrent_snapshots {
+        count(
+            report.max_concurrent_snapshots,
+            bound,
+            "concurrent snapshots",
+        );
+    }
+    failures
+}
+
+fn seconds(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// Writes `dir/report.json` (pretty-printed, the public contract) and
+/// `dir/report.md` (see [`markdown`]), creating `dir` if needed.
+/// `budget` pairs a figure's `report.json` name (`leave_ms`, `crash_ms`, …)
+/// with the text of what the budget calculator predicts for it.
+pub fn write(dir: &Path, report: &Report, budget: &[(String, String)]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+    json.push('\n');
+    std::fs::write(dir.join("report.json"), json)?;
+    std::fs::write(dir.join("report.md"), markdown(report, budget))
+}
+
+/// The report as Markdown: the verdict, a table of every figure with a
+/// "budget predicts" column filled from `budget` (figure name as in
+/// `report.json` → predicted text), the failures and the phases.
+pub fn markdown(report: &Report, budget: &[(String, String)]) -> String {
+    let predicted = |figure: &str| -> String {
+        budget
+            .iter()
+            .find(|(name, _)| name == figure)
+            .map_or_else(String::new, |(_, text)| cell(text))
+    };
+    let stats = |s: &Stats| match (s.p50, s.p99, s.max) {
+        (Some(p50), Some(p99), Some(max)) => {
+            format!("count {}, p50 {p50}, p99 {p99}, max {max}", s.count)
+        }
+        _ => format!("count {}", s.count),
+    };
+    let optional = |v: Option<u64>| v.map_or_else(|| "not measured".to_owned(), |v| v.to_string());
+
+    let mut rows: Vec<(&str, String)> = vec![
+        ("leave_ms", stats(&report.leave_ms)),
+        ("crash_ms", stats(&report.crash_ms)),
+        ("converge_ms", optional(report.converge_ms)),
+        (
+            "new_conns_to_drained",
+            report.new_conns_to_drained.to_string(),
+        ),
+        (
+            "new_conns_to_not_ready",
+            report.new_conns_to_not_ready.to_string(),
+        ),
+        ("failed_conns", report.failed_conns.to_string()),
+        ("false_removals", report.false_removals.to_string()),
+        (
+            "max_concurrent_snapshots",
+            report.max_concurrent_snapshots.to_string(),
+        ),
+    ];
+    match &report.outage {
+        Some(outage) => {
+            rows.push(("outage.duration_s", outage.duration_s.to_string()));
+            rows.push((
+                "outage.failed_conns_to_live_backends",
+                outage.failed_conns_to_live_backends.to_string(),
+            ));
+        }
+        None => rows.push(("outage", "none".to_owned())),
+    }
+
+    let mut md = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(md, "# Chaos report: {}\n", report.scenario);
+    let _ = writeln!(
+        md,
+        "**{}**: seed {}, {} agents, {} s.\n",
+        if report.pass { "PASS" } else { "FAIL" },
+        report.seed,
+        report.agents,
+        report.duration_s
+    );
+    md.push_str("| figure | measured | budget predicts |\n|---|---|---|\n");
+    for (figure, measured) in rows {
+        let _ = writeln!(md, "| {figure} | {measured} | {} |", predicted(figure));
+    }
+    md.push_str("\n## Failures\n\n");
+    if report.failures.is_empty() {
+        md.push_str("None.\n");
+    }
+    for failure in &report.failures {
+        let _ = writeln!(md, "- {failure}");
+    }
+    md.push_str("\n## Phases\n\n");
+    if report.phases.is_empty() {
+        md.push_str("None.\n");
+    } else {
+        md.push_str("| phase | start s | end s | conns | failed conns |\n|---|---|---|---|---|\n");
+        for p in &report.phases {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                cell(&p.name),
+                p.start_s,
+                p.end_s,
+                p.conns,
+                p.failed_conns
+            );
+        }
+    }
+    md
+}
+
+/// `text` made safe for one Markdown table cell.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(t_ms: u64, agent: &str, backend: Option<&str>) -> Conn {
+        Conn {
+            t_ms,
+            agent: agent.to_owned(),
+            outcome: if backend.is_some() {
+                Outcome::Answered
+            } else {
+                Outcome::Failed
+            },
+            backend: backend.map(str::to_owned),
+        }
+    }
+
+    fn ok(t_ms: u64, agent: &str, backend: &str) -> Conn {
+        conn(t_ms, agent, Some(backend))
+    }
+
+    fn fail(t_ms: u64, agent: &str) -> Conn {
+        conn(t_ms, agent, None)
+    }
+
+    fn leave(t_ms: u64, instance: &str) -> Event {
+        Event::LeaveCommitted {
+            t_ms,
+            instance: instance.to_owned(),
+        }
+    }
+
+    fn ready(t_ms: u64, instance: &str) -> Event {
+        Event::Ready {
+            t_ms,
+            instance: instance.to_owned(),
+        }
+    }
+
+    fn hard(t_ms: u64, instance: &str) -> Event {
+        Event::HardFailure {
+            t_ms,
+            instance: instance.to_owned(),
+            fault: "kill-backend".to_owned(),
+        }
+    }
+
+    fn phase(t_ms: u64, name: &str) -> Event {
+        Event::Phase {
+            t_ms,
+            name: name.to_owned(),
+        }
+    }
+
+    fn input() -> ReportInput {
+        ReportInput {
+            scenario: "test".to_owned(),
+            seed: 7,
+            agents: 3,
+            ..ReportInput::default()
+        }
+    }
+
+    fn run(conns: Vec<Conn>, events: Vec<Event>, duration_ms: u64) -> Report {
+        let timeline = Timeline {
+            routes: Vec::new(),
+            conns,
+            events,
+            duration_ms,
+        };
+        compute(&input(), &timeline, &Pass::default())
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let s = Stats::from_samples((1..=100).rev().collect());
+        assert_eq!(
+            (s.count, s.p50, s.p99, s.max),
+            (100, Some(50.0), Some(99.0), Some(100.0))
+        );
+        let s = Stats::from_samples(vec![4, 1, 3, 2]);
+        assert_eq!((s.p50, s.p99, s.max), (Some(2.0), Some(4.0), Some(4.0)));
+        let s = Stats::from_samples(vec![5]);
+        assert_eq!((s.p50, s.p99, s.max), (Some(5.0), Some(5.0), Some(5.0)));
+        // 200 samples: p99 is the 198th smallest, not the largest.
+        let s = Stats::from_samples((1..=200).collect());
+        assert_eq!((s.p50, s.p99), (Some(100.0), Some(198.0)));
+    }
+
+    #[test]
+    fn empty_stats_are_null() {
+        let s = Stats::from_samples(Vec::new());
+        assert_eq!(s, Stats::default());
+        assert_eq!(
+            serde_json::to_value(&s).expect("serializable"),
+            serde_json::json!({"count": 0, "p50": null, "p99": null, "max": null})
+        );
+    }
+
+    #[test]
+    fn leave_is_the_last_answered_connection_after_the_commit() {
+        let report = run(
+            vec![
+                ok(500, "n1", "a"),
+                ok(1500, "n1", "a"),
+                ok(2200, "n2", "a"),
+                fail(2500, "n1"),
+                ok(3000, "n1", "b"),
+            ],
+            vec![leave(1000, "a"), leave(1000, "b"), leave(9000, "c")],
+            10_000,
+        );
+        // a: 2200 − 1000; b: answered at 3000; c: nothing after → 0.
+        assert_eq!(report.leave_ms.count, 3);
+        assert_eq!(report.leave_ms.max, Some(2000.0));
+        assert_eq!(report.leave_ms.p50, Some(1200.0));
+        let samples = run(
+            vec![ok(2200, "n2", "a")],
+            vec![leave(1000, "a"), leave(9000, "c")],
+            10_000,
+        )
+        .leave_ms;
+        assert_eq!((samples.p50, samples.max), (Some(0.0), Some(1200.0)));
+    }
+
+    #[test]
+    fn a_leave_ends_when_the_instance_is_ready_again() {
+        let report = run(
+            vec![ok(1500, "n1", "c"), ok(9000, "n1", "c")],
+            vec![leave(1000, "c"), ready(2000, "c")],
+            10_000,
+        );
+        assert_eq!(report.leave_ms.max, Some(500.0));
+        assert_eq!(report.new_conns_to_drained, 0);
+    }
+
+    #[test]
+    fn a_second_commit_during_a_leave_starts_nothing() {
+        // DRAINING at 1000, then UNHEALTHY at 1800: one leave, from 1000.
+        let report = run(
+            vec![ok(2500, "n1", "a"), ok(4500, "n1", "a")],
+            vec![leave(1000, "a"), leave(1800, "a")],
+            10_000,
+        );
+        assert_eq!(report.leave_ms.count, 1);
+        assert_eq!(report.leave_ms.max, Some(3500.0));
+        assert_eq!(report.new_conns_to_drained, 1);
+        assert_eq!(report.failures[0], "leave p99 3500 ms exceeds 3000 ms");
+    }
+
+    #[test]
+    fn drained_counts_answers_more_than_three_seconds_after_the_commit() {
+        let report = run(
+            vec![
+                ok(3999, "n1", "a"),
+                ok(4000, "n1", "a"),
+                ok(4001, "n1", "a"),
+                ok(4002, "n2", "a"),
+                ok(5000, "n2", "b"),
+                fail(6000, "n2"),
+            ],
+            vec![leave(1000, "a")],
+            10_000,
+        );
+        assert_eq!(report.new_conns_to_drained, 2);
+        assert!(!report.pass);
+        assert!(report
+            .failures
+            .iter()
+            .any(|f| f.starts_with("2 new connections to drained backends")));
+    }
+
+    #[test]
+    fn not_ready_counts_answers_before_the_first_ready() {
+        let report = run(
+            vec![
+                ok(1000, "n1", "new"),
+                ok(1999, "n1", "new"),
+                ok(2000, "n1", "new"),
+                ok(500, "n1", "old"),
+                ok(6000, "n1", "new"),
+            ],
+            vec![ready(2000, "new"), leave(3000, "new"), ready(5000, "new")],
+            10_000,
+        );
+        assert_eq!(report.new_conns_to_not_ready, 2);
+    }
+
+    #[test]
+    fn crash_is_the_last_failure_on_agents_that_routed_to_it() {
+        let conns = vec![
+            ok(9000, "a", "x"),
+            ok(9100, "b", "y"),
+            ok(9200, "c", "x"),
+            fail(10_050, "a"), // before a answered again: not counted alone
+            ok(10_100, "a", "y"),
+            ok(10_100, "b", "y"),
+            fail(10_500, "a"),
+            ok(10_600, "a", "y"),
+            fail(12_000, "a"),
+            ok(12_100, "a", "y"),
+            fail(20_000, "b"), // b never routed to x
+            fail(11_000, "c"), // c's own node is down: never answers again
+            fail(30_000, "c"),
+        ];
+        let report = run(conns, vec![hard(10_000, "x"), hard(10_000, "z")], 40_000);
+        assert_eq!(report.crash_ms.count, 2);
+        assert_eq!(report.crash_ms.max, Some(2000.0));
+        assert_eq!(report.crash_ms.p50, Some(0.0));
+        assert_eq!(report.failed_conns, 6);
+        assert!(report.pass, "{:?}", report.failures);
+    }
+
+    #[test]
+    fn crash_counts_until_no_live_agent_offers_the_backend() {
+        let mut timeline = Timeline {
+            duration_ms: 30_000,
+            ..Timeline::default()
+        };
+        timeline.events.push(Event::HardFailure {
+            t_ms: 1_000,
+            instance: "web-1".into(),
+            fault: "crash-node".into(),
+        });
+        for (t, listed) in [(900, true), (1_100, true), (4_600, true), (4_700, false)] {
+            timeline.routes.push(Route {
+                t_ms: t,
+                agent: "node-0".into(),
+                instances: if listed {
+                    vec!["web-1".into(), "web-2".into()]
+                } else {
+                    vec!["web-2".into()]
+                },
+            });
+        }
+        let report = compute(&ReportInput::default(), &timeline, &Pass::default());
+        assert_eq!(report.crash_ms.max, Some(3_600.0));
+    }
+
+    #[test]
+    fn crash_over_the_bound_fails() {
+        let conns = vec![ok(900, "a", "x"), ok(1500, "a", "y"), fail(17_000, "a")];
+        let report = run(conns, vec![hard(1000, "x")], 20_000);
+        assert_eq!(report.crash_ms.p99, Some(16_000.0));
+        assert_eq!(report.failures, ["crash p99 16000 ms exceeds 15000 ms"]);
+    }
+
+    #[test]
+    fn phases_split_the_run() {
+        let report = run(
+            vec![
+                ok(500, "a", "x"), // before the first phase
+                ok(1000, "a", "x"),
+                fail(4999, "a"),
+                ok(5000, "a", "x"),
+                fail(9999, "a"),
+                fail(10_500, "a"), // after the recorded end: still the last phase
+            ],
+            vec![phase(1000, "steady"), phase(5000, "fault")],
+            10_000,
+        );
+        assert_eq!(
+            report.phases,
+            [
+                Phase {
+                    name: "steady".to_owned(),
+                    start_s: 1.0,
+                    end_s: 5.0,
+                    conns: 2,
+                    failed_conns: 1,
+                },
+                Phase {
+                    name: "fault".to_owned(),
+                    start_s: 5.0,
+                    end_s: 10.0,
+                    conns: 3,
+                    failed_conns: 2,
+                },
+            ]
+        );
+        assert_eq!(report.duration_s, 10.0);
+    }
+
+    #[test]
+    fn outage_counts_failures_in_its_window() {
+        let timeline = Timeline {
+            routes: Vec::new(),
+            conns: vec![
+                fail(1999, "a"),
+                fail(2000, "a"),
+                ok(3000, "a", "x"),
+                fail(3999, "b"),
+                fail(4000, "b"),
+            ],
+            events: Vec::new(),
+            duration_ms: 5000,
+        };
+        let input = ReportInput {
+            outage: Some((2000, 4000)),
+            ..input()
+        };
+        let report = compute(&input, &timeline, &Pass::default());
+        assert_eq!(
+            report.outage,
+            Some(Outage {
+                duration_s: 2.0,
+                failed_conns_to_live_backends: 2,
+            })
+        );
+        assert_eq!(report.failed_conns, 4);
+        assert_eq!(
+            report.failures,
+            ["2 failed connections to live backends during the outage exceed the limit of 0"]
+        );
+        let report = compute(&self::input(), &timeline, &Pass::default());
+        assert_eq!(report.outage, None);
+        assert!(report.pass);
+    }
+
+    #[test]
+    fn harness_figures_are_judged() {
+        let input = ReportInput {
+            converge_ms: Some(1234),
+            false_removals: 2,
+            max_concurrent_snapshots: 40,
+            ..input()
+        };
+        let timeline = Timeline::default();
+        let lenient = compute(&input, &timeline, &Pass::default());
+        assert_eq!(lenient.converge_ms, Some(1234));
+        assert_eq!(lenient.failures, ["2 false removals exceed the limit of 0"]);
+
+        let strict = Pass {
+            max_false_removals: 2,
+            max_concurrent_snapshots: Some(32),
+            ..Pass::default()
+        };
+        let report = compute(&input, &timeline, &strict);
+        assert!(!report.pass);
+        assert_eq!(
+            report.failures,
+            ["40 concurrent snapshots exceed the limit of 32"]
+        );
+    }
+
+    #[test]
+    fn json_fields_are_exactly_the_contract() {
+        let input = ReportInput {
+            outage: Some((0, 1000)),
+            ..input()
+        };
+        let timeline = Timeline {
+            routes: Vec::new(),
+            conns: vec![ok(10, "a", "x")],
+            events: vec![phase(0, "p")],
+            duration_ms: 1000,
+        };
+        let report = compute(&input, &timeline, &Pass::default());
+        let json = serde_json::to_value(&report).expect("serializable");
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let sorted = |names: &[&str]| {
+            let mut n: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(
+            keys(&json),
+            sorted(&[
+                "scenario",
+                "seed",
+                "agents",
+                "duration_s",
+                "leave_ms",
+                "crash_ms",
+                "converge_ms",
+                "new_conns_to_drained",
+                "new_conns_to_not_ready",
+                "failed_conns",
+                "false_removals",
+                "max_concurrent_snapshots",
+                "phases",
+                "outage",
+                "pass",
+                "failures",
+            ])
+        );
+        let stats = sorted(&["count", "p50", "p99", "max"]);
+        assert_eq!(keys(&json["leave_ms"]), stats);
+        assert_eq!(keys(&json["crash_ms"]), stats);
+        assert_eq!(
+            keys(&json["phases"][0]),
+            sorted(&["name", "start_s", "end_s", "conns", "failed_conns"])
+        );
+        assert_eq!(
+            keys(&json["outage"]),
+            sorted(&["duration_s", "failed_conns_to_live_backends"])
+        );
+        assert!(json["failures"].is_array());
+        assert!(json["pass"].is_boolean());
+    }
+
+    #[test]
+    fn write_produces_both_files() {
+        let report = run(
+            vec![ok(4500, "a", "x")],
+            vec![phase(0, "all | one"), leave(1000, "x")],
+            5000,
+        );
+        assert!(!report.pass);
+        let budget = vec![("leave_ms".to_owned(), "p99 2100 ms".to_owned())];
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("run-1");
+        write(&out, &report, &budget).expect("written");
+
+        let json = std::fs::read_to_string(out.join("report.json")).expect("report.json");
+        let back: Report = serde_json::from_str(&json).expect("parses back");
+        assert_eq!(back, report);
+
+        let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+        assert!(md.contains("**FAIL**"), "{md}");
+        assert!(
+            md.contains("| figure | measured | budget predicts |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| leave_ms | count 1, p50 3500, p99 3500, max 3500 | p99 2100 ms |"),
+            "{md}"
+        );
+        assert!(md.contains("| crash_ms | count 0 |  |"), "{md}");
+        assert!(md.contains("- leave p99 3500 ms exceeds 3000 ms"), "{md}");
+        assert!(md.contains("| all \\| one | 0 | 5 | 1 | 0 |"), "{md}");
+    }
+}

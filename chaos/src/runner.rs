@@ -1,0 +1,766 @@
+//! `rollcall chaos run`: builds a real cluster in network namespaces and
+//! drives a scenario through it while the traffic generator records every
+//! connection.
+//!
+//! Layout: the arbiter runs in the root namespace on the bridge address
+//! (10.S.0.1); each node is a namespace holding one `rollcall agent` (HTTP
+//! API on :7070, TCP proxy for the scenario's service on :15001, gossip on
+//! :7946) and its `rollcall echo` backends (:9000 + k); the traffic
+//! generator sends from 10.S.0.2 to every node's proxy. Every process is
+//! the `rollcall` binary itself, started with its real config files and
+//! certificates from `rollcall certs`.
+//!
+//! Leave commits come from the arbiter's audit log after the run (the
+//! command's time, converted to run time), not from polling.
+//!
+//! Everything started is stopped when the run ends, fails or is dropped
+//! (Ctrl-C): processes are resumed and killed, namespaces and links removed.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::netns::{NetError, Topology};
+use crate::scenario::{Action, Scenario};
+use crate::timeline::{Event, Route, Timeline};
+use crate::traffic::{Target, Traffic, TrafficConfig};
+
+/// Why a run could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The namespaces could not be built.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// A file or process could not be made.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The cluster did not come up, or a step could not be done.
+    #[error("{0}")]
+    Cluster(String),
+    /// The scenario asks for something this harness cannot do (yet).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// What `run` needs besides the scenario.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The `rollcall` binary every process runs.
+    pub binary: PathBuf,
+    /// Where configs, data and logs go (`work/` under it).
+    pub dir: PathBuf,
+    /// Names the run's interfaces: 1–6 lowercase letters or digits.
+    pub run_id: String,
+    /// The bridge's /24 is 10.`subnet`.0.0.
+    pub subnet: u8,
+}
+
+/// Every process of the run; killed (after being resumed) when dropped.
+#[derive(Default)]
+struct Processes {
+    children: Vec<(String, Child)>,
+}
+
+impl Processes {
+    fn pid(&self, name: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.id())
+    }
+
+    fn signal(&self, name: &str, signal: &str) -> Result<(), RunError> {
+        let pid = self
+            .pid(name)
+            .ok_or_else(|| RunError::Cluster(format!("no process named {name}")))?;
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(io(format!("kill {signal} {name}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(RunError::Cluster(format!(
+                "kill {signal} {name} (pid {pid}) failed"
+            )))
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The cluster of one run.
+struct Cluster {
+    topology: Topology,
+    processes: Processes,
+    work: PathBuf,
+    binary: PathBuf,
+    arbiter_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    traffic_ip: Ipv4Addr,
+    nodes: Vec<String>,
+    instances: Vec<Vec<String>>,
+    http: reqwest::Client,
+    /// Nodes crashed so far, with the time (run ms): their own callers are
+    /// dead, so their traffic after it is not counted, and their agent is
+    /// no longer sampled.
+    crashed: std::sync::Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+}
+
+const ECHO_PORT: u16 = 9000;
+const PROXY_PORT: u16 = 15001;
+const HTTP_PORT: u16 = 7070;
+const GOSSIP_PORT: u16 = 7946;
+/// Waits for the cluster to come up; bounds a hang, not a timing claim.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Cluster {
+    fn spawn(&mut self, name: &str, node: Option<usize>, args: &[String]) -> Result<(), RunError> {
+        let log = std::fs::File::create(self.work.join(format!("{name}.log")))
+            .map_err(io(format!("creating {name}.log")))?;
+        let mut command = match node {
+            Some(i) => self.topology.command(i, &self.binary.display().to_string()),
+            None => Command::new(&self.binary),
+        };
+        let child = command
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(io(format!("starting {name}")))?;
+        self.processes.children.push((name.to_owned(), child));
+        Ok(())
+    }
+
+    fn node_ip(&self, i: usize) -> Ipv4Addr {
+        self.topology.nodes[i].ip
+    }
+
+    fn token(&self, i: usize) -> Result<String, RunError> {
+        let path = self.work.join(&self.nodes[i]).join("agent.token");
+        std::fs::read_to_string(&path)
+            .map(|t| t.trim().to_owned())
+            .map_err(io(format!("reading {}", path.display())))
+    }
+
+    async fn agent_get(&self, i: usize, path: &str) -> Option<serde_json::Value> {
+        let url = format!("http://{}:{HTTP_PORT}{path}", self.node_ip(i));
+        self.http.get(url).send().await.ok()?.json().await.ok()
+    }
+
+    async fn wait(&self, what: &str, mut check: impl AsyncFnMut() -> bool) -> Result<(), RunError> {
+        let start = Instant::now();
+        while !check().await {
+            if start.elapsed() > PATIENCE {
+                return Err(RunError::Cluster(format!(
+                    "gave up waiting ({} s): {what}; logs in {}",
+                    PATIENCE.as_secs(),
+                    self.work.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// The node index and instance a step's target names: `node-2` or
+    /// `node-2/web-2-0`.
+    fn target(&self, target: &str) -> Result<(usize, Option<String>), RunError> {
+        let (node, instance) = match target.split_once('/') {
+            Some((n, i)) => (n, Some(i.to_owned())),
+            None => (target, None),
+        };
+        let i =
+            self.nodes.iter().position(|n| n == node).ok_or_else(|| {
+                RunError::Cluster(format!("step target {target:?}: no node {node}"))
+            })?;
+        if let Some(id) = &instance {
+            if !self.instances[i].contains(id) {
+                return Err(RunError::Cluster(format!(
+                    "step target {target:?}: node {node} has no instance {id}"
+                )));
+            }
+        }
+        Ok((i, instance))
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// The records (times in real ms since the traffic started).
+    pub timeline: Timeline,
+    /// Catalog removals (node-down or lease expiry) of nodes the scenario
+    /// did not crash, from the arbiter's audit log.
+    pub false_removals: u64,
+    /// The arbiter outage, `[start, end)` in run ms, if the scenario had one
+    /// (an outage still running at the end ends there).
+    pub outage: Option<(u64, u64)>,
+    /// The most full snapshots the arbiter served at once (its metric, since
+    /// its last start).
+    pub max_concurrent_snapshots: u64,
+}
+
+/// Builds the cluster, runs the scenario, tears everything down, and returns
+/// what it measured.
+pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult, RunError> {
+    for step in &scenario.steps {
+        if !supported(step.action) {
+            return Err(RunError::Unsupported(format!(
+                "scenario {}: step action {:?} is not implemented by this harness yet",
+                scenario.name, step.action
+            )));
+        }
+    }
+    let work = options.dir.join("work");
+    std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
+    let nodes: Vec<String> = (0..scenario.agents).map(|i| format!("node-{i}")).collect();
+    let topology = Topology::create(&options.run_id, options.subnet, &nodes)?;
+    let traffic_ip = topology.add_host_ip(2)?;
+    let host = topology.host_ip;
+    let mut cluster = Cluster {
+        arbiter_addr: SocketAddr::new(host.into(), 7443),
+        admin_addr: SocketAddr::new(host.into(), 7071),
+        topology,
+        processes: Processes::default(),
+        work: work.clone(),
+        binary: options.binary.clone(),
+        traffic_ip,
+        instances: (0..nodes.len())
+            .map(|i| {
+                (0..scenario.instances_per_agent)
+                    .map(|k| format!("{}-{i}-{k}", scenario.service))
+                    .collect()
+            })
+            .collect(),
+        nodes,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| RunError::Cluster(format!("HTTP client: {e}")))?,
+        crashed: Default::default(),
+    };
+    start(&mut cluster, scenario).await?;
+    drive(&mut cluster, scenario).await
+}
+
+fn supported(action: Action) -> bool {
+    matches!(
+        action,
+        Action::Phase
+            | Action::Drain
+            | Action::KillBackend
+            | Action::FreezeBackend
+            | Action::CrashNode
+            | Action::PauseAgent
+            | Action::ResumeAgent
+            | Action::PartitionNode
+            | Action::Heal
+            | Action::StopArbiters
+            | Action::StartArbiters
+    )
+}
+
+/// Certificates, the arbiter, agents and backends; returns when every agent
+/// routes to every instance.
+async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunError> {
+    let work = cluster.work.clone();
+    let certs = work.join("certs");
+    let mut args: Vec<String> = vec![
+        "certs".into(),
+        "--out".into(),
+        certs.display().to_string(),
+        "--region".into(),
+        "r1".into(),
+        "--arbiter".into(),
+        "arbiter-1".into(),
+        "--ip".into(),
+        cluster.topology.host_ip.to_string(),
+    ];
+    for node in &cluster.nodes {
+        args.extend(["--agent".into(), node.clone()]);
+    }
+    let status = Command::new(&cluster.binary)
+        .args(&args)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(io("rollcall certs"))?;
+    if !status.success() {
+        return Err(RunError::Cluster("rollcall certs failed".into()));
+    }
+    let key = Command::new(&cluster.binary)
+        .args(["gossip-key", "--id", "1"])
+        .output()
+        .map_err(io("rollcall gossip-key"))?;
+    std::fs::write(work.join("zone.key"), &key.stdout).map_err(io("writing zone.key"))?;
+
+    let arbiter_toml = format!(
+        "listen = \"{}\"\nadmin = \"{}\"\ndata_dir = \"{}\"\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
+        cluster.arbiter_addr,
+        cluster.admin_addr,
+        work.join("arbiter").display(),
+        c = certs.display()
+    );
+    std::fs::write(work.join("arbiter.toml"), arbiter_toml).map_err(io("writing arbiter.toml"))?;
+    start_arbiter(cluster)?;
+
+    let seed = cluster.node_ip(0);
+    for i in 0..cluster.nodes.len() {
+        let ip = cluster.node_ip(i);
+        for k in 0..scenario.instances_per_agent as usize {
+            let id = cluster.instances[i][k].clone();
+            cluster.spawn(
+                &id.clone(),
+                Some(i),
+                &[
+                    "echo".into(),
+                    "--listen".into(),
+                    format!("{ip}:{}", ECHO_PORT + k as u16),
+                    "--id".into(),
+                    id,
+                ],
+            )?;
+        }
+        let node = cluster.nodes[i].clone();
+        let toml = format!(
+            "node_id = \"{node}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\n\
+             [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-{node}.crt\"\nkey = \"{c}/agent-{node}.key\"\n\
+             [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [\"{seed}:{GOSSIP_PORT}\"]\nkey_file = \"{k}\"\n\
+             [[proxy]]\nservice = \"default/{service}/default\"\nlisten = \"{ip}:{PROXY_PORT}\"\n",
+            data = work.join(&node).display(),
+            arbiter = cluster.arbiter_addr,
+            c = certs.display(),
+            k = work.join("zone.key").display(),
+            service = scenario.service,
+        );
+        let path = work.join(format!("{node}.toml"));
+        std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
+        cluster.spawn(
+            &node,
+            Some(i),
+            &[
+                "agent".into(),
+                "--config".into(),
+                path.display().to_string(),
+            ],
+        )?;
+    }
+    for i in 0..cluster.nodes.len() {
+        let node = cluster.nodes[i].clone();
+        cluster
+            .wait(&format!("{node} connected to the arbiter"), async || {
+                cluster
+                    .agent_get(i, "/v1/status")
+                    .await
+                    .is_some_and(|s| s["arbiter"]["connected"] == true)
+            })
+            .await?;
+        let token = cluster.token(i)?;
+        for (k, id) in cluster.instances[i].iter().enumerate() {
+            let body = serde_json::json!({
+                "service": scenario.service,
+                "instance_id": id,
+                "address": cluster.node_ip(i).to_string(),
+                "port": ECHO_PORT + k as u16,
+            });
+            let url = format!(
+                "http://{}:{HTTP_PORT}/v1/agent/instances",
+                cluster.node_ip(i)
+            );
+            let response = cluster
+                .http
+                .put(url)
+                .bearer_auth(&token)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| RunError::Cluster(format!("registering {id}: {e}")))?;
+            if !response.status().is_success() {
+                return Err(RunError::Cluster(format!(
+                    "registering {id}: {}",
+                    response.status()
+                )));
+            }
+        }
+    }
+    let total: usize = cluster.instances.iter().map(Vec::len).sum();
+    for i in 0..cluster.nodes.len() {
+        let path = format!("/v1/endpoints/{}", scenario.service);
+        cluster
+            .wait("every agent routes to every instance", async || {
+                cluster
+                    .agent_get(i, &path)
+                    .await
+                    .is_some_and(|b| b["endpoints"].as_array().is_some_and(|e| e.len() == total))
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+fn start_arbiter(cluster: &mut Cluster) -> Result<(), RunError> {
+    let config = cluster.work.join("arbiter.toml").display().to_string();
+    cluster.processes.children.retain(|(n, _)| n != "arbiter");
+    cluster.spawn(
+        "arbiter",
+        None,
+        &["arbiter".into(), "--config".into(), config],
+    )
+}
+
+/// Runs the steps while the traffic flows; returns the timeline.
+async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, RunError> {
+    let targets: Vec<Target> = (0..cluster.nodes.len())
+        .map(|i| Target {
+            agent: cluster.nodes[i].clone(),
+            addr: SocketAddr::new(cluster.node_ip(i).into(), PROXY_PORT),
+        })
+        .collect();
+    let duration = Duration::from_secs_f64(scenario.duration_s);
+    let t0 = Instant::now();
+    let t0_wall = now_ms();
+    let traffic = Traffic::start(
+        targets,
+        TrafficConfig {
+            rate_per_target: scenario.traffic_rate_per_agent,
+            connect_timeout: Duration::from_millis(scenario.connect_timeout_ms),
+            bind: Some(cluster.traffic_ip.into()),
+            max_duration: duration + Duration::from_secs(5),
+        },
+        t0,
+    );
+    let routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
+    let sampler = tokio::spawn(sample_routes(
+        routes.clone(),
+        cluster.http.clone(),
+        (0..cluster.nodes.len())
+            .map(|i| (cluster.nodes[i].clone(), cluster.node_ip(i)))
+            .collect(),
+        scenario.service.clone(),
+        cluster.crashed.clone(),
+        t0,
+        duration + Duration::from_secs(5),
+    ));
+    let mut events = Vec::new();
+    let mut outage: Option<(u64, Option<u64>)> = None;
+    let mut steps: Vec<_> = scenario.steps.iter().collect();
+    steps.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    for step in steps {
+        let at = t0 + Duration::from_secs_f64(step.at_s);
+        tokio::time::sleep_until(at.into()).await;
+        let t_ms = t0.elapsed().as_millis() as u64;
+        step_once(cluster, step.action, &step.target, t_ms, &mut events).await?;
+        match step.action {
+            Action::StopArbiters => outage = Some((t_ms, None)),
+            Action::StartArbiters => {
+                if let Some((start, None)) = outage {
+                    outage = Some((start, Some(t_ms)));
+                }
+            }
+            _ => {}
+        }
+    }
+    tokio::time::sleep_until((t0 + duration).into()).await;
+    let duration_ms = t0.elapsed().as_millis() as u64;
+    let mut conns = traffic.stop().await;
+    sampler.abort();
+    let _ = sampler.await;
+    let routes = std::mem::take(&mut *routes.lock().expect("routes lock"));
+    let crashed = cluster.crashed.lock().expect("crashed lock").clone();
+    conns.retain(|c| {
+        !crashed
+            .iter()
+            .any(|(i, at)| cluster.nodes[*i] == c.agent && c.t_ms >= *at)
+    });
+    let outage = outage.map(|(start, end)| (start, end.unwrap_or(duration_ms)));
+    // The arbiter is back for the audit log if the scenario restarted it.
+    let crashed_nodes: Vec<String> = crashed
+        .iter()
+        .map(|(i, _)| cluster.nodes[*i].clone())
+        .collect();
+    let mut false_removals = 0;
+    let max_concurrent_snapshots = metric(cluster, "rollcall_arbiter_snapshots_in_flight_max")
+        .await
+        .unwrap_or(0.0) as u64;
+    // Leave commits and removals, from the arbiter's audit log.
+    if let Some(audit) = audit(cluster).await {
+        for entry in &audit {
+            let command = entry["command"].as_str().unwrap_or("");
+            let detail = entry["detail"].as_str().unwrap_or("");
+            let at = entry["at_ms"].as_u64().unwrap_or(0);
+            if at < t0_wall || !(command == "node-down" || command == "expire-lease") {
+                continue;
+            }
+            let removed =
+                detail.contains("records UNHEALTHY") || detail.contains("records EXPIRED");
+            let node = cluster
+                .nodes
+                .iter()
+                .find(|n| detail.contains(&format!("{n} epoch")));
+            if removed && node.is_some_and(|n| !crashed_nodes.contains(n)) {
+                false_removals += 1;
+            }
+        }
+        for entry in audit {
+            let detail = entry["detail"].as_str().unwrap_or("");
+            let at = entry["at_ms"].as_u64().unwrap_or(0);
+            let Some(instance) = entry["instance"].as_str() else {
+                continue;
+            };
+            if at < t0_wall {
+                continue;
+            }
+            if entry["command"] == "transition"
+                && (detail.contains("-> DRAINING") || detail.contains("-> UNHEALTHY"))
+            {
+                events.push(Event::LeaveCommitted {
+                    t_ms: at - t0_wall,
+                    instance: instance.to_owned(),
+                });
+            }
+        }
+    }
+    events.sort_by_key(Event::t_ms);
+    Ok(RunResult {
+        timeline: Timeline {
+            conns,
+            routes,
+            events,
+            duration_ms,
+        },
+        false_removals,
+        outage,
+        max_concurrent_snapshots,
+    })
+}
+
+/// Samples every live agent's resolve answer into `routes` every 100 ms,
+/// until aborted or `limit`.
+async fn sample_routes(
+    routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>>,
+    http: reqwest::Client,
+    agents: Vec<(String, Ipv4Addr)>,
+    service: String,
+    crashed: std::sync::Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+    t0: Instant,
+    limit: Duration,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while t0.elapsed() < limit {
+        tick.tick().await;
+        let down: Vec<usize> = crashed
+            .lock()
+            .expect("crashed lock")
+            .iter()
+            .map(|(i, _)| *i)
+            .collect();
+        for (i, (agent, ip)) in agents.iter().enumerate() {
+            if down.contains(&i) {
+                continue;
+            }
+            let t_ms = t0.elapsed().as_millis() as u64;
+            let url = format!("http://{ip}:{HTTP_PORT}/v1/endpoints/{service}");
+            let Ok(response) = http
+                .get(url)
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let Ok(body) = response.json::<serde_json::Value>().await else {
+                continue;
+            };
+            let instances = body["endpoints"]
+                .as_array()
+                .map(|e| {
+                    e.iter()
+                        .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            routes.lock().expect("routes lock").push(Route {
+                t_ms,
+                agent: agent.clone(),
+                instances,
+            });
+        }
+    }
+}
+
+/// One value from the arbiter's Prometheus text.
+async fn metric(cluster: &Cluster, name: &str) -> Option<f64> {
+    let url = format!("http://{}/metrics", cluster.admin_addr);
+    let text = cluster.http.get(url).send().await.ok()?.text().await.ok()?;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+async fn audit(cluster: &Cluster) -> Option<Vec<serde_json::Value>> {
+    let token = std::fs::read_to_string(cluster.work.join("arbiter").join("admin.token")).ok()?;
+    let url = format!("http://{}/v1/audit?limit=10000", cluster.admin_addr);
+    let body: serde_json::Value = cluster
+        .http
+        .get(url)
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    body.as_array().cloned()
+}
+
+async fn step_once(
+    cluster: &mut Cluster,
+    action: Action,
+    target: &str,
+    t_ms: u64,
+    events: &mut Vec<Event>,
+) -> Result<(), RunError> {
+    let step = |action: &str| Event::Step {
+        t_ms,
+        action: action.to_owned(),
+        target: target.to_owned(),
+    };
+    match action {
+        Action::Phase => events.push(Event::Phase {
+            t_ms,
+            name: target.to_owned(),
+        }),
+        Action::Drain => {
+            let (i, instance) = cluster.target(target)?;
+            let instance = instance.ok_or_else(|| {
+                RunError::Cluster(format!("drain needs node/instance, not {target:?}"))
+            })?;
+            let token = cluster.token(i)?;
+            let url = format!(
+                "http://{}:{HTTP_PORT}/v1/agent/instances/{instance}/drain",
+                cluster.node_ip(i)
+            );
+            let response = cluster
+                .http
+                .put(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .map_err(|e| RunError::Cluster(format!("draining {instance}: {e}")))?;
+            if !response.status().is_success() {
+                return Err(RunError::Cluster(format!(
+                    "draining {instance}: {}",
+                    response.status()
+                )));
+            }
+            events.push(step("drain"));
+        }
+        Action::KillBackend | Action::FreezeBackend => {
+            let (_, instance) = cluster.target(target)?;
+            let instance = instance.ok_or_else(|| {
+                RunError::Cluster(format!("{action:?} needs node/instance, not {target:?}"))
+            })?;
+            let (signal, fault) = match action {
+                Action::KillBackend => ("-KILL", "kill-backend"),
+                _ => ("-STOP", "freeze-backend"),
+            };
+            cluster.processes.signal(&instance, signal)?;
+            events.push(Event::HardFailure {
+                t_ms,
+                instance,
+                fault: fault.into(),
+            });
+        }
+        Action::CrashNode => {
+            let (i, _) = cluster.target(target)?;
+            cluster.processes.signal(&cluster.nodes[i], "-STOP")?;
+            for instance in cluster.instances[i].clone() {
+                cluster.processes.signal(&instance, "-STOP")?;
+                events.push(Event::HardFailure {
+                    t_ms,
+                    instance,
+                    fault: "crash-node".into(),
+                });
+            }
+            cluster.topology.set_link(i, false)?;
+            cluster
+                .crashed
+                .lock()
+                .expect("crashed lock")
+                .push((i, t_ms));
+        }
+        Action::PauseAgent | Action::ResumeAgent => {
+            let (i, _) = cluster.target(target)?;
+            let signal = if action == Action::PauseAgent {
+                "-STOP"
+            } else {
+                "-CONT"
+            };
+            cluster.processes.signal(&cluster.nodes[i], signal)?;
+            events.push(step(if action == Action::PauseAgent {
+                "pause-agent"
+            } else {
+                "resume-agent"
+            }));
+        }
+        Action::PartitionNode => {
+            let (i, _) = cluster.target(target)?;
+            cluster.topology.cut(i, &[cluster.topology.host_ip])?;
+            events.push(step("partition-node"));
+        }
+        Action::Heal => {
+            for i in 0..cluster.nodes.len() {
+                cluster.topology.heal(i, &[cluster.topology.host_ip])?;
+            }
+            events.push(step("heal"));
+        }
+        Action::StopArbiters => {
+            cluster.processes.signal("arbiter", "-KILL")?;
+            events.push(step("stop-arbiters"));
+        }
+        Action::StartArbiters => {
+            start_arbiter(cluster)?;
+            events.push(step("start-arbiters"));
+        }
+        other => {
+            return Err(RunError::Unsupported(format!(
+                "step action {other:?} is not implemented by this harness yet"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Where a run's files go by default: `chaos-reports/<scenario>`.
+pub fn default_dir(scenario: &Scenario) -> PathBuf {
+    Path::new("chaos-reports").join(&scenario.name)
+}

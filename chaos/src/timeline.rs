@@ -1,0 +1,119 @@
+//! What a chaos run records, in real milliseconds since the run started:
+//! every connection the traffic generator opened (through which agent, which
+//! backend answered, how it ended) and every event the harness caused or
+//! observed (faults, commits of leave transitions, phases). The report is
+//! computed from these alone, never from the control plane's opinion.
+
+use serde::{Deserialize, Serialize};
+
+/// How one connection through an agent's proxy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A backend answered with its instance id.
+    Answered,
+    /// The proxy refused or reset the connection, or no backend answered
+    /// before the connect timeout.
+    Failed,
+}
+
+/// One connection the traffic generator opened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conn {
+    /// When it was opened, ms since the run started.
+    pub t_ms: u64,
+    /// The agent (node id) whose proxy carried it.
+    pub agent: String,
+    /// The instance id that answered, if one did.
+    pub backend: Option<String>,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// Something the harness did or saw, at a time in ms since the run started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// A named phase of the scenario begins (phases end where the next
+    /// begins, or at the end of the run).
+    Phase {
+        /// When.
+        t_ms: u64,
+        /// Its name.
+        name: String,
+    },
+    /// The catalog committed DRAINING or UNHEALTHY for an instance (the
+    /// start of a leave, R5's 3 s clock).
+    LeaveCommitted {
+        /// When the commit was observed.
+        t_ms: u64,
+        /// The instance.
+        instance: String,
+    },
+    /// A hard failure was injected on a backend (kill -9, freeze, node
+    /// crash): the start of R5's 15 s clock for it.
+    HardFailure {
+        /// When.
+        t_ms: u64,
+        /// The instance.
+        instance: String,
+        /// What was done ("kill-backend", "crash-node", …).
+        fault: String,
+    },
+    /// A fault or recovery step without a single backend (partition,
+    /// arbiter stop, agent pause, …); shown on the plots.
+    Step {
+        /// When.
+        t_ms: u64,
+        /// What was done.
+        action: String,
+        /// To what.
+        target: String,
+    },
+    /// An instance became READY in the catalog (a new backend of a deploy).
+    Ready {
+        /// When.
+        t_ms: u64,
+        /// The instance.
+        instance: String,
+    },
+}
+
+impl Event {
+    /// When it happened.
+    pub fn t_ms(&self) -> u64 {
+        match self {
+            Event::Phase { t_ms, .. }
+            | Event::LeaveCommitted { t_ms, .. }
+            | Event::HardFailure { t_ms, .. }
+            | Event::Step { t_ms, .. }
+            | Event::Ready { t_ms, .. } => *t_ms,
+        }
+    }
+}
+
+/// The endpoints one agent offered for the scenario's service at a moment
+/// (its resolve answer: what its proxy picks from), sampled through the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// When it was sampled, ms since the run started.
+    pub t_ms: u64,
+    /// The agent.
+    pub agent: String,
+    /// The instance ids it offered.
+    pub instances: Vec<String>,
+}
+
+/// A whole run's records.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// Every connection, in the order they were opened.
+    pub conns: Vec<Conn>,
+    /// Every agent's routable endpoints, sampled (not from crashed nodes).
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// Every event, in time order.
+    pub events: Vec<Event>,
+    /// How long the run lasted, ms.
+    pub duration_ms: u64,
+}

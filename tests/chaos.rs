@@ -1,0 +1,89 @@
+//! Every chaos scenario's CI version (issue 7): `rollcall chaos run
+//! chaos/scenarios/<name>.toml --short`, one scenario at a time in this one
+//! test, so they never share the cores with each other. Each builds real
+//! processes in network namespaces (root needed; CI runs as root) and must
+//! pass its own criteria; the report must follow the published schema.
+//! Run times are in the reports; nothing here asserts a timing beyond the
+//! scenarios' SLO bounds (3 s / 15 s).
+
+use std::process::Command;
+
+const REPORT_KEYS: [&str; 16] = [
+    "scenario",
+    "seed",
+    "agents",
+    "duration_s",
+    "leave_ms",
+    "crash_ms",
+    "converge_ms",
+    "new_conns_to_drained",
+    "new_conns_to_not_ready",
+    "failed_conns",
+    "false_removals",
+    "max_concurrent_snapshots",
+    "phases",
+    "outage",
+    "pass",
+    "failures",
+];
+
+#[test]
+fn every_scenario_passes_its_short_version() {
+    let scenarios = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("chaos/scenarios");
+    let mut names: Vec<_> = std::fs::read_dir(&scenarios)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no scenarios in {}", scenarios.display());
+    let out = tempfile::tempdir().unwrap();
+    let mut failed = Vec::new();
+    for path in names {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let report = out.path().join(&name);
+        let run = Command::new(env!("CARGO_BIN_EXE_rollcall"))
+            .args(["chaos", "run"])
+            .arg(&path)
+            .args(["--short", "--report"])
+            .arg(&report)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        eprintln!("{name}: exit {:?}\n{stdout}{stderr}", run.status.code());
+        let json: serde_json::Value = match std::fs::read(report.join("report.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+            Err(e) => {
+                failed.push(format!("{name}: no report.json ({e}): {stderr}"));
+                continue;
+            }
+        };
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for key in REPORT_KEYS {
+            assert!(keys.contains(&key), "{name}: report.json lacks {key}");
+        }
+        assert_eq!(
+            keys.len(),
+            REPORT_KEYS.len(),
+            "{name}: extra keys in {keys:?}"
+        );
+        assert!(report.join("report.md").exists(), "{name}: report.md");
+        if !run.status.success() || json["pass"] != true {
+            failed.push(format!("{name}: {}", json["failures"]));
+        }
+    }
+    // Nothing of a run is left behind.
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&netns.stdout).contains("rc"),
+        "namespaces left: {}",
+        String::from_utf8_lossy(&netns.stdout)
+    );
+    assert!(failed.is_empty(), "scenarios failed: {failed:#?}");
+}
