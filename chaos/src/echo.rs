@@ -38,27 +38,6 @@ pub async fn serve_on(listener: TcpListener, id: String, hold: bool) -> std::io:
     }
 }
 
-/// Connects to `addr` and reads the first line, the answering instance's
-/// id; `None` when nothing answered within `timeout`, the connection
-/// failed, or the first line was empty.
-pub async fn ask(addr: SocketAddr, timeout: std::time::Duration) -> Option<String> {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let mut buf = Vec::with_capacity(64);
-        let mut byte = [0u8; 1];
-        while buf.len() < 256 {
-            match stream.read(&mut byte).await {
-                Ok(1) if byte[0] == b'\n' => break,
-                Ok(1) => buf.push(byte[0]),
-                _ => break,
-            }
-        }
-        let id = String::from_utf8(buf).ok()?;
-        (!id.is_empty()).then_some(id)
-    };
-    tokio::time::timeout(timeout, exchange).await.ok().flatten()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,7 +47,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve_on(listener, "web-7".into(), true));
-        let answer = ask(addr, std::time::Duration::from_secs(5)).await;
+        let answer = crate::traffic::ask(addr, None, std::time::Duration::from_secs(5)).await;
         assert_eq!(answer.as_deref(), Some("web-7"));
 
         // Held: after the line, the server sends nothing and does not close.
@@ -93,6 +72,9 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        assert_eq!(ask(port, std::time::Duration::from_secs(2)).await, None);
+        assert_eq!(
+            crate::traffic::ask(port, None, std::time::Duration::from_secs(2)).await,
+            None
+        );
     }
 }

@@ -137,7 +137,11 @@ async fn offer(
 
 /// Opens one connection from `bind` to `addr` and reads the backend's id
 /// line; `None` on any failure or after `timeout`.
-async fn ask(addr: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Option<String> {
+pub(crate) async fn ask(
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+    timeout: Duration,
+) -> Option<String> {
     let exchange = async {
         let socket = match addr {
             SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4().ok()?,

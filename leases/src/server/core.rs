@@ -148,11 +148,11 @@ enum Decided {
 
 /// Results of work the core started on other tasks.
 enum Done {
-    /// A proposal was decided.
-    Decided {
+    /// The leader's answer to a proposal this follower handed over.
+    Forwarded {
         envelope: Envelope,
         then: Then,
-        decided: Decided,
+        response: Response,
     },
     /// A batch was committed and applied here (this replica leads), with
     /// each command's result, or failed as a whole with this answer.
@@ -1163,10 +1163,10 @@ impl Core {
                 timeout + Duration::from_secs(1),
                 move |forwarded| {
                     let _ = done.send(match forwarded {
-                        Forwarded::Answer(response) => Done::Decided {
+                        Forwarded::Answer(response) => Done::Forwarded {
                             envelope,
                             then,
-                            decided: Decided::Remote(response),
+                            response,
                         },
                         Forwarded::NowLeader(_) => Done::ProposeAgain { envelope, then },
                     });
@@ -1223,48 +1223,34 @@ impl Core {
 
     fn done(&mut self, done: Done) {
         match done {
-            Done::Decided {
+            Done::Forwarded {
                 envelope,
                 then,
-                decided,
-            } => match decided {
-                Decided::Local(result) => {
-                    match &result {
-                        Ok(applied) => {
-                            self.metrics.commits.inc();
-                            self.after_commit(&envelope, applied);
-                        }
-                        Err(_) => {
-                            self.metrics.rejections.inc();
-                        }
-                    }
-                    self.finish(then, &envelope, Decided::Local(result));
+                response,
+            } => {
+                if let Command::ExpireLease { node, .. } = &envelope.command {
+                    self.expiring.remove(node);
                 }
-                Decided::Remote(response) => {
-                    if let Command::ExpireLease { node, .. } = &envelope.command {
-                        self.expiring.remove(node);
+                // Answer once this replica has applied the revision, so the
+                // agent reads its own write here.
+                if let Response::Committed {
+                    revision: Some(revision),
+                    ..
+                } = &response
+                {
+                    if *revision > self.mark.revision {
+                        self.deferred.push(Deferred {
+                            revision: *revision,
+                            deadline_ms: now_ms() + self.config.raft.write_timeout_ms,
+                            envelope,
+                            then,
+                            response,
+                        });
+                        return;
                     }
-                    // Answer once this replica has applied the revision, so
-                    // the agent reads its own write here.
-                    if let Response::Committed {
-                        revision: Some(revision),
-                        ..
-                    } = &response
-                    {
-                        if *revision > self.mark.revision {
-                            self.deferred.push(Deferred {
-                                revision: *revision,
-                                deadline_ms: now_ms() + self.config.raft.write_timeout_ms,
-                                envelope,
-                                then,
-                                response,
-                            });
-                            return;
-                        }
-                    }
-                    self.finish(then, &envelope, Decided::Remote(response));
                 }
-            },
+                self.finish(then, &envelope, Decided::Remote(response));
+            }
             Done::Batch { items, outcome } => {
                 self.in_flight = self.in_flight.saturating_sub(1);
                 match outcome {
