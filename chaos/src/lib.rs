@@ -91,6 +91,7 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         false_removals: result.false_removals,
         max_concurrent_snapshots: result.max_concurrent_snapshots,
         outage: result.outage,
+        connect_timeout_ms: scenario.connect_timeout_ms,
     };
     let report = report::compute(&input, &timeline, &scenario.pass);
     let budget = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());

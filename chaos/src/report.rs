@@ -20,6 +20,9 @@ use crate::timeline::{Conn, Event, Outcome, Route, Timeline};
 /// counts in [`Report::new_conns_to_drained`].
 pub const DRAIN_GRACE_MS: u64 = rollcall_config::LEAVE_SLO_MS as u64;
 
+/// How often the harness samples each agent's routable endpoints, in ms.
+pub const ROUTE_SAMPLE_MS: u64 = 100;
+
 /// What the harness measured outside the timeline, plus the run's identity.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReportInput {
@@ -39,6 +42,9 @@ pub struct ReportInput {
     /// The control-plane outage the scenario caused, as (start, end) in ms
     /// since the run started; `None` when there was none.
     pub outage: Option<(u64, u64)>,
+    /// The generator's connect timeout, ms: how long before a hard failure
+    /// a connection may have been in flight to the failed backend.
+    pub connect_timeout_ms: u64,
 }
 
 /// The report of one run: exactly the fields of `report.json`.
@@ -173,7 +179,12 @@ pub struct Outage {
 ///   sample in which any agent still offered X (the harness samples only
 ///   agents on live nodes).
 /// - `outage.failed_conns_to_live_backends`: failed connections opened in
-///   `[start, end)` of `input.outage`.
+///   `[start, end)` of `input.outage`, except those the agent may have sent
+///   to a backend that had failed: opened after a `HardFailure` of X while
+///   that agent still offered X (a route sample listing X at or after the
+///   connection's opening time, less the 100 ms sampling period), or opened
+///   at most `connect_timeout_ms` before the failure (in flight to X when
+///   it failed).
 /// - Phases: connections opened in `[start, next phase's start)`; the last
 ///   phase takes every connection from its start on.
 pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report {
@@ -235,11 +246,31 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         .filter(|c| c.outcome == Outcome::Failed)
         .count() as u64;
 
+    let failures: Vec<(u64, &str)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::HardFailure { t_ms, instance, .. } => Some((*t_ms, instance.as_str())),
+            _ => None,
+        })
+        .collect();
+    let to_failed_backend = |c: &Conn| {
+        failures.iter().any(|(t_f, instance)| {
+            let in_flight = c.t_ms < *t_f && c.t_ms + input.connect_timeout_ms >= *t_f;
+            in_flight
+                || *t_f <= c.t_ms
+                    && timeline.routes.iter().any(|r| {
+                        r.agent == c.agent
+                            && r.t_ms + ROUTE_SAMPLE_MS >= c.t_ms
+                            && r.instances.iter().any(|i| i == instance)
+                    })
+        })
+    };
     let outage = input.outage.map(|(start, end)| Outage {
         duration_s: seconds(end.saturating_sub(start)),
         failed_conns_to_live_backends: conns
             .iter()
             .filter(|c| c.outcome == Outcome::Failed && start <= c.t_ms && c.t_ms < end)
+            .filter(|c| !to_failed_backend(c))
             .count() as u64,
     });
 
@@ -778,6 +809,47 @@ mod tests {
         }
         let report = compute(&ReportInput::default(), &timeline, &Pass::default());
         assert_eq!(report.crash_ms.max, Some(3_600.0));
+    }
+
+    #[test]
+    fn outage_failures_while_an_agent_still_offered_a_failed_backend_are_not_counted_as_live() {
+        let mut timeline = Timeline {
+            duration_ms: 30_000,
+            ..Timeline::default()
+        };
+        timeline.events.push(Event::HardFailure {
+            t_ms: 5_000,
+            instance: "web-1".into(),
+            fault: "crash-node".into(),
+        });
+        timeline.routes.push(Route {
+            t_ms: 5_100,
+            agent: "node-0".into(),
+            instances: vec!["web-1".into(), "web-2".into()],
+        });
+        timeline.routes.push(Route {
+            t_ms: 5_200,
+            agent: "node-0".into(),
+            instances: vec!["web-2".into()],
+        });
+        for t in [5_050, 9_000] {
+            timeline.conns.push(Conn {
+                t_ms: t,
+                agent: "node-0".into(),
+                backend: None,
+                outcome: Outcome::Failed,
+            });
+        }
+        let input = ReportInput {
+            outage: Some((1_000, 20_000)),
+            ..ReportInput::default()
+        };
+        let report = compute(&input, &timeline, &Pass::default());
+        let outage = report.outage.unwrap();
+        assert_eq!(
+            outage.failed_conns_to_live_backends, 1,
+            "the failure at 5.05 s went to the crashed web-1; the one at 9 s did not"
+        );
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! drives a scenario through it while the traffic generator records every
 //! connection.
 //!
-//! Layout: the arbiter runs in the root namespace on the bridge address
-//! (10.S.0.1); each node is a namespace holding one `rollcall agent` (HTTP
+//! Layout: the arbiter replicas (`arbiters`, a Raft group) run in the root
+//! namespace on bridge addresses 10.S.0.1, .3, .4, …; each node is a namespace holding one `rollcall agent` (HTTP
 //! API on :7070, TCP proxy for the scenario's service on :15001, gossip on
 //! :7946) and its `rollcall echo` backends (:9000 + k); the traffic
 //! generator sends from 10.S.0.2 to every node's proxy. Every process is
@@ -73,6 +73,13 @@ struct Processes {
 }
 
 impl Processes {
+    /// Whether the named process runs (was started and has not exited).
+    fn running(&mut self, name: &str) -> bool {
+        self.children
+            .iter_mut()
+            .any(|(n, c)| n == name && matches!(c.try_wait(), Ok(None)))
+    }
+
     fn pid(&self, name: &str) -> Option<u32> {
         self.children
             .iter()
@@ -116,8 +123,8 @@ struct Cluster {
     processes: Processes,
     work: PathBuf,
     binary: PathBuf,
-    arbiter_addr: SocketAddr,
-    admin_addr: SocketAddr,
+    /// Each replica's QUIC and admin address (replica k is index k − 1).
+    arbiters: Vec<(SocketAddr, SocketAddr)>,
     traffic_ip: Ipv4Addr,
     nodes: Vec<String>,
     instances: Vec<Vec<String>>,
@@ -245,10 +252,21 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
     let nodes: Vec<String> = (0..scenario.agents).map(|i| format!("node-{i}")).collect();
     let topology = Topology::create(&options.run_id, options.subnet, &nodes)?;
     let traffic_ip = topology.add_host_ip(2)?;
-    let host = topology.host_ip;
+    // Replica 1 on the bridge's own address, the others on .3, .4, …
+    let mut arbiter_ips = vec![topology.host_ip];
+    for k in 1..scenario.arbiters as u8 {
+        arbiter_ips.push(topology.add_host_ip(2 + k)?);
+    }
     let mut cluster = Cluster {
-        arbiter_addr: SocketAddr::new(host.into(), 7443),
-        admin_addr: SocketAddr::new(host.into(), 7071),
+        arbiters: arbiter_ips
+            .iter()
+            .map(|ip| {
+                (
+                    SocketAddr::new((*ip).into(), 7443),
+                    SocketAddr::new((*ip).into(), 7071),
+                )
+            })
+            .collect(),
         topology,
         processes: Processes::default(),
         work: work.clone(),
@@ -286,6 +304,9 @@ fn supported(action: Action) -> bool {
             | Action::Heal
             | Action::StopArbiters
             | Action::StartArbiters
+            | Action::KillLeader
+            | Action::RemoveQuorum
+            | Action::RestoreQuorum
     )
 }
 
@@ -300,11 +321,15 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
         certs.display().to_string(),
         "--region".into(),
         "r1".into(),
-        "--arbiter".into(),
-        "arbiter-1".into(),
-        "--ip".into(),
-        cluster.topology.host_ip.to_string(),
     ];
+    for (k, (quic, _)) in cluster.arbiters.iter().enumerate() {
+        args.extend([
+            "--arbiter".into(),
+            format!("arbiter-{}", k + 1),
+            "--ip".into(),
+            quic.ip().to_string(),
+        ]);
+    }
     for node in &cluster.nodes {
         args.extend(["--agent".into(), node.clone()]);
     }
@@ -322,16 +347,28 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
         .map_err(io("rollcall gossip-key"))?;
     std::fs::write(work.join("zone.key"), &key.stdout).map_err(io("writing zone.key"))?;
 
-    let arbiter_toml = format!(
-        "listen = \"{}\"\nadmin = \"{}\"\ndata_dir = \"{}\"\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
-        cluster.arbiter_addr,
-        cluster.admin_addr,
-        work.join("arbiter").display(),
-        c = certs.display()
-    );
-    std::fs::write(work.join("arbiter.toml"), arbiter_toml).map_err(io("writing arbiter.toml"))?;
-    start_arbiter(cluster)?;
-
+    let replicas: String = if cluster.arbiters.len() == 1 {
+        String::new()
+    } else {
+        cluster
+            .arbiters
+            .iter()
+            .enumerate()
+            .map(|(k, (quic, _))| format!("[[raft.replicas]]\nid = {}\naddr = \"{quic}\"\n", k + 1))
+            .collect()
+    };
+    for k in 0..cluster.arbiters.len() {
+        let (quic, admin) = cluster.arbiters[k];
+        let toml = format!(
+            "name = \"arbiter-{id}\"\nlisten = \"{quic}\"\nadmin = \"{admin}\"\ndata_dir = \"{data}\"\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-{id}.crt\"\nkey = \"{c}/arbiter-arbiter-{id}.key\"\n[raft]\nid = {id}\n{replicas}",
+            id = k + 1,
+            data = work.join(format!("arbiter-{}", k + 1)).display(),
+            c = certs.display()
+        );
+        let path = work.join(format!("arbiter-{}.toml", k + 1));
+        std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
+        start_arbiter(cluster, k)?;
+    }
     let seed = cluster.node_ip(0);
     for i in 0..cluster.nodes.len() {
         let ip = cluster.node_ip(i);
@@ -356,7 +393,12 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
              [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [\"{seed}:{GOSSIP_PORT}\"]\nkey_file = \"{k}\"\n\
              [[proxy]]\nservice = \"default/{service}/default\"\nlisten = \"{ip}:{PROXY_PORT}\"\n",
             data = work.join(&node).display(),
-            arbiter = cluster.arbiter_addr,
+            arbiter = cluster
+                .arbiters
+                .iter()
+                .map(|(quic, _)| quic.to_string())
+                .collect::<Vec<_>>()
+                .join("\", \""),
             c = certs.display(),
             k = work.join("zone.key").display(),
             service = scenario.service,
@@ -426,14 +468,56 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     Ok(())
 }
 
-fn start_arbiter(cluster: &mut Cluster) -> Result<(), RunError> {
-    let config = cluster.work.join("arbiter.toml").display().to_string();
-    cluster.processes.children.retain(|(n, _)| n != "arbiter");
-    cluster.spawn(
-        "arbiter",
-        None,
-        &["arbiter".into(), "--config".into(), config],
-    )
+/// Starts replica `k` (index, id k + 1) unless it runs.
+fn start_arbiter(cluster: &mut Cluster, k: usize) -> Result<(), RunError> {
+    let name = format!("arbiter-{}", k + 1);
+    if cluster.processes.running(&name) {
+        return Ok(());
+    }
+    let config = cluster
+        .work
+        .join(format!("{name}.toml"))
+        .display()
+        .to_string();
+    cluster.processes.children.retain(|(n, _)| *n != name);
+    cluster.spawn(&name, None, &["arbiter".into(), "--config".into(), config])
+}
+
+/// The admin address and token of a replica that runs, if any.
+fn running_admin(cluster: &mut Cluster) -> Option<(SocketAddr, String)> {
+    (0..cluster.arbiters.len()).find_map(|k| {
+        let name = format!("arbiter-{}", k + 1);
+        if !cluster.processes.running(&name) {
+            return None;
+        }
+        let token = std::fs::read_to_string(cluster.work.join(&name).join("admin.token")).ok()?;
+        Some((cluster.arbiters[k].1, token.trim().to_owned()))
+    })
+}
+
+/// The leader's replica index as a running replica reports it.
+async fn leader(cluster: &mut Cluster) -> Option<usize> {
+    for k in 0..cluster.arbiters.len() {
+        let name = format!("arbiter-{}", k + 1);
+        if !cluster.processes.running(&name) {
+            continue;
+        }
+        let Ok(token) = std::fs::read_to_string(cluster.work.join(&name).join("admin.token"))
+        else {
+            continue;
+        };
+        let url = format!("http://{}/v1/cluster", cluster.arbiters[k].1);
+        let Ok(response) = cluster.http.get(url).bearer_auth(token.trim()).send().await else {
+            continue;
+        };
+        let Ok(body) = response.json::<serde_json::Value>().await else {
+            continue;
+        };
+        if let Some(id) = body["leader"].as_u64() {
+            return Some(id as usize - 1);
+        }
+    }
+    None
 }
 
 /// Runs the steps while the traffic flows; returns the timeline.
@@ -479,8 +563,8 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         let t_ms = t0.elapsed().as_millis() as u64;
         step_once(cluster, step.action, &step.target, t_ms, &mut events).await?;
         match step.action {
-            Action::StopArbiters => outage = Some((t_ms, None)),
-            Action::StartArbiters => {
+            Action::StopArbiters | Action::RemoveQuorum => outage = Some((t_ms, None)),
+            Action::StartArbiters | Action::RestoreQuorum => {
                 if let Some((start, None)) = outage {
                     outage = Some((start, Some(t_ms)));
                 }
@@ -618,21 +702,33 @@ async fn sample_routes(
 }
 
 /// One value from the arbiter's Prometheus text.
-async fn metric(cluster: &Cluster, name: &str) -> Option<f64> {
-    let url = format!("http://{}/metrics", cluster.admin_addr);
+async fn metric(cluster: &mut Cluster, name: &str) -> Option<f64> {
+    let (admin, _) = running_admin(cluster)?;
+    let url = format!("http://{admin}/metrics");
     let text = cluster.http.get(url).send().await.ok()?.text().await.ok()?;
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
-async fn audit(cluster: &Cluster) -> Option<Vec<serde_json::Value>> {
-    let token = std::fs::read_to_string(cluster.work.join("arbiter").join("admin.token")).ok()?;
-    let url = format!("http://{}/v1/audit?limit=10000", cluster.admin_addr);
+fn arbiter_ips(cluster: &Cluster) -> Vec<Ipv4Addr> {
+    cluster
+        .arbiters
+        .iter()
+        .filter_map(|(quic, _)| match quic.ip() {
+            std::net::IpAddr::V4(ip) => Some(ip),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+async fn audit(cluster: &mut Cluster) -> Option<Vec<serde_json::Value>> {
+    let (admin, token) = running_admin(cluster)?;
+    let url = format!("http://{admin}/v1/audit?limit=10000");
     let body: serde_json::Value = cluster
         .http
         .get(url)
-        .bearer_auth(token.trim())
+        .bearer_auth(token)
         .send()
         .await
         .ok()?
@@ -734,22 +830,59 @@ async fn step_once(
         }
         Action::PartitionNode => {
             let (i, _) = cluster.target(target)?;
-            cluster.topology.cut(i, &[cluster.topology.host_ip])?;
+            let ips: Vec<Ipv4Addr> = arbiter_ips(cluster);
+            cluster.topology.cut(i, &ips)?;
             events.push(step("partition-node"));
         }
         Action::Heal => {
+            let ips: Vec<Ipv4Addr> = arbiter_ips(cluster);
             for i in 0..cluster.nodes.len() {
-                cluster.topology.heal(i, &[cluster.topology.host_ip])?;
+                cluster.topology.heal(i, &ips)?;
             }
             events.push(step("heal"));
         }
         Action::StopArbiters => {
-            cluster.processes.signal("arbiter", "-KILL")?;
+            for k in 0..cluster.arbiters.len() {
+                let name = format!("arbiter-{}", k + 1);
+                if cluster.processes.running(&name) {
+                    cluster.processes.signal(&name, "-KILL")?;
+                }
+            }
             events.push(step("stop-arbiters"));
         }
-        Action::StartArbiters => {
-            start_arbiter(cluster)?;
-            events.push(step("start-arbiters"));
+        Action::StartArbiters | Action::RestoreQuorum => {
+            for k in 0..cluster.arbiters.len() {
+                start_arbiter(cluster, k)?;
+            }
+            events.push(step(if action == Action::RestoreQuorum {
+                "restore-quorum"
+            } else {
+                "start-arbiters"
+            }));
+        }
+        Action::KillLeader => {
+            let k = leader(cluster).await.ok_or_else(|| {
+                RunError::Cluster("kill_leader: no running replica knows a leader".into())
+            })?;
+            cluster
+                .processes
+                .signal(&format!("arbiter-{}", k + 1), "-KILL")?;
+            events.push(Event::Step {
+                t_ms,
+                action: "kill-leader".into(),
+                target: format!("arbiter-{}", k + 1),
+            });
+        }
+        Action::RemoveQuorum => {
+            // Keep one replica (not a majority of three or five).
+            let keep = leader(cluster).await.unwrap_or(0);
+            for k in (0..cluster.arbiters.len()).filter(|k| *k != keep) {
+                let name = format!("arbiter-{}", k + 1);
+                if cluster.processes.running(&name) {
+                    cluster.processes.signal(&name, "-KILL")?;
+                }
+            }
+            events.push(step("remove-quorum"));
         }
         other => {
             return Err(RunError::Unsupported(format!(

@@ -97,6 +97,9 @@ pub struct Scenario {
     /// is allowed for scenarios that start their instances in a step.
     #[serde(default = "default_instances_per_agent")]
     pub instances_per_agent: u32,
+    /// Arbiter replicas in the run's Raft group: 1, 3 or 5. Default 1.
+    #[serde(default = "default_arbiters")]
+    pub arbiters: u32,
     /// The service the backends register and the traffic resolves.
     /// Must not be empty; default "web".
     #[serde(default = "default_service")]
@@ -132,6 +135,10 @@ pub struct Scenario {
 
 fn default_agents() -> u32 {
     3
+}
+
+fn default_arbiters() -> u32 {
+    1
 }
 
 fn default_instances_per_agent() -> u32 {
@@ -392,6 +399,13 @@ impl Scenario {
             ));
         }
         at_least_one("agents", self.agents)?;
+        if ![1, 3, 5].contains(&self.arbiters) {
+            return Err(ScenarioError::invalid(
+                "arbiters",
+                self.arbiters,
+                "must be 1, 3 or 5 (a Raft group keeps a majority with an odd count)",
+            ));
+        }
         if self.service.trim().is_empty() {
             return Err(ScenarioError::invalid(
                 "service",
