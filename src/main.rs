@@ -627,6 +627,32 @@ async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// One call to an arbiter's admin endpoint with the operator token: the
+/// JSON answer, or an error carrying the arbiter's `detail`.
+async fn admin_call(
+    method: reqwest::Method,
+    url: &str,
+    token: &str,
+    body: Option<serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut call = reqwest::Client::new()
+        .request(method, url)
+        .bearer_auth(token);
+    if let Some(body) = body {
+        call = call.json(&body);
+    }
+    let response = call.send().await.with_context(|| format!("asking {url}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.context("reading the answer")?;
+    if !status.is_success() {
+        anyhow::bail!(
+            "the arbiter answered {status}: {}",
+            body["detail"].as_str().unwrap_or("no detail")
+        );
+    }
+    Ok(body)
+}
+
 async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
     let (args, request) = match &command {
         ClusterCommand::Members(args) => (args, None),
@@ -652,21 +678,7 @@ async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
     let (method, path, body) =
         request.unwrap_or((reqwest::Method::GET, "/v1/cluster".to_owned(), None));
     let url = format!("http://{}{path}", args.admin);
-    let mut call = reqwest::Client::new()
-        .request(method, &url)
-        .bearer_auth(token);
-    if let Some(body) = body {
-        call = call.json(&body);
-    }
-    let response = call.send().await.with_context(|| format!("asking {url}"))?;
-    let status = response.status();
-    let body: serde_json::Value = response.json().await.context("reading the answer")?;
-    if !status.is_success() {
-        anyhow::bail!(
-            "the arbiter answered {status}: {}",
-            body["detail"].as_str().unwrap_or("no detail")
-        );
-    }
+    let body = admin_call(method, &url, &token, body).await?;
     println!(
         "term {}  leader {}  (asked replica {})",
         body["term"], body["leader"], body["id"]
@@ -714,20 +726,7 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
     if let Some(since) = args.since {
         url.push_str(&format!("&since={since}"));
     }
-    let response = reqwest::Client::new()
-        .get(&url)
-        .bearer_auth(token)
-        .send()
-        .await
-        .with_context(|| format!("asking {url}"))?;
-    let status = response.status();
-    let body: serde_json::Value = response.json().await.context("reading the audit answer")?;
-    if !status.is_success() {
-        anyhow::bail!(
-            "the arbiter answered {status}: {}",
-            body["detail"].as_str().unwrap_or("no detail")
-        );
-    }
+    let body = admin_call(reqwest::Method::GET, &url, &token, None).await?;
     println!(
         "{:>9}  {:<24}  {:<28}  {:<14}  detail",
         "revision", "time (UTC ms)", "actor", "command"

@@ -731,6 +731,16 @@ async fn membership_changes_sent_to_a_follower_reach_the_leader() {
     let (_, body) = group.admin(leader).get("/v1/cluster").await;
     assert_eq!(voters(&body).len(), 3, "{body}");
 
+    // An unknown replica cannot be removed.
+    let response = admin
+        .client
+        .delete(format!("{}/v1/cluster/members/9", admin.base))
+        .bearer_auth(&admin.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+
     // A bad body changes nothing and says what is wrong.
     let response = admin
         .client

@@ -170,6 +170,7 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
         crate::protocol::Response::Rejected { kind, message } => {
             let (status, code) = match kind {
                 RejectKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+                RejectKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
                 _ => (StatusCode::UNPROCESSABLE_ENTITY, "refused"),
             };
             Err(error(status, code, message))

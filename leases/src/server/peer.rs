@@ -499,6 +499,20 @@ pub async fn change_membership(
     change: MembershipChange,
     timeout: Duration,
 ) -> Response {
+    if let MembershipChange::Remove { id } = &change {
+        let known = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .nodes()
+            .any(|(n, _)| n == id);
+        if !known {
+            return Response::Rejected {
+                kind: RejectKind::NotFound,
+                message: format!("replica {id} is not a member of the group; nothing changed"),
+            };
+        }
+    }
     let work = async {
         let voters: std::collections::BTreeSet<ReplicaId> = raft
             .metrics()
