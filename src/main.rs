@@ -18,12 +18,21 @@ const EXIT_VIOLATIONS: u8 = 1;
 /// clap also uses 2 for usage errors.
 const EXIT_UNUSABLE: u8 = 2;
 
+/// What `--version` prints after the name: the version, then a line
+/// `features: fault-injection` in builds with the wire fault points, which
+/// the chaos harness looks for before a scenario that needs them.
+const VERSION: &str = if rollcall_leases::FAULT_INJECTION {
+    concat!(env!("CARGO_PKG_VERSION"), "\nfeatures: fault-injection")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// rollcall: service discovery for fleets on VMs and bare metal.
 ///
 /// Node agents register and probe local instances, lease arbiters keep the
 /// catalog, and callers resolve through the agent on their own host.
 #[derive(Debug, Parser)]
-#[command(name = "rollcall", version)]
+#[command(name = "rollcall", version = VERSION)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,6 +68,11 @@ enum Command {
     /// replica's admin endpoint; changes are handed to the leader.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Apply, show or delete service policies (cross-region routing,
+    /// failover order, capacity limits, data boundary, single writer,
+    /// staleness) through any replica of the policy's home region.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
@@ -118,6 +132,14 @@ struct EchoArgs {
     /// Close each connection right after the id line instead of holding it.
     #[arg(long)]
     no_hold: bool,
+    /// Also serve HTTP health on ADDR: `GET /ready` answers 200, or 503
+    /// while the `--not-ready-file` exists; `GET /live` answers 200.
+    #[arg(long, value_name = "ADDR")]
+    health: Option<SocketAddr>,
+    /// While this file exists, `GET /ready` answers 503 (how the chaos
+    /// harness fails an instance's readiness).
+    #[arg(long, value_name = "PATH", requires = "health")]
+    not_ready_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -261,6 +283,47 @@ enum ClusterCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy file (one `[[policy]]` table per service) and
+    /// commit it. Nothing is applied when any policy breaks a rule or has
+    /// another home region; a policy set as it already is commits nothing.
+    Apply {
+        /// The policy file.
+        file: PathBuf,
+        #[command(flatten)]
+        admin: ClusterArgs,
+    },
+    /// Print a service's policy in the file format, with its revision.
+    Show {
+        /// `namespace/service` (or `service`, in namespace `default`).
+        #[arg(value_name = "SERVICE", value_parser = parse_policy_key)]
+        service: rollcall_leases::PolicyKey,
+        #[command(flatten)]
+        admin: ClusterArgs,
+    },
+    /// Delete a service's policy (in its home region).
+    Delete {
+        /// `namespace/service` (or `service`, in namespace `default`).
+        #[arg(value_name = "SERVICE", value_parser = parse_policy_key)]
+        service: rollcall_leases::PolicyKey,
+        #[command(flatten)]
+        admin: ClusterArgs,
+    },
+}
+
+/// Parses a policy's SERVICE, completing a bare name with the "default"
+/// namespace.
+fn parse_policy_key(value: &str) -> Result<rollcall_leases::PolicyKey, String> {
+    let key = if value.contains('/') {
+        value.to_owned()
+    } else {
+        format!("default/{value}")
+    };
+    key.parse()
+        .map_err(|e: rollcall_leases::NameError| e.to_string())
+}
+
 #[derive(Debug, Args)]
 struct ClusterArgs {
     /// Any replica's admin address.
@@ -370,12 +433,23 @@ fn main() -> ExitCode {
         Command::Dev(args) => serve(run_dev(args)),
         Command::Audit(args) => serve(audit(args)),
         Command::Cluster(command) => serve(cluster(command)),
+        Command::Policy(command) => serve(policy(command)),
         Command::Drain(args) => serve(drain(args)),
         Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
         Command::Echo(args) => serve(async move {
-            rollcall_chaos::echo::serve(args.listen, args.id, !args.no_hold)
-                .await
-                .with_context(|| format!("echo on {}", args.listen))?;
+            let data = rollcall_chaos::echo::serve(args.listen, args.id, !args.no_hold);
+            match args.health {
+                None => data
+                    .await
+                    .with_context(|| format!("echo on {}", args.listen))?,
+                Some(health) => {
+                    let health = rollcall_chaos::echo::serve_health(health, args.not_ready_file);
+                    tokio::select! {
+                        r = data => r.with_context(|| format!("echo on {}", args.listen))?,
+                        r = health => r.context("echo health")?,
+                    }
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }),
         Command::GossipKey(args) => {
@@ -511,7 +585,21 @@ fn tls_material(paths: Option<&TlsPaths>, field: &str) -> anyhow::Result<tls::Tl
     Ok(tls::TlsMaterial::load(&files)?)
 }
 
+/// Refuses `ROLLCALL_FAULTS` in a build without the fault points, rather
+/// than run a chaos scenario that silently injects nothing. (An empty value
+/// asks for no faults.)
+fn check_fault_points() -> anyhow::Result<()> {
+    let asked = std::env::var_os("ROLLCALL_FAULTS").is_some_and(|v| !v.is_empty());
+    if asked && !rollcall_leases::FAULT_INJECTION {
+        anyhow::bail!(
+            "ROLLCALL_FAULTS is set but this binary was built without the fault-injection feature (cargo build --release --features fault-injection)"
+        );
+    }
+    Ok(())
+}
+
 async fn run_arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
+    check_fault_points()?;
     let mut config = ArbiterConfig::load(&args.config).context("arbiter config")?;
     if let Some(listen) = args.listen {
         config.listen = listen;
@@ -568,6 +656,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
+    check_fault_points()?;
     let options = rollcall_node::dev::DevOptions {
         proxies: args.proxy,
         dns: args.dns,
@@ -712,6 +801,65 @@ async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
     }
     if body["leader"] != body["id"] {
         println!("(lag is known on the leader; ask its admin address for it)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
+    let (PolicyCommand::Apply { admin, .. }
+    | PolicyCommand::Show { admin, .. }
+    | PolicyCommand::Delete { admin, .. }) = &command;
+    let token = rollcall_leases::secret::read_token(&admin.token_file)
+        .with_context(|| format!("reading the operator token {}", admin.token_file.display()))?;
+    let base = format!("http://{}/v1/policies", admin.admin);
+    match &command {
+        PolicyCommand::Apply { file, .. } => {
+            let document = rollcall_config::PolicyFile::load(file)?;
+            let body = serde_json::to_value(&document).context("encoding the policies")?;
+            let body = admin_call(reqwest::Method::PUT, &base, &token, Some(body)).await?;
+            for row in body["policies"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                println!(
+                    "{}: revision {}{}",
+                    row["service"].as_str().unwrap_or("?"),
+                    row["revision"],
+                    if row["changed"] == true {
+                        ""
+                    } else {
+                        " (unchanged)"
+                    }
+                );
+            }
+        }
+        PolicyCommand::Show { service, .. } => {
+            let url = format!("{base}/{}/{}", service.namespace, service.service);
+            let body = admin_call(reqwest::Method::GET, &url, &token, None).await?;
+            let document: rollcall_config::ServicePolicy =
+                serde_json::from_value(body["policy"].clone())
+                    .context("reading the policy in the arbiter's answer")?;
+            println!(
+                "# {service}: revision {}, home region {}, set by {} at {} (ms since the Unix epoch)",
+                body["revision"],
+                body["home_region"].as_str().unwrap_or("?"),
+                body["set_by"].as_str().unwrap_or("?"),
+                body["set_at_ms"],
+            );
+            let file = rollcall_config::PolicyFile {
+                policy: vec![document],
+            };
+            print!("{}", file.to_toml());
+        }
+        PolicyCommand::Delete { service, .. } => {
+            let url = format!("{base}/{}/{}", service.namespace, service.service);
+            let body = admin_call(reqwest::Method::DELETE, &url, &token, None).await?;
+            println!(
+                "policy of {service} deleted at revision {}",
+                body["revision"]
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

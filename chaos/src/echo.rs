@@ -2,8 +2,10 @@
 //! answers every connection with one line, its instance id, then holds the
 //! connection open until the client closes it (so in-flight connections
 //! can be watched through a drain), or closes it at once when `hold` is
-//! off. Nothing else: it must be simple enough that any failure seen
-//! through a proxy is rollcall's, not the backend's.
+//! off; optionally an HTTP health endpoint on a second port, which the
+//! harness can make fail (a not-ready file). Nothing else: it must be
+//! simple enough that any failure seen through a proxy is rollcall's, not
+//! the backend's.
 
 use std::net::SocketAddr;
 
@@ -38,6 +40,40 @@ pub async fn serve_on(listener: TcpListener, id: String, hold: bool) -> std::io:
     }
 }
 
+/// Serves `GET /ready` (200, or 503 while `not_ready_file` exists) and
+/// `GET /live` (200) on `listen` until the task is dropped.
+pub async fn serve_health(
+    listen: SocketAddr,
+    not_ready_file: Option<std::path::PathBuf>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(listen).await?;
+    serve_health_on(listener, not_ready_file).await
+}
+
+/// Like `serve_health`, on a bound listener.
+pub async fn serve_health_on(
+    listener: TcpListener,
+    not_ready_file: Option<std::path::PathBuf>,
+) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    let ready = move || {
+        let file = not_ready_file.clone();
+        async move {
+            match file.filter(|f| f.exists()) {
+                Some(f) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {} exists\n", f.display()),
+                ),
+                None => (StatusCode::OK, "ready\n".to_owned()),
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/ready", axum::routing::get(ready))
+        .route("/live", axum::routing::get(|| async { "live\n" }));
+    axum::serve(listener, app).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +98,30 @@ mod tests {
         )
         .await;
         assert!(waited.is_err(), "the connection is held open");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn health_is_ready_until_the_not_ready_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("web-7.not-ready");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_health_on(listener, Some(flag.clone())));
+        let status = |path: &'static str| async move {
+            reqwest::get(format!("http://{addr}{path}"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        };
+        assert_eq!(status("/ready").await, 200);
+        std::fs::write(&flag, b"").unwrap();
+        assert_eq!(status("/ready").await, 503);
+        assert_eq!(status("/live").await, 200, "liveness is not readiness");
+        std::fs::remove_file(&flag).unwrap();
+        assert_eq!(status("/ready").await, 200);
+        assert_eq!(status("/other").await, 404);
         server.abort();
     }
 

@@ -5,15 +5,18 @@
 //! The simulator must drive the same state machines the binaries run, never a
 //! re-implementation of them.
 //!
-//! Built by the chaos and simulation issues. So far (issue 7, in
-//! progress): the run's records (`timeline`), the test backend (`echo`),
-//! the namespace network (`netns`), the open-loop traffic generator
-//! (`traffic`), the scenario format (`scenario`) and the report computed
-//! from a timeline (`report`). The runner that builds a cluster in the
-//! namespaces and drives a scenario's steps comes next.
+//! The real-process harness (issue 7): the scenario format (`scenario`),
+//! the namespace network (`netns`) and the replicas' delaying relays
+//! (`relay`), the test backend (`echo`), the open-loop traffic generator
+//! (`traffic`), the runner that builds a cluster and drives a scenario's
+//! steps (`runner`), the run's records (`timeline`), and the report and
+//! plots computed from them (`report`, `plot`). The fleet-scale simulation
+//! (issue 9) is still to come.
 
 pub mod echo;
 pub mod netns;
+pub mod plot;
+pub mod relay;
 pub mod report;
 pub mod runner;
 pub mod scenario;
@@ -106,18 +109,34 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
     };
     let budget_rows = vec![
         ("leave_ms".to_owned(), predicted(Case::Leave)),
-        ("crash_ms".to_owned(), predicted(Case::SilentNodeCrash)),
+        ("crash_ms".to_owned(), predicted(crash_case(&timeline))),
     ];
-    report::write(&dir, &report, &budget_rows).map_err(|source| ChaosError::Write {
+    let write_error = |source| ChaosError::Write {
         dir: dir.clone(),
         source,
-    })?;
+    };
+    // report.json first: nothing later (a plot, the Markdown) may lose it.
+    report::write_json(&dir, &report).map_err(write_error)?;
     let timeline_json = serde_json::to_vec(&timeline).expect("a timeline always serializes");
-    std::fs::write(dir.join("timeline.json"), timeline_json).map_err(|source| {
-        ChaosError::Write {
-            dir: dir.clone(),
-            source,
-        }
-    })?;
+    std::fs::write(dir.join("timeline.json"), timeline_json).map_err(write_error)?;
+    let plots = plot::write_all(&dir, &report, &timeline);
+    let listed = plots.as_deref().unwrap_or_default();
+    report::write_markdown(&dir, &report, &budget_rows, listed).map_err(write_error)?;
+    plots.map_err(write_error)?;
     Ok((report, dir))
+}
+
+/// The budget row that predicts this run's hard failures: the kind of its
+/// first hard failure (a frozen backend is caught by its readiness probe,
+/// a killed one by refused probes, a crashed node by gossip or its lease).
+fn crash_case(timeline: &timeline::Timeline) -> Case {
+    let fault = timeline.events.iter().find_map(|e| match e {
+        timeline::Event::HardFailure { fault, .. } => Some(fault.as_str()),
+        _ => None,
+    });
+    match fault {
+        Some("freeze-backend") => Case::ReadinessFailure,
+        Some("kill-backend") => Case::ProcessCrashProbe,
+        _ => Case::SilentNodeCrash,
+    }
 }

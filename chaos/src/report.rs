@@ -32,8 +32,9 @@ pub struct ReportInput {
     pub seed: u64,
     /// Agents in the run (after `--short` and `--agents`).
     pub agents: u32,
-    /// How long the cluster took to converge, in ms, as the harness
-    /// measured it; `None` when the scenario has nothing to converge from.
+    /// A convergence time the harness measured by other means, in ms; when
+    /// set it replaces the one [`compute`] takes from the timeline's route
+    /// samples (see [`converge_ms`]).
     pub converge_ms: Option<u64>,
     /// Instances the control plane removed although they were alive.
     pub false_removals: u64,
@@ -64,7 +65,9 @@ pub struct Report {
     /// Hard-failure times, in ms: from each injected hard failure to the
     /// last failed connection attributed to it (see [`compute`]).
     pub crash_ms: Stats,
-    /// The harness's convergence time, in ms, when it measured one.
+    /// How long the agents took to agree again after the last recovery
+    /// step, in ms (see [`converge_ms`]); `null` when the run had no
+    /// recovery or the agents never agreed.
     pub converge_ms: Option<u64>,
     /// Answered connections opened more than [`DRAIN_GRACE_MS`] after the
     /// answering instance's leave committed (and before it was READY again).
@@ -187,24 +190,14 @@ pub struct Outage {
 ///   it failed).
 /// - Phases: connections opened in `[start, next phase's start)`; the last
 ///   phase takes every connection from its start on.
+/// - `converge_ms`: `input.converge_ms` if the harness measured one, else
+///   [`converge_ms`] of the timeline (route samples after the last
+///   recovery step).
 pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report {
-    let mut conns: Vec<&Conn> = timeline.conns.iter().collect();
-    conns.sort_by_key(|c| c.t_ms);
-    let mut events: Vec<&Event> = timeline.events.iter().collect();
-    events.sort_by_key(|e| e.t_ms());
-
+    let (conns, events) = sorted(timeline);
     let leaves = leaves(&events);
     let first_ready = first_ready(&events);
-
-    let mut leave_samples = Vec::with_capacity(leaves.len());
-    for leave in &leaves {
-        let last = conns
-            .iter()
-            .filter(|c| answered_by(c, leave.instance) && leave.contains(c.t_ms))
-            .map(|c| c.t_ms)
-            .max();
-        leave_samples.push(last.map_or(0, |t| t - leave.start));
-    }
+    let samples = samples_of(&conns, &events, &timeline.routes);
 
     let mut leaves_of: HashMap<&str, Vec<&Leave>> = HashMap::new();
     for leave in &leaves {
@@ -230,16 +223,6 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
             _ => false,
         })
         .count() as u64;
-
-    let crash_samples: Vec<u64> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::HardFailure { t_ms, instance, .. } => {
-                Some(crash_time(&conns, &timeline.routes, instance, *t_ms))
-            }
-            _ => None,
-        })
-        .collect();
 
     let failed_conns = conns
         .iter()
@@ -279,9 +262,9 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         seed: input.seed,
         agents: input.agents,
         duration_s: seconds(timeline.duration_ms),
-        leave_ms: Stats::from_samples(leave_samples),
-        crash_ms: Stats::from_samples(crash_samples),
-        converge_ms: input.converge_ms,
+        leave_ms: Stats::from_samples(samples.leave.iter().map(|s| s.ms).collect()),
+        crash_ms: Stats::from_samples(samples.crash.iter().map(|s| s.ms).collect()),
+        converge_ms: input.converge_ms.or_else(|| converge_ms(timeline)),
         new_conns_to_drained,
         new_conns_to_not_ready,
         failed_conns,
@@ -295,6 +278,168 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
     report.failures = judge(&report, pass);
     report.pass = report.failures.is_empty();
     report
+}
+
+/// One per-instance duration behind [`Report::leave_ms`] or
+/// [`Report::crash_ms`]: what the report summarizes and the plots draw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// The instance it is about.
+    pub instance: String,
+    /// When its clock started (the leave's commit, or the hard failure), ms
+    /// since the run started.
+    pub start_ms: u64,
+    /// The duration, ms.
+    pub ms: u64,
+}
+
+/// Every sample of a run, in the order their clocks started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Samples {
+    /// One per leave (see [`compute`] for when a leave starts and ends).
+    pub leave: Vec<Sample>,
+    /// One per `HardFailure` event.
+    pub crash: Vec<Sample>,
+}
+
+/// The per-instance samples that [`compute`] summarizes as `leave_ms` and
+/// `crash_ms`, by the rules documented there: exactly the report's numbers.
+pub fn samples(timeline: &Timeline) -> Samples {
+    let (conns, events) = sorted(timeline);
+    samples_of(&conns, &events, &timeline.routes)
+}
+
+/// The timeline's connections and events, sorted by time (stable, so
+/// records of the same millisecond keep their recorded order).
+fn sorted(timeline: &Timeline) -> (Vec<&Conn>, Vec<&Event>) {
+    let mut conns: Vec<&Conn> = timeline.conns.iter().collect();
+    conns.sort_by_key(|c| c.t_ms);
+    let mut events: Vec<&Event> = timeline.events.iter().collect();
+    events.sort_by_key(|e| e.t_ms());
+    (conns, events)
+}
+
+/// [`samples`] from connections and events already sorted by time.
+fn samples_of(conns: &[&Conn], events: &[&Event], routes: &[Route]) -> Samples {
+    let leave = leaves(events)
+        .iter()
+        .map(|leave| {
+            let last = conns
+                .iter()
+                .filter(|c| answered_by(c, leave.instance) && leave.contains(c.t_ms))
+                .map(|c| c.t_ms)
+                .max();
+            Sample {
+                instance: leave.instance.to_owned(),
+                start_ms: leave.start,
+                ms: last.map_or(0, |t| t - leave.start),
+            }
+        })
+        .collect();
+    let crash = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::HardFailure { t_ms, instance, .. } => Some(Sample {
+                instance: instance.clone(),
+                start_ms: *t_ms,
+                ms: crash_time(conns, routes, instance, *t_ms),
+            }),
+            _ => None,
+        })
+        .collect();
+    Samples { leave, crash }
+}
+
+/// The `Step` actions the runner records for a recovery from a fault: the
+/// start of the convergence clock (see [`converge_ms`]).
+pub const RECOVERY_ACTIONS: [&str; 6] = [
+    "heal",
+    "start-arbiters",
+    "restore-quorum",
+    "resume-agent",
+    "restart-agents",
+    "corrupt-cache",
+];
+
+/// How close to the run's last route sample an agent's last sample must
+/// be for the agent to count in [`converge_ms`], in ms. Every live agent is
+/// sampled once per round; a round takes [`ROUTE_SAMPLE_MS`], or longer
+/// while a paused agent makes the sampler wait for its 500 ms timeout, so
+/// an agent sampled less recently than this is no longer answering (its
+/// node crashed, or it is paused) and routes nothing.
+pub const SAMPLED_AT_END_MS: u64 = 2_000;
+
+/// How long the agents took to agree again after the last recovery, in ms,
+/// from the timeline's route samples. The rule:
+///
+/// - The clock starts at the last `Step` event whose action is one of
+///   [`RECOVERY_ACTIONS`]; without one there is nothing to converge from
+///   and the result is `None`.
+/// - Only route samples taken at or after that moment count, and only
+///   those of agents still sampled at the end of the run (their last sample
+///   at most [`SAMPLED_AT_END_MS`] before the run's last sample). A sample
+///   is compared as a set of instance ids: order and repeats do not matter.
+/// - The agents must end on one common set; if their last samples differ,
+///   they never converged and the result is `None` (as it is when no
+///   sample was taken after the recovery).
+/// - An agent settles at its first sample after its last sample that
+///   differed from the common set (at the recovery itself if none
+///   differed). The run converged when the last agent settled: from then
+///   on every counted sample is the common set until the end of the run.
+///
+/// The result is that moment minus the recovery. It is accurate to the
+/// sampling period ([`ROUTE_SAMPLE_MS`]): an agent that changed between two
+/// samples is seen at the later one. The scenario's [`Pass`] has no bound
+/// on it, so it is reported and never judged.
+pub fn converge_ms(timeline: &Timeline) -> Option<u64> {
+    let recovery = timeline
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { t_ms, action, .. } if RECOVERY_ACTIONS.contains(&action.as_str()) => {
+                Some(*t_ms)
+            }
+            _ => None,
+        })
+        .max()?;
+    let mut after: Vec<&Route> = timeline
+        .routes
+        .iter()
+        .filter(|r| r.t_ms >= recovery)
+        .collect();
+    after.sort_by_key(|r| r.t_ms);
+    let end = after.last()?.t_ms;
+
+    // Each agent's samples after the recovery, in time order, as sets.
+    let mut by_agent: HashMap<&str, Vec<(u64, Vec<&str>)>> = HashMap::new();
+    for route in &after {
+        let mut set: Vec<&str> = route.instances.iter().map(String::as_str).collect();
+        set.sort_unstable();
+        set.dedup();
+        by_agent
+            .entry(route.agent.as_str())
+            .or_default()
+            .push((route.t_ms, set));
+    }
+    by_agent.retain(|_, samples| {
+        samples
+            .last()
+            .is_some_and(|(t, _)| t + SAMPLED_AT_END_MS >= end)
+    });
+
+    let common = &by_agent.values().next()?.last()?.1;
+    if by_agent
+        .values()
+        .any(|samples| samples.last().is_some_and(|(_, set)| set != common))
+    {
+        return None;
+    }
+    let settled = by_agent.values().filter_map(|samples| {
+        let last_differing = samples.iter().rposition(|(_, set)| set != common)?;
+        // The agent's last sample is the common set, so one follows.
+        samples.get(last_differing + 1).map(|(t, _)| *t)
+    });
+    Some(settled.max().unwrap_or(recovery) - recovery)
 }
 
 /// One leave of an instance: from the commit that took it out of READY
@@ -446,6 +591,14 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             "failed connections to live backends during the outage",
         );
     }
+    if let Some(bound) = pass.max_failed_conns {
+        count(report.failed_conns, bound, "failed connections");
+    }
+    count(
+        report.new_conns_to_not_ready,
+        pass.max_new_conns_to_not_ready,
+        "new connections to instances that were not yet READY",
+    );
     count(
         report.false_removals,
         pass.max_false_removals,
@@ -458,6 +611,18 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             "concurrent snapshots",
         );
     }
+    if let Some(bound) = pass.max_converge_ms {
+        match report.converge_ms {
+            Some(ms) if ms > bound => failures.push(format!(
+                "converged {ms} ms after the recovery, more than the {bound} ms allowed"
+            )),
+            Some(_) => {}
+            None => failures.push(
+                "the agents' routes never converged after the recovery (or there was no recovery step)"
+                    .to_owned(),
+            ),
+        }
+    }
     failures
 }
 
@@ -465,22 +630,32 @@ fn seconds(ms: u64) -> f64 {
     ms as f64 / 1000.0
 }
 
-/// Writes `dir/report.json` (pretty-printed, the public contract) and
-/// `dir/report.md` (see [`markdown`]), creating `dir` if needed.
-/// `budget` pairs a figure's `report.json` name (`leave_ms`, `crash_ms`, …)
-/// with the text of what the budget calculator predicts for it.
-pub fn write(dir: &Path, report: &Report, budget: &[(String, String)]) -> std::io::Result<()> {
+/// Writes `dir/report.json` (pretty-printed, the public contract),
+/// creating `dir` if needed. Written before anything else of the run, so
+/// that a later failure (a plot, the Markdown) cannot lose it.
+pub fn write_json(dir: &Path, report: &Report) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     json.push('\n');
-    std::fs::write(dir.join("report.json"), json)?;
-    std::fs::write(dir.join("report.md"), markdown(report, budget))
+    std::fs::write(dir.join("report.json"), json)
+}
+
+/// Writes `dir/report.md` (see [`markdown`]), creating `dir` if needed.
+pub fn write_markdown(
+    dir: &Path,
+    report: &Report,
+    budget: &[(String, String)],
+    plots: &[String],
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("report.md"), markdown(report, budget, plots))
 }
 
 /// The report as Markdown: the verdict, a table of every figure with a
 /// "budget predicts" column filled from `budget` (figure name as in
-/// `report.json` → predicted text), the failures and the phases.
-pub fn markdown(report: &Report, budget: &[(String, String)]) -> String {
+/// `report.json` → predicted text), the failures, the phases and links to
+/// `plots` (file names relative to the report's directory).
+pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) -> String {
     let predicted = |figure: &str| -> String {
         budget
             .iter()
@@ -563,6 +738,13 @@ pub fn markdown(report: &Report, budget: &[(String, String)]) -> String {
                 p.failed_conns
             );
         }
+    }
+    md.push_str("\n## Plots\n\n");
+    if plots.is_empty() {
+        md.push_str("None.\n");
+    }
+    for plot in plots {
+        let _ = writeln!(md, "- [{plot}]({plot})");
     }
     md
 }
@@ -1029,7 +1211,9 @@ mod tests {
         let budget = vec![("leave_ms".to_owned(), "p99 2100 ms".to_owned())];
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("run-1");
-        write(&out, &report, &budget).expect("written");
+        write_json(&out, &report).expect("report.json written");
+        let plots = vec!["traffic.svg".to_owned()];
+        write_markdown(&out, &report, &budget, &plots).expect("report.md written");
 
         let json = std::fs::read_to_string(out.join("report.json")).expect("report.json");
         let back: Report = serde_json::from_str(&json).expect("parses back");
@@ -1048,5 +1232,112 @@ mod tests {
         assert!(md.contains("| crash_ms | count 0 |  |"), "{md}");
         assert!(md.contains("- leave p99 3500 ms exceeds 3000 ms"), "{md}");
         assert!(md.contains("| all \\| one | 0 | 5 | 1 | 0 |"), "{md}");
+        assert!(
+            md.contains("## Plots\n\n- [traffic.svg](traffic.svg)\n"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn samples_are_the_reports_numbers() {
+        let timeline = Timeline {
+            routes: Vec::new(),
+            conns: vec![ok(900, "n1", "x"), ok(2200, "n1", "a"), fail(2500, "n1")],
+            events: vec![leave(1000, "a"), hard(1000, "x")],
+            duration_ms: 5000,
+        };
+        let samples = samples(&timeline);
+        assert_eq!(
+            samples.leave,
+            [Sample {
+                instance: "a".to_owned(),
+                start_ms: 1000,
+                ms: 1200,
+            }]
+        );
+        assert_eq!(samples.crash.len(), 1);
+        let report = compute(&input(), &timeline, &Pass::default());
+        assert_eq!(report.leave_ms.max, Some(1200.0));
+        assert_eq!(
+            report.crash_ms.max,
+            Some(samples.crash[0].ms as f64),
+            "{samples:?}"
+        );
+    }
+
+    fn step(t_ms: u64, action: &str) -> Event {
+        Event::Step {
+            t_ms,
+            action: action.to_owned(),
+            target: String::new(),
+        }
+    }
+
+    fn route(t_ms: u64, agent: &str, instances: &[&str]) -> Route {
+        Route {
+            t_ms,
+            agent: agent.to_owned(),
+            instances: instances.iter().map(|i| i.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn converges_when_the_last_agent_settles_on_the_common_set() {
+        let mut timeline = Timeline {
+            duration_ms: 10_000,
+            events: vec![
+                step(1_000, "partition-node"),
+                step(5_000, "heal"),
+                step(6_000, "drain"),
+            ],
+            ..Timeline::default()
+        };
+        for t in (4_000..10_000).step_by(100) {
+            // n1 lags: it offers only x until 5.6 s; n2 has both throughout,
+            // in another order. n3's node crashed at 7 s: it no longer counts.
+            let n1: &[&str] = if t < 5_600 { &["x"] } else { &["x", "y"] };
+            timeline.routes.push(route(t, "n1", n1));
+            timeline.routes.push(route(t + 3, "n2", &["y", "x", "y"]));
+            if t < 7_000 {
+                timeline.routes.push(route(t + 5, "n3", &["z"]));
+            }
+        }
+        assert_eq!(converge_ms(&timeline), Some(600));
+        let report = compute(&input(), &timeline, &Pass::default());
+        assert_eq!(report.converge_ms, Some(600));
+        assert!(report.pass, "{:?}", report.failures);
+
+        // Already agreeing at the recovery: 0.
+        timeline.routes.retain(|r| r.agent == "n2");
+        assert_eq!(converge_ms(&timeline), Some(0));
+        // No recovery step: nothing to converge from.
+        timeline
+            .events
+            .retain(|e| !matches!(e, Event::Step { action, .. } if action == "heal"));
+        assert_eq!(converge_ms(&timeline), None);
+    }
+
+    #[test]
+    fn never_converges_when_the_agents_end_apart() {
+        let mut timeline = Timeline {
+            duration_ms: 10_000,
+            events: vec![step(2_000, "pause-agent"), step(4_000, "resume-agent")],
+            ..Timeline::default()
+        };
+        for t in (0..10_000).step_by(100) {
+            timeline.routes.push(route(t, "n1", &["x", "y"]));
+            timeline.routes.push(route(t + 1, "n2", &["x"]));
+        }
+        assert_eq!(converge_ms(&timeline), None);
+        let report = compute(&input(), &timeline, &Pass::default());
+        assert_eq!(report.converge_ms, None);
+        assert!(
+            report.pass,
+            "no pass bound on convergence: {:?}",
+            report.failures
+        );
+        // No sample after the recovery: unknown, not 0.
+        timeline.routes.retain(|r| r.t_ms < 4_000);
+        assert_eq!(converge_ms(&timeline), None);
     }
 }

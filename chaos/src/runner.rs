@@ -3,12 +3,16 @@
 //! connection.
 //!
 //! Layout: the arbiter replicas (`arbiters`, a Raft group) run in the root
-//! namespace on bridge addresses 10.S.0.1, .3, .4, …; each node is a namespace holding one `rollcall agent` (HTTP
-//! API on :7070, TCP proxy for the scenario's service on :15001, gossip on
-//! :7946) and its `rollcall echo` backends (:9000 + k); the traffic
-//! generator sends from 10.S.0.2 to every node's proxy. Every process is
-//! the `rollcall` binary itself, started with its real config files and
-//! certificates from `rollcall certs`.
+//! namespace on bridge addresses 10.S.0.1, .3, .4, … (and reach each other
+//! through delaying UDP relays on .240, .241, … when the scenario delays a
+//! follower); each node is a namespace (10.S.0.10 + i) holding one
+//! `rollcall agent` (HTTP API on :7070, TCP proxy for the scenario's
+//! service on :15001, gossip on :7946) and its `rollcall echo` backends
+//! (:9000 + k, HTTP health on :10000 + k); nodes are spread over the
+//! scenario's zones round robin; the traffic generator sends from 10.S.0.2
+//! to every node's proxy. Every process is the `rollcall` binary itself,
+//! started with its real config files and certificates from `rollcall
+//! certs`.
 //!
 //! Leave commits come from the arbiter's audit log after the run (the
 //! command's time, converted to run time), not from polling.
@@ -22,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::netns::{NetError, Topology};
-use crate::scenario::{Action, Scenario};
+use crate::scenario::{Action, Scenario, Step};
 use crate::timeline::{Event, Route, Timeline};
 use crate::traffic::{Target, Traffic, TrafficConfig};
 
@@ -43,7 +47,7 @@ pub enum RunError {
     /// The cluster did not come up, or a step could not be done.
     #[error("{0}")]
     Cluster(String),
-    /// The scenario asks for something this harness cannot do (yet).
+    /// The scenario needs something this binary lacks (fault points).
     #[error("{0}")]
     Unsupported(String),
 }
@@ -127,7 +131,23 @@ struct Cluster {
     arbiters: Vec<(SocketAddr, SocketAddr)>,
     traffic_ip: Ipv4Addr,
     nodes: Vec<String>,
+    /// Each node's zone.
+    zones: Vec<String>,
+    /// Each node's instances, with their echo ports (same order).
     instances: Vec<Vec<String>>,
+    ports: Vec<Vec<u16>>,
+    /// The scenario's service.
+    service: String,
+    /// Partitions in force: a node and the addresses it cannot reach.
+    cuts: Vec<(usize, Vec<Ipv4Addr>)>,
+    /// `ROLLCALL_FAULTS` for the arbiter replicas (fault-point scenarios).
+    faults: Option<String>,
+    /// UDP relays the replicas reach each other through (index = replica),
+    /// when the scenario delays a follower; empty otherwise.
+    relays: Vec<crate::relay::Relay>,
+    /// Instances whose readiness a bad probe failed while they were fine:
+    /// their UNHEALTHY commits are not leaves (traffic is meant to stay).
+    bad_probed: Vec<String>,
     http: reqwest::Client,
     /// Nodes crashed so far, with the time (run ms): their own callers are
     /// dead, so their traffic after it is not counted, and their agent is
@@ -150,8 +170,23 @@ fn now_ms() -> u64 {
 
 impl Cluster {
     fn spawn(&mut self, name: &str, node: Option<usize>, args: &[String]) -> Result<(), RunError> {
-        let log = std::fs::File::create(self.work.join(format!("{name}.log")))
-            .map_err(io(format!("creating {name}.log")))?;
+        self.spawn_env(name, node, args, &[])
+    }
+
+    /// Starts `name` (in node `node`'s namespace, or the root one) with
+    /// extra environment; its stderr is appended to work/`name`.log.
+    fn spawn_env(
+        &mut self,
+        name: &str,
+        node: Option<usize>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<(), RunError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.work.join(format!("{name}.log")))
+            .map_err(io(format!("opening {name}.log")))?;
         let mut command = match node {
             Some(i) => self.topology.command(i, &self.binary.display().to_string()),
             None => Command::new(&self.binary),
@@ -159,6 +194,7 @@ impl Cluster {
         let child = command
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -239,13 +275,12 @@ pub struct RunResult {
 /// Builds the cluster, runs the scenario, tears everything down, and returns
 /// what it measured.
 pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult, RunError> {
-    for step in &scenario.steps {
-        if !supported(step.action) {
-            return Err(RunError::Unsupported(format!(
-                "scenario {}: step action {:?} is not implemented by this harness yet",
-                scenario.name, step.action
-            )));
-        }
+    if scenario.needs_fault_injection && !has_fault_points(&options.binary)? {
+        return Err(RunError::Unsupported(format!(
+            "scenario {} needs fault points, and {} was built without them: build it with `cargo build --release --features fault-injection` and run that binary",
+            scenario.name,
+            options.binary.display()
+        )));
     }
     let work = options.dir.join("work");
     std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
@@ -279,6 +314,21 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
                     .collect()
             })
             .collect(),
+        ports: (0..nodes.len())
+            .map(|_| {
+                (0..scenario.instances_per_agent as u16)
+                    .map(|k| ECHO_PORT + k)
+                    .collect()
+            })
+            .collect(),
+        zones: (0..nodes.len())
+            .map(|i| format!("z{}", i as u32 % scenario.zones + 1))
+            .collect(),
+        service: scenario.service.clone(),
+        cuts: Vec::new(),
+        relays: Vec::new(),
+        bad_probed: Vec::new(),
+        faults: scenario.faults.clone(),
         nodes,
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
@@ -286,28 +336,36 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
             .map_err(|e| RunError::Cluster(format!("HTTP client: {e}")))?,
         crashed: Default::default(),
     };
+    if cluster.arbiters.len() > 1
+        && scenario
+            .steps
+            .iter()
+            .any(|s| s.action == Action::DelayFollower)
+    {
+        for k in 0..cluster.arbiters.len() {
+            let ip = cluster.topology.add_host_ip(240 + k as u8)?;
+            let relay = crate::relay::Relay::start(
+                SocketAddr::new(ip.into(), cluster.arbiters[k].0.port()),
+                cluster.arbiters[k].0,
+            )
+            .await
+            .map_err(io(format!("starting the relay for arbiter-{}", k + 1)))?;
+            cluster.relays.push(relay);
+        }
+    }
     start(&mut cluster, scenario).await?;
     drive(&mut cluster, scenario).await
 }
 
-fn supported(action: Action) -> bool {
-    matches!(
-        action,
-        Action::Phase
-            | Action::Drain
-            | Action::KillBackend
-            | Action::FreezeBackend
-            | Action::CrashNode
-            | Action::PauseAgent
-            | Action::ResumeAgent
-            | Action::PartitionNode
-            | Action::Heal
-            | Action::StopArbiters
-            | Action::StartArbiters
-            | Action::KillLeader
-            | Action::RemoveQuorum
-            | Action::RestoreQuorum
-    )
+/// Whether `binary --version` lists the fault-injection feature.
+fn has_fault_points(binary: &Path) -> Result<bool, RunError> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(io(format!("{} --version", binary.display())))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == "features: fault-injection"))
 }
 
 /// Certificates, the arbiter, agents and backends; returns when every agent
@@ -333,6 +391,9 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     for node in &cluster.nodes {
         args.extend(["--agent".into(), node.clone()]);
     }
+    for relay in &cluster.relays {
+        args.extend(["--ip".into(), relay.addr.ip().to_string()]);
+    }
     let status = Command::new(&cluster.binary)
         .args(&args)
         .stdout(Stdio::null())
@@ -354,66 +415,36 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
             .arbiters
             .iter()
             .enumerate()
-            .map(|(k, (quic, _))| format!("[[raft.replicas]]\nid = {}\naddr = \"{quic}\"\n", k + 1))
+            .map(|(k, (quic, _))| {
+                // Peers dial the replica's relay when there is one.
+                let addr = cluster.relays.get(k).map_or(*quic, |r| r.addr);
+                format!("[[raft.replicas]]\nid = {}\naddr = \"{addr}\"\n", k + 1)
+            })
             .collect()
     };
     for k in 0..cluster.arbiters.len() {
         let (quic, admin) = cluster.arbiters[k];
-        let toml = format!(
+        let mut toml = format!(
             "name = \"arbiter-{id}\"\nlisten = \"{quic}\"\nadmin = \"{admin}\"\ndata_dir = \"{data}\"\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-{id}.crt\"\nkey = \"{c}/arbiter-arbiter-{id}.key\"\n[raft]\nid = {id}\n{replicas}",
             id = k + 1,
             data = work.join(format!("arbiter-{}", k + 1)).display(),
             c = certs.display()
         );
+        if let Some(extra) = &scenario.arbiter_toml {
+            toml.push('\n');
+            toml.push_str(extra);
+            toml.push('\n');
+        }
         let path = work.join(format!("arbiter-{}.toml", k + 1));
         std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
         start_arbiter(cluster, k)?;
     }
-    let seed = cluster.node_ip(0);
     for i in 0..cluster.nodes.len() {
-        let ip = cluster.node_ip(i);
-        for k in 0..scenario.instances_per_agent as usize {
-            let id = cluster.instances[i][k].clone();
-            cluster.spawn(
-                &id.clone(),
-                Some(i),
-                &[
-                    "echo".into(),
-                    "--listen".into(),
-                    format!("{ip}:{}", ECHO_PORT + k as u16),
-                    "--id".into(),
-                    id,
-                ],
-            )?;
+        for k in 0..cluster.instances[i].len() {
+            let (id, port) = (cluster.instances[i][k].clone(), cluster.ports[i][k]);
+            start_echo(cluster, i, &id, port)?;
         }
-        let node = cluster.nodes[i].clone();
-        let toml = format!(
-            "node_id = \"{node}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\n\
-             [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-{node}.crt\"\nkey = \"{c}/agent-{node}.key\"\n\
-             [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [\"{seed}:{GOSSIP_PORT}\"]\nkey_file = \"{k}\"\n\
-             [[proxy]]\nservice = \"default/{service}/default\"\nlisten = \"{ip}:{PROXY_PORT}\"\n",
-            data = work.join(&node).display(),
-            arbiter = cluster
-                .arbiters
-                .iter()
-                .map(|(quic, _)| quic.to_string())
-                .collect::<Vec<_>>()
-                .join("\", \""),
-            c = certs.display(),
-            k = work.join("zone.key").display(),
-            service = scenario.service,
-        );
-        let path = work.join(format!("{node}.toml"));
-        std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
-        cluster.spawn(
-            &node,
-            Some(i),
-            &[
-                "agent".into(),
-                "--config".into(),
-                path.display().to_string(),
-            ],
-        )?;
+        start_agent(cluster, i)?;
     }
     for i in 0..cluster.nodes.len() {
         let node = cluster.nodes[i].clone();
@@ -425,33 +456,35 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
                     .is_some_and(|s| s["arbiter"]["connected"] == true)
             })
             .await?;
-        let token = cluster.token(i)?;
-        for (k, id) in cluster.instances[i].iter().enumerate() {
-            let body = serde_json::json!({
-                "service": scenario.service,
-                "instance_id": id,
-                "address": cluster.node_ip(i).to_string(),
-                "port": ECHO_PORT + k as u16,
-            });
-            let url = format!(
-                "http://{}:{HTTP_PORT}/v1/agent/instances",
-                cluster.node_ip(i)
-            );
-            let response = cluster
-                .http
-                .put(url)
-                .bearer_auth(&token)
-                .json(&body)
-                .send()
-                .await
-                .map_err(|e| RunError::Cluster(format!("registering {id}: {e}")))?;
-            if !response.status().is_success() {
-                return Err(RunError::Cluster(format!(
-                    "registering {id}: {}",
-                    response.status()
-                )));
-            }
+        for k in 0..cluster.instances[i].len() {
+            let (id, port) = (cluster.instances[i][k].clone(), cluster.ports[i][k]);
+            register(cluster, i, &id, port).await?;
         }
+    }
+    // Every node knows its zone peers before the first fault: a node that
+    // knows nobody would never report a peer down.
+    for i in 0..cluster.nodes.len() {
+        let peers = cluster
+            .zones
+            .iter()
+            .filter(|z| **z == cluster.zones[i])
+            .count()
+            - 1;
+        cluster
+            .wait(
+                &format!(
+                    "{} sees its {peers} zone peers through gossip",
+                    cluster.nodes[i]
+                ),
+                async || {
+                    cluster.agent_get(i, "/v1/status").await.is_some_and(|s| {
+                        s["gossip"]["alive"]
+                            .as_array()
+                            .is_some_and(|a| a.len() == peers)
+                    })
+                },
+            )
+            .await?;
     }
     let total: usize = cluster.instances.iter().map(Vec::len).sum();
     for i in 0..cluster.nodes.len() {
@@ -468,6 +501,136 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     Ok(())
 }
 
+/// An echo backend's HTTP health port: its data port + 1000.
+const HEALTH_PORT_OFFSET: u16 = 1000;
+
+/// The file whose existence fails instance `id`'s readiness.
+fn not_ready_file(cluster: &Cluster, id: &str) -> PathBuf {
+    cluster.work.join(format!("{id}.not-ready"))
+}
+
+/// Starts an echo backend `id` on node `i` at `port`, with its HTTP
+/// health on `port` + 1000.
+fn start_echo(cluster: &mut Cluster, i: usize, id: &str, port: u16) -> Result<(), RunError> {
+    let ip = cluster.node_ip(i);
+    let flag = not_ready_file(cluster, id).display().to_string();
+    cluster.spawn(
+        id,
+        Some(i),
+        &[
+            "echo".into(),
+            "--listen".into(),
+            format!("{ip}:{port}"),
+            "--id".into(),
+            id.to_owned(),
+            "--health".into(),
+            format!("{ip}:{}", port + HEALTH_PORT_OFFSET),
+            "--not-ready-file".into(),
+            flag,
+        ],
+    )
+}
+
+/// Writes node `i`'s agent config (its zone, its zone's first node as the
+/// gossip seed) and starts the agent.
+fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
+    let ip = cluster.node_ip(i);
+    let zone = cluster.zones[i].clone();
+    let seed = (0..cluster.nodes.len())
+        .find(|j| cluster.zones[*j] == zone)
+        .map(|j| cluster.node_ip(j))
+        .expect("node i is in its zone");
+    let node = cluster.nodes[i].clone();
+    let certs = cluster.work.join("certs");
+    let toml = format!(
+        "node_id = \"{node}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\n\
+         [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-{node}.crt\"\nkey = \"{c}/agent-{node}.key\"\n\
+         [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [\"{seed}:{GOSSIP_PORT}\"]\nkey_file = \"{k}\"\n\
+         [[proxy]]\nservice = \"default/{service}/default\"\nlisten = \"{ip}:{PROXY_PORT}\"\n",
+        data = cluster.work.join(&node).display(),
+        arbiter = cluster
+            .arbiters
+            .iter()
+            .map(|(quic, _)| quic.to_string())
+            .collect::<Vec<_>>()
+            .join("\", \""),
+        c = certs.display(),
+        k = cluster.work.join("zone.key").display(),
+        service = cluster.service,
+    );
+    let path = cluster.work.join(format!("{node}.toml"));
+    std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
+    cluster.processes.children.retain(|(n, _)| *n != node);
+    cluster.spawn(
+        &node,
+        Some(i),
+        &[
+            "agent".into(),
+            "--config".into(),
+            path.display().to_string(),
+        ],
+    )
+}
+
+/// Registers instance `id` (echo on `port`) through node `i`'s agent API,
+/// with an HTTP readiness check on its health port at the agent's default
+/// timings: STARTING until the first probe passes, UNHEALTHY after three
+/// failed or timed-out probes (a frozen backend times out).
+async fn register(cluster: &Cluster, i: usize, id: &str, port: u16) -> Result<(), RunError> {
+    let token = cluster.token(i)?;
+    let body = serde_json::json!({
+        "service": cluster.service,
+        "instance_id": id,
+        "address": cluster.node_ip(i).to_string(),
+        "port": port,
+        "checks": {
+            "readiness": {"kind": "http", "path": "/ready", "port": port + HEALTH_PORT_OFFSET},
+        },
+    });
+    let url = format!(
+        "http://{}:{HTTP_PORT}/v1/agent/instances",
+        cluster.node_ip(i)
+    );
+    let response = cluster
+        .http
+        .put(url)
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| RunError::Cluster(format!("registering {id}: {e}")))?;
+    if !response.status().is_success() {
+        return Err(RunError::Cluster(format!(
+            "registering {id}: {}",
+            response.status()
+        )));
+    }
+    Ok(())
+}
+
+/// An agent API call with node `i`'s token; fails unless it answers 2xx.
+async fn agent_call(
+    cluster: &Cluster,
+    i: usize,
+    method: reqwest::Method,
+    path: &str,
+    what: &str,
+) -> Result<(), RunError> {
+    let token = cluster.token(i)?;
+    let url = format!("http://{}:{HTTP_PORT}{path}", cluster.node_ip(i));
+    let response = cluster
+        .http
+        .request(method, url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| RunError::Cluster(format!("{what}: {e}")))?;
+    if !response.status().is_success() {
+        return Err(RunError::Cluster(format!("{what}: {}", response.status())));
+    }
+    Ok(())
+}
+
 /// Starts replica `k` (index, id k + 1) unless it runs.
 fn start_arbiter(cluster: &mut Cluster, k: usize) -> Result<(), RunError> {
     let name = format!("arbiter-{}", k + 1);
@@ -480,7 +643,18 @@ fn start_arbiter(cluster: &mut Cluster, k: usize) -> Result<(), RunError> {
         .display()
         .to_string();
     cluster.processes.children.retain(|(n, _)| *n != name);
-    cluster.spawn(&name, None, &["arbiter".into(), "--config".into(), config])
+    let faults = cluster.faults.clone();
+    let env: Vec<(&str, &str)> = faults
+        .as_deref()
+        .map(|f| ("ROLLCALL_FAULTS", f))
+        .into_iter()
+        .collect();
+    cluster.spawn_env(
+        &name,
+        None,
+        &["arbiter".into(), "--config".into(), config],
+        &env,
+    )
 }
 
 /// The admin address and token of a replica that runs, if any.
@@ -553,15 +727,46 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         t0,
         duration + Duration::from_secs(5),
     ));
-    let mut events = Vec::new();
+    // Every instance was READY when the traffic started (`start` waits
+    // for every agent to route to all of them).
+    let mut events: Vec<Event> = cluster
+        .instances
+        .iter()
+        .flatten()
+        .map(|id| Event::Ready {
+            t_ms: 0,
+            instance: id.clone(),
+        })
+        .collect();
     let mut outage: Option<(u64, Option<u64>)> = None;
     let mut steps: Vec<_> = scenario.steps.iter().collect();
     steps.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    // The run's progress on stderr (drawn only on a terminal).
+    let bar = indicatif::ProgressBar::new(duration.as_millis() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:40}] {elapsed_precise}/{duration_precise} {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(scenario.name.clone());
+    let ticker = {
+        let bar = bar.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                bar.set_position(t0.elapsed().as_millis() as u64);
+            }
+        })
+    };
     for step in steps {
         let at = t0 + Duration::from_secs_f64(step.at_s);
         tokio::time::sleep_until(at.into()).await;
+        bar.set_message(format!("{} {}", step.action, step.target));
         let t_ms = t0.elapsed().as_millis() as u64;
-        step_once(cluster, step.action, &step.target, t_ms, &mut events).await?;
+        step_once(cluster, step, t0, &mut events).await?;
         match step.action {
             Action::StopArbiters | Action::RemoveQuorum => outage = Some((t_ms, None)),
             Action::StartArbiters | Action::RestoreQuorum => {
@@ -573,6 +778,8 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         }
     }
     tokio::time::sleep_until((t0 + duration).into()).await;
+    ticker.abort();
+    bar.finish_and_clear();
     let duration_ms = t0.elapsed().as_millis() as u64;
     let mut conns = traffic.stop().await;
     sampler.abort();
@@ -622,8 +829,18 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
             if at < t0_wall {
                 continue;
             }
+            let ready = (entry["command"] == "transition" && detail.starts_with("-> READY"))
+                || (entry["command"] == "register" && detail.contains(" READY on "));
+            if ready {
+                events.push(Event::Ready {
+                    t_ms: at - t0_wall,
+                    instance: instance.to_owned(),
+                });
+            }
+            let bad_probe = cluster.bad_probed.iter().any(|b| b == instance);
             if entry["command"] == "transition"
-                && (detail.contains("-> DRAINING") || detail.contains("-> UNHEALTHY"))
+                && (detail.contains("-> DRAINING")
+                    || (detail.contains("-> UNHEALTHY") && !bad_probe))
             {
                 events.push(Event::LeaveCommitted {
                     t_ms: at - t0_wall,
@@ -740,11 +957,15 @@ async fn audit(cluster: &mut Cluster) -> Option<Vec<serde_json::Value>> {
 
 async fn step_once(
     cluster: &mut Cluster,
-    action: Action,
-    target: &str,
-    t_ms: u64,
+    step: &Step,
+    t0: Instant,
     events: &mut Vec<Event>,
 ) -> Result<(), RunError> {
+    let (action, target) = (step.action, step.target.as_str());
+    let t_ms = t0.elapsed().as_millis() as u64;
+    let share = step.share.unwrap_or(0.3);
+    let wait = Duration::from_secs_f64(step.duration_s.unwrap_or(5.0));
+    let delay = Duration::from_millis(step.delay_ms.unwrap_or(0));
     let step = |action: &str| Event::Step {
         t_ms,
         action: action.to_owned(),
@@ -831,15 +1052,163 @@ async fn step_once(
         Action::PartitionNode => {
             let (i, _) = cluster.target(target)?;
             let ips: Vec<Ipv4Addr> = arbiter_ips(cluster);
-            cluster.topology.cut(i, &ips)?;
+            cut(cluster, i, ips)?;
             events.push(step("partition-node"));
         }
-        Action::Heal => {
+        Action::PartitionZone => {
+            let members: Vec<usize> = (0..cluster.nodes.len())
+                .filter(|i| cluster.zones[*i] == target)
+                .collect();
+            if members.is_empty() {
+                return Err(RunError::Cluster(format!(
+                    "partition_zone: no node is in zone {target:?} (zones are z1…zN)"
+                )));
+            }
             let ips: Vec<Ipv4Addr> = arbiter_ips(cluster);
-            for i in 0..cluster.nodes.len() {
+            for i in members {
+                cut(cluster, i, ips.clone())?;
+            }
+            events.push(step("partition-zone"));
+        }
+        Action::PartitionPeers => {
+            let (i, _) = cluster.target(target)?;
+            let peers: Vec<usize> = (0..cluster.nodes.len())
+                .filter(|j| *j != i && cluster.zones[*j] == cluster.zones[i])
+                .collect();
+            let peer_ips = peers.iter().map(|j| cluster.node_ip(*j)).collect();
+            cut(cluster, i, peer_ips)?;
+            let ip = cluster.node_ip(i);
+            for j in peers {
+                cut(cluster, j, vec![ip])?;
+            }
+            events.push(step("partition-peers"));
+        }
+        Action::Heal => {
+            for (i, ips) in std::mem::take(&mut cluster.cuts) {
                 cluster.topology.heal(i, &ips)?;
             }
+            for relay in &cluster.relays {
+                relay.set_delay(Duration::ZERO);
+            }
+            for id in cluster.instances.iter().flatten() {
+                let flag = not_ready_file(cluster, id);
+                if flag.exists() {
+                    std::fs::remove_file(&flag)
+                        .map_err(io(format!("removing {}", flag.display())))?;
+                }
+            }
             events.push(step("heal"));
+        }
+        Action::DelayFollower => {
+            if cluster.relays.is_empty() {
+                return Err(RunError::Cluster(
+                    "delay_follower needs arbiters = 3 or 5 (a follower to delay)".into(),
+                ));
+            }
+            let k = if target.is_empty() {
+                let leader = leader(cluster).await;
+                (0..cluster.arbiters.len())
+                    .find(|k| Some(*k) != leader)
+                    .expect("a group of 3 or 5 has a follower")
+            } else {
+                target
+                    .strip_prefix("arbiter-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|n| (1..=cluster.arbiters.len()).contains(n))
+                    .map(|n| n - 1)
+                    .ok_or_else(|| {
+                        RunError::Cluster(format!(
+                            "delay_follower: {target:?} names no replica (arbiter-1…arbiter-{})",
+                            cluster.arbiters.len()
+                        ))
+                    })?
+            };
+            cluster.relays[k].set_delay(delay);
+            events.push(Event::Step {
+                t_ms,
+                action: "delay-follower".into(),
+                target: format!("arbiter-{} +{} ms", k + 1, delay.as_millis()),
+            });
+        }
+        Action::FailReadiness => {
+            let (_, instance) = cluster.target(target)?;
+            let instance = instance.ok_or_else(|| {
+                RunError::Cluster(format!(
+                    "fail_readiness needs node/instance, not {target:?}"
+                ))
+            })?;
+            let flag = not_ready_file(cluster, &instance);
+            std::fs::write(&flag, b"").map_err(io(format!("creating {}", flag.display())))?;
+            events.push(step("fail-readiness"));
+        }
+        Action::BadProbe => {
+            // The same broken readiness answer on every instance at once,
+            // as a bad check deployed to the whole service would give.
+            let crashed: Vec<usize> = cluster
+                .crashed
+                .lock()
+                .expect("crashed lock")
+                .iter()
+                .map(|(i, _)| *i)
+                .collect();
+            for i in (0..cluster.nodes.len()).filter(|i| !crashed.contains(i)) {
+                for id in cluster.instances[i].clone() {
+                    let flag = not_ready_file(cluster, &id);
+                    std::fs::write(&flag, b"")
+                        .map_err(io(format!("creating {}", flag.display())))?;
+                    cluster.bad_probed.push(id);
+                }
+            }
+            events.push(step("bad-probe"));
+        }
+        Action::RestartAgents => {
+            let nodes: Vec<usize> = if target.is_empty() {
+                let crashed = cluster.crashed.lock().expect("crashed lock").clone();
+                (0..cluster.nodes.len())
+                    .filter(|i| !crashed.iter().any(|(c, _)| c == i))
+                    .collect()
+            } else {
+                vec![cluster.target(target)?.0]
+            };
+            // Every agent dies first, then all start together: the storm.
+            for &i in &nodes {
+                kill_agent(cluster, i)?;
+            }
+            for &i in &nodes {
+                start_agent(cluster, i)?;
+            }
+            events.push(step("restart-agents"));
+        }
+        Action::CorruptCache => {
+            let (i, _) = cluster.target(target)?;
+            kill_agent(cluster, i)?;
+            let corrupted = corrupt_cache(&cluster.work.join(&cluster.nodes[i]).join("cache"))?;
+            if corrupted == 0 {
+                return Err(RunError::Cluster(format!(
+                    "corrupt_cache: {target} has no cache file to corrupt"
+                )));
+            }
+            start_agent(cluster, i)?;
+            events.push(step("corrupt-cache"));
+        }
+        Action::StartInstances => {
+            let (i, _) = cluster.target(target)?;
+            let id = start_instance(cluster, i)?;
+            register(
+                cluster,
+                i,
+                &id,
+                *cluster.ports[i].last().expect("just added"),
+            )
+            .await?;
+            events.push(Event::Step {
+                t_ms,
+                action: "start-instance".into(),
+                target: format!("{}/{id}", cluster.nodes[i]),
+            });
+        }
+        Action::RollingDeploy => {
+            rolling_deploy(cluster, share, wait, t0, events).await?;
         }
         Action::StopArbiters => {
             for k in 0..cluster.arbiters.len() {
@@ -884,11 +1253,148 @@ async fn step_once(
             }
             events.push(step("remove-quorum"));
         }
-        other => {
-            return Err(RunError::Unsupported(format!(
-                "step action {other:?} is not implemented by this harness yet"
-            )))
+    }
+    Ok(())
+}
+
+/// Cuts node `i` off `ips` and remembers it for `heal`.
+fn cut(cluster: &mut Cluster, i: usize, ips: Vec<Ipv4Addr>) -> Result<(), RunError> {
+    cluster.topology.cut(i, &ips)?;
+    cluster.cuts.push((i, ips));
+    Ok(())
+}
+
+/// kill -9 node `i`'s agent and waits for it to be gone (its backends run
+/// on).
+fn kill_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
+    let name = cluster.nodes[i].clone();
+    for (n, child) in cluster.processes.children.iter_mut() {
+        if *n == name && matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+            let _ = child.wait();
         }
+    }
+    Ok(())
+}
+
+/// Overwrites the middle of every file in `dir` with garbage (its length
+/// kept); returns how many files it corrupted.
+fn corrupt_cache(dir: &Path) -> Result<usize, RunError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io(format!("reading {}", dir.display()))(e)),
+    };
+    let mut corrupted = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+        if bytes.is_empty() {
+            continue;
+        }
+        let mid = bytes.len() / 2;
+        let end = (mid + 16).min(bytes.len());
+        for b in &mut bytes[mid..end] {
+            *b ^= 0xA5;
+        }
+        std::fs::write(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
+        corrupted += 1;
+    }
+    Ok(corrupted)
+}
+
+/// Starts a new echo backend on node `i` (the next free port, the next
+/// instance number) and records it; returns its id. Not registered yet.
+fn start_instance(cluster: &mut Cluster, i: usize) -> Result<String, RunError> {
+    let k = cluster.instances[i].len();
+    let id = format!("{}-{i}-{k}", cluster.service);
+    let port = cluster.ports[i].iter().max().map_or(ECHO_PORT, |p| p + 1);
+    start_echo(cluster, i, &id, port)?;
+    cluster.instances[i].push(id.clone());
+    cluster.ports[i].push(port);
+    Ok(id)
+}
+
+/// One wave of a rolling deploy: `share` of the running instances (spread
+/// over the nodes) are drained, left `wait` to finish their in-flight
+/// connections, stopped and deregistered, and as many new instances are
+/// started behind a readiness check, so they take traffic only once READY.
+async fn rolling_deploy(
+    cluster: &mut Cluster,
+    share: f64,
+    wait: Duration,
+    t0: Instant,
+    events: &mut Vec<Event>,
+) -> Result<(), RunError> {
+    let crashed: Vec<usize> = cluster
+        .crashed
+        .lock()
+        .expect("crashed lock")
+        .iter()
+        .map(|(i, _)| *i)
+        .collect();
+    // Round robin over the nodes, so the wave is spread.
+    let mut old: Vec<(usize, String)> = Vec::new();
+    let most = cluster.instances.iter().map(Vec::len).max().unwrap_or(0);
+    for k in 0..most {
+        for i in (0..cluster.nodes.len()).filter(|i| !crashed.contains(i)) {
+            if let Some(id) = cluster.instances[i].get(k) {
+                if cluster.processes.running(id) {
+                    old.push((i, id.clone()));
+                }
+            }
+        }
+    }
+    let count = ((old.len() as f64 * share).ceil() as usize).clamp(1, old.len().max(1));
+    old.truncate(count);
+    for (i, id) in &old {
+        let path = format!("/v1/agent/instances/{id}/drain");
+        agent_call(
+            cluster,
+            *i,
+            reqwest::Method::PUT,
+            &path,
+            &format!("draining {id}"),
+        )
+        .await?;
+        events.push(Event::Step {
+            t_ms: t0.elapsed().as_millis() as u64,
+            action: "drain".into(),
+            target: format!("{}/{id}", cluster.nodes[*i]),
+        });
+    }
+    tokio::time::sleep(wait).await;
+    for (i, id) in &old {
+        cluster.processes.signal(id, "-TERM")?;
+        if let Some((_, child)) = cluster.processes.children.iter_mut().find(|(n, _)| n == id) {
+            let _ = child.wait();
+        }
+        events.push(Event::BackendExit {
+            t_ms: t0.elapsed().as_millis() as u64,
+            instance: id.clone(),
+        });
+        let path = format!("/v1/agent/instances/{id}");
+        agent_call(
+            cluster,
+            *i,
+            reqwest::Method::DELETE,
+            &path,
+            &format!("deregistering {id}"),
+        )
+        .await?;
+    }
+    for (i, _) in &old {
+        let id = start_instance(cluster, *i)?;
+        let port = *cluster.ports[*i].last().expect("just added");
+        register(cluster, *i, &id, port).await?;
+        events.push(Event::Step {
+            t_ms: t0.elapsed().as_millis() as u64,
+            action: "start-instance".into(),
+            target: format!("{}/{id}", cluster.nodes[*i]),
+        });
     }
     Ok(())
 }

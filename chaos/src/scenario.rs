@@ -97,6 +97,11 @@ pub struct Scenario {
     /// is allowed for scenarios that start their instances in a step.
     #[serde(default = "default_instances_per_agent")]
     pub instances_per_agent: u32,
+    /// Zones the agents are spread over, round robin: node-i is in zone
+    /// `z{i % zones + 1}`, and each zone gossips on its own. At least 1 and
+    /// at most `agents`; default 1.
+    #[serde(default = "default_zones")]
+    pub zones: u32,
     /// Arbiter replicas in the run's Raft group: 1, 3 or 5. Default 1.
     #[serde(default = "default_arbiters")]
     pub arbiters: u32,
@@ -119,12 +124,24 @@ pub struct Scenario {
     /// changes nothing.
     #[serde(default)]
     pub short: Option<Short>,
-    /// The scenario needs the harness's privileged fault injection
-    /// (network namespaces for partitions and delays) rather than only
-    /// signals to processes, so the runner can tell up front whether this
-    /// host can run it. Default false.
+    /// The scenario needs the fault points of a binary built with
+    /// `--features fault-injection` (dropped and corrupted deltas, cut
+    /// watch streams); the runner refuses to start it, saying so, with a
+    /// binary that lacks them. Default false.
     #[serde(default)]
     pub needs_fault_injection: bool,
+    /// The fault points' settings, given to every arbiter replica as
+    /// `ROLLCALL_FAULTS` for the whole run (e.g.
+    /// "drop_delta=0.05,corrupt_delta=0.02,cut_session=0.01"). Requires
+    /// `needs_fault_injection = true`.
+    #[serde(default)]
+    pub faults: Option<String>,
+    /// TOML appended to every arbiter replica's config (the harness writes
+    /// `name`, `listen`, `admin`, `data_dir`, `[tls]` and `[raft]`), e.g.
+    /// "[distribution]\nmax_concurrent_snapshots = 2". The arbiter
+    /// validates it at start like any config.
+    #[serde(default)]
+    pub arbiter_toml: Option<String>,
     /// The timed steps, in the order they are written.
     #[serde(default)]
     pub steps: Vec<Step>,
@@ -135,6 +152,10 @@ pub struct Scenario {
 
 fn default_agents() -> u32 {
     3
+}
+
+fn default_zones() -> u32 {
+    1
 }
 
 fn default_arbiters() -> u32 {
@@ -196,6 +217,10 @@ pub struct Step {
     /// (0, 1].
     #[serde(default)]
     pub share: Option<f64>,
+    /// For `delay_follower`: the one-way delay added to every packet to and
+    /// from the follower, in ms. At least 1 when set.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
 }
 
 /// What a step does. The names are the scenario file's, in snake_case.
@@ -216,8 +241,13 @@ pub enum Action {
     PauseAgent,
     /// SIGCONT a paused agent.
     ResumeAgent,
-    /// Cut a node off the network.
+    /// Cut a node off the arbiter replicas (its zone peers still reach it).
     PartitionNode,
+    /// Cut every node of a zone (the target, e.g. "z2") off the arbiter
+    /// replicas; the zone's gossip and its traffic keep working.
+    PartitionZone,
+    /// Cut a node off its zone peers; the arbiter still reaches it.
+    PartitionPeers,
     /// Undo every partition and delay.
     Heal,
     /// Delay the traffic to one arbiter follower.
@@ -248,7 +278,7 @@ pub enum Action {
 
 impl Action {
     /// Every action, in the order the file format lists them.
-    pub const ALL: [Action; 21] = [
+    pub const ALL: [Action; 23] = [
         Action::Drain,
         Action::FailReadiness,
         Action::FreezeBackend,
@@ -257,6 +287,8 @@ impl Action {
         Action::PauseAgent,
         Action::ResumeAgent,
         Action::PartitionNode,
+        Action::PartitionZone,
+        Action::PartitionPeers,
         Action::Heal,
         Action::DelayFollower,
         Action::KillLeader,
@@ -283,6 +315,8 @@ impl Action {
             Action::PauseAgent => "pause_agent",
             Action::ResumeAgent => "resume_agent",
             Action::PartitionNode => "partition_node",
+            Action::PartitionZone => "partition_zone",
+            Action::PartitionPeers => "partition_peers",
             Action::Heal => "heal",
             Action::DelayFollower => "delay_follower",
             Action::KillLeader => "kill_leader",
@@ -340,6 +374,16 @@ pub struct Pass {
     /// Most full snapshots the arbiter may serve at once (a reconnect
     /// storm's bound); unset means not checked.
     pub max_concurrent_snapshots: Option<u64>,
+    /// Most connections acceptable to an instance before it was first
+    /// READY in the catalog (a deploy's new instances). Default 0.
+    pub max_new_conns_to_not_ready: u64,
+    /// Longest acceptable time from the last recovery step until every
+    /// agent routes to the same set and keeps it, in ms; unset means not
+    /// checked. Set, it also fails a run that never converges.
+    pub max_converge_ms: Option<u64>,
+    /// Most failed connections acceptable over the whole run; unset means
+    /// not checked (faults that kill backends fail connections on purpose).
+    pub max_failed_conns: Option<u64>,
 }
 
 impl Default for Pass {
@@ -351,6 +395,9 @@ impl Default for Pass {
             max_failed_conns_to_live_backends_in_outage: 0,
             max_false_removals: 0,
             max_concurrent_snapshots: None,
+            max_new_conns_to_not_ready: 0,
+            max_converge_ms: None,
+            max_failed_conns: None,
         }
     }
 }
@@ -399,6 +446,17 @@ impl Scenario {
             ));
         }
         at_least_one("agents", self.agents)?;
+        at_least_one("zones", self.zones)?;
+        if self.zones > self.agents {
+            return Err(ScenarioError::invalid(
+                "zones",
+                self.zones,
+                format!(
+                    "must be at most agents ({}): every zone needs a node",
+                    self.agents
+                ),
+            ));
+        }
         if ![1, 3, 5].contains(&self.arbiters) {
             return Err(ScenarioError::invalid(
                 "arbiters",
@@ -420,6 +478,13 @@ impl Scenario {
                 "connect_timeout_ms",
                 0,
                 "must be at least 1: a zero timeout fails every connection",
+            ));
+        }
+        if self.faults.is_some() && !self.needs_fault_injection {
+            return Err(ScenarioError::invalid(
+                "faults",
+                format!("{:?}", self.faults.as_deref().unwrap_or_default()),
+                "needs needs_fault_injection = true: only a binary built with the fault-injection feature has fault points",
             ));
         }
         if let Some(short) = &self.short {
@@ -514,6 +579,20 @@ impl Step {
                     "must be greater than 0 and at most 1",
                 ));
             }
+        }
+        if self.delay_ms == Some(0) {
+            return Err(ScenarioError::invalid(
+                field("delay_ms"),
+                0,
+                "must be at least 1 when set",
+            ));
+        }
+        if self.action == Action::DelayFollower && self.delay_ms.is_none() {
+            return Err(ScenarioError::invalid(
+                field("delay_ms"),
+                "missing",
+                "is required for action \"delay_follower\"",
+            ));
         }
         if self.action == Action::Phase && self.target.trim().is_empty() {
             return Err(ScenarioError::invalid(
@@ -670,6 +749,9 @@ max_concurrent_snapshots = 16
                 max_failed_conns_to_live_backends_in_outage: 2,
                 max_false_removals: 3,
                 max_concurrent_snapshots: Some(16),
+                max_new_conns_to_not_ready: 0,
+                max_converge_ms: None,
+                max_failed_conns: None,
             }
         );
     }
@@ -701,7 +783,7 @@ max_concurrent_snapshots = 16
             assert_eq!(json, serde_json::Value::from(action.as_str()));
             assert_eq!(Action::from_name(action.as_str()), Some(action));
             let text =
-                format!("{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"x\"\n");
+                format!("{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"x\"\ndelay_ms = 50\n");
             let s = Scenario::from_toml_str(&text).expect("valid scenario");
             assert_eq!(s.steps[0].action, action);
         }
@@ -717,6 +799,12 @@ max_concurrent_snapshots = 16
             ),
             (format!("{MINIMAL}agents = 0\n"), "agents"),
             (format!("{MINIMAL}service = \" \"\n"), "service"),
+            (format!("{MINIMAL}zones = 2\nagents = 1\n"), "zones"),
+            (format!("{MINIMAL}faults = \"drop_delta=0.1\"\n"), "faults"),
+            (
+                step("at_s = 1\naction = \"delay_follower\""),
+                "steps[0].delay_ms",
+            ),
             (
                 "name = \"m\"\ndescription = \"d\"\nduration_s = 0\n".into(),
                 "duration_s",

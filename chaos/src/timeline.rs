@@ -77,6 +77,16 @@ pub enum Event {
         /// The instance.
         instance: String,
     },
+    /// A backend process exited on its own (the end of its drain in a
+    /// rolling deploy), as the harness observed it; the end of the
+    /// instance's stage on `stages.svg`. Timelines written before this
+    /// variant existed have none and still parse.
+    BackendExit {
+        /// When the exit was observed.
+        t_ms: u64,
+        /// The instance.
+        instance: String,
+    },
 }
 
 impl Event {
@@ -87,7 +97,8 @@ impl Event {
             | Event::LeaveCommitted { t_ms, .. }
             | Event::HardFailure { t_ms, .. }
             | Event::Step { t_ms, .. }
-            | Event::Ready { t_ms, .. } => *t_ms,
+            | Event::Ready { t_ms, .. }
+            | Event::BackendExit { t_ms, .. } => *t_ms,
         }
     }
 }

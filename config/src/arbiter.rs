@@ -22,6 +22,11 @@ pub const RENEWALS_PER_TTL: u64 = 3;
 /// inside the 3 s leave budget (R5, R6), so it must stay well below it.
 pub const MAX_COALESCE_WINDOW_MS: u64 = 250;
 
+/// Bounds on `distribution.resend_after_ms`, in ms. Below the lower one a
+/// slow but healthy agent's acks would race the re-sends; above the upper
+/// one a lost update would leave an agent stale for minutes.
+pub const RESEND_AFTER_MS_RANGE: (u64, u64) = (100, 60_000);
+
 /// Configuration of one lease arbiter replica (`rollcall arbiter --config arbiter.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -232,6 +237,17 @@ pub struct DistributionConfig {
     /// is told to wait before asking again, in ms; agents add their own
     /// jitter. Default 250.
     pub snapshot_retry_ms: u64,
+    /// A revision sent to an agent and not acknowledged this long after the
+    /// send completed is sent again, in ms: as deltas from the agent's
+    /// acknowledged revision while the delta log reaches back to it, else
+    /// as a snapshot (within `max_concurrent_snapshots`). Each further
+    /// re-send of the same gap waits twice as long, up to 8 times this; the
+    /// wait resets once the agent's ack catches up. This is what heals a
+    /// lost update or an agent's failed apply when the service does not
+    /// change again. Default 1000: well above a healthy ack's round trip,
+    /// and a first re-send still lands inside the 3 s propagation budget.
+    /// From 100 to 60000.
+    pub resend_after_ms: u64,
 }
 
 impl Default for DistributionConfig {
@@ -242,6 +258,7 @@ impl Default for DistributionConfig {
             max_queued_bytes_per_agent: 8 * 1024 * 1024,
             stall_timeout_ms: 10_000,
             snapshot_retry_ms: 250,
+            resend_after_ms: 1_000,
         }
     }
 }
@@ -530,7 +547,21 @@ impl ArbiterConfig {
             "arbiter.distribution.snapshot_retry_ms",
             distribution.snapshot_retry_ms,
             1,
-        )
+        )?;
+        let (min, max) = RESEND_AFTER_MS_RANGE;
+        rules::at_least(
+            "arbiter.distribution.resend_after_ms",
+            distribution.resend_after_ms,
+            min,
+        )?;
+        if distribution.resend_after_ms > max {
+            return Err(ConfigError::invalid(
+                "arbiter.distribution.resend_after_ms",
+                distribution.resend_after_ms,
+                format!("must be at most {max}"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -690,6 +721,29 @@ mod tests {
             err.to_string(),
             "arbiter.distribution.coalesce_window_ms = 400 must be at most 250"
         );
+    }
+
+    #[test]
+    fn resend_after_outside_its_range_is_rejected() {
+        for (value, expected) in [
+            (
+                99,
+                "arbiter.distribution.resend_after_ms = 99 must be at least 100",
+            ),
+            (
+                60_001,
+                "arbiter.distribution.resend_after_ms = 60001 must be at most 60000",
+            ),
+        ] {
+            let text = format!("[distribution]\nresend_after_ms = {value}\n");
+            let err = ArbiterConfig::from_toml_str(&text).unwrap_err();
+            assert_eq!(err.to_string(), expected);
+        }
+        for value in [100, 60_000] {
+            let text = format!("[distribution]\nresend_after_ms = {value}\n");
+            let config = ArbiterConfig::from_toml_str(&text).expect("within the range");
+            assert_eq!(config.distribution.resend_after_ms, value);
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Typed configuration of rollcall's processes (node agent, lease arbiter,
-//! region bridge), validated once at the edge with errors that name the
-//! dotted field path, and the failure-detection budget calculator (R5).
+//! region bridge) and of service policy (R9), validated once at the edge
+//! with errors that name the dotted field path, and the failure-detection
+//! budget calculator (R5).
 //!
 //! Defaults derive from the SLOs: a deliberate leave reaches every proxy
 //! within 3 s (p99) of its commit, a silent crash within 15 s (p99). Each
@@ -19,6 +20,7 @@ mod data_plane;
 mod error;
 mod file;
 mod gossip;
+mod policy;
 mod rules;
 mod security;
 
@@ -43,4 +45,8 @@ pub use data_plane::{
 pub use error::ConfigError;
 pub use file::ConfigFile;
 pub use gossip::{GossipConfig, GossipPreset, SwimSettings};
+pub use policy::{
+    PolicyFile, ServicePolicy, SingleWriter, TrafficClass, DEFAULT_CAPACITY_LIMIT,
+    MAX_POLICIES_PER_FILE, MAX_POLICY_REGIONS,
+};
 pub use security::{ControllerGrant, ServicePattern, TlsPaths, WatchRule};

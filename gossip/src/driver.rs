@@ -67,6 +67,13 @@ impl GossipHandle {
     }
 }
 
+/// How soon a member that knows nobody asks its seeds again, in ms; the
+/// wait doubles with every unanswered attempt up to the announce interval.
+/// A join sent before the seed's socket was bound (nodes started together)
+/// is lost, and a member left alone gossips with no one: it must not wait a
+/// whole announce interval to try again.
+const FIRST_REJOIN_MS: u64 = 500;
+
 /// Binds the socket, joins the seeds and runs until shut down.
 pub async fn start(
     options: GossipOptions,
@@ -83,7 +90,7 @@ pub async fn start(
     let mut membership = Membership::new(id, &options.settings, sealer, rand::random());
     membership.join(&options.seeds);
     let blocked = Arc::new(AtomicBool::new(false));
-    let rejoin = Duration::from_millis(options.settings.announce_ms.max(1_000));
+    let rejoin = Duration::from_millis(options.settings.announce_ms.max(FIRST_REJOIN_MS));
     let task = tokio::spawn(run(
         socket,
         membership,
@@ -130,7 +137,9 @@ async fn run(
     let mut timers: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
     let mut seq = 0u64;
     let mut buf = vec![0u8; MAX_PACKET + 1];
-    let mut next_rejoin = Instant::now() + rejoin;
+    let first_rejoin = Duration::from_millis(FIRST_REJOIN_MS);
+    let mut alone_wait = first_rejoin;
+    let mut next_rejoin = Instant::now() + alone_wait;
     loop {
         for output in membership.drain_outputs() {
             match output {
@@ -147,6 +156,7 @@ async fn run(
                     // Alone: foca's periodic announce has stopped, so the
                     // driver joins the seeds again at the next rejoin tick.
                     tracing::info!("gossip: every known member is down; rejoining the seeds");
+                    alone_wait = first_rejoin;
                     next_rejoin = Instant::now();
                 }
                 Output::Event(event) => deliver(&listener, event),
@@ -170,10 +180,15 @@ async fn run(
                     membership.handle_timer(timer);
                 }
                 if now >= next_rejoin {
-                    next_rejoin = now + rejoin;
-                    // A member left alone merges again with its seeds.
+                    // A member left alone merges again with its seeds, soon
+                    // at first, then backing off to the announce interval.
                     if membership.members().next().is_none() {
                         membership.join(&seeds);
+                        next_rejoin = now + alone_wait;
+                        alone_wait = (alone_wait * 2).min(rejoin);
+                    } else {
+                        alone_wait = first_rejoin;
+                        next_rejoin = now + rejoin;
                     }
                 }
             }

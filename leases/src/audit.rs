@@ -33,7 +33,8 @@ pub struct AuditEntry {
     pub actor: Principal,
     /// The command's kind (`Command::kind`).
     pub command: String,
-    /// The services whose records changed, in key order.
+    /// The services whose records changed, in key order (none for a
+    /// policy change: `detail` names the policy's service).
     pub services: Vec<ServiceKey>,
     /// The instance the command named, if it named one.
     pub instance: Option<InstanceId>,
@@ -165,6 +166,11 @@ impl AuditEntry {
                 (None, detail)
             }
             Command::DeleteService { service } => (None, format!("deleted service {service}")),
+            Command::SetPolicy(policy) => (
+                None,
+                format!("policy of {} set: {}", policy.key(), policy.summary()),
+            ),
+            Command::DeletePolicy { service } => (None, format!("policy of {service} deleted")),
         };
         Some(AuditEntry {
             revision,
@@ -197,6 +203,7 @@ fn effect_name(effect: &Effect) -> &'static str {
         Effect::Registered { .. } => "registered",
         Effect::Changed => "changed",
         Effect::Purged { .. } => "purged",
+        Effect::PolicyChanged => "policy changed",
     }
 }
 

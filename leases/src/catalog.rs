@@ -1,7 +1,9 @@
 //! The arbiter state machine (R2, R3): `apply(envelope)` takes one command
 //! and either rejects it with a reason, changing nothing, or commits it under
 //! the shard's next revision, updating records, leases, digests and the
-//! delta log together.
+//! delta log together. It also holds the service policies whose home is
+//! this region (R9); a policy change takes a revision like any other
+//! change but touches no record, so it makes no delta.
 //!
 //! It is deterministic: no clock, no randomness, no IO. Time and the leader's
 //! observations travel inside the command, and every iteration whose order
@@ -26,6 +28,7 @@ use crate::ids::{AgentEpoch, Generation, LeaseId, Revision};
 use crate::lease::{Lease, LeaseTable};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
 use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
+use crate::policy::{Policy, PolicyKey, StoredPolicy};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
 
 /// Why a command was rejected. A rejected command changed nothing.
@@ -171,6 +174,26 @@ pub enum Rejection {
         /// How many records it has.
         records: usize,
     },
+    /// A policy change outside the policy's home region: only the home
+    /// region's arbiter holds it, so two regions never hold conflicting
+    /// versions.
+    #[error("the policy of {service} has home region {home}; only region {home}'s arbiter accepts changes to it, and this arbiter serves region {here}")]
+    NotHomeRegion {
+        /// The service.
+        service: PolicyKey,
+        /// The policy's home region.
+        home: Label,
+        /// This catalog's region.
+        here: Label,
+    },
+    /// No policy is set for the service.
+    #[error("service {service} has no policy in region {region}")]
+    UnknownPolicy {
+        /// The service.
+        service: PolicyKey,
+        /// This catalog's region.
+        region: Label,
+    },
 }
 
 fn transition_hint(from: State, to: State) -> &'static str {
@@ -215,6 +238,8 @@ pub enum Effect {
     },
     /// A record changed or was removed.
     Changed,
+    /// A service policy was set or deleted.
+    PolicyChanged,
     /// A purge removed these.
     Purged {
         /// Records removed.
@@ -313,6 +338,7 @@ pub struct Catalog {
     leases: LeaseTable,
     guard: ExpiryGuard,
     log: DeltaLog,
+    policies: BTreeMap<PolicyKey, StoredPolicy>,
     /// Reused buffer for encoding records to hash them.
     scratch: Vec<u8>,
 }
@@ -331,6 +357,7 @@ impl Catalog {
             leases: LeaseTable::default(),
             guard: ExpiryGuard::default(),
             log,
+            policies: BTreeMap::new(),
             scratch: Vec::new(),
         }
     }
@@ -420,6 +447,12 @@ impl Catalog {
                 batch.deleted.push((service.clone(), prev));
                 Effect::Changed
             }
+            Command::SetPolicy(policy) => self.set_policy(env, rev, policy)?,
+            Command::DeletePolicy { service } => {
+                self.home_policy(service)?;
+                self.policies.remove(service);
+                Effect::PolicyChanged
+            }
         };
         Ok(self.commit(rev, batch, effect))
     }
@@ -468,6 +501,60 @@ impl Catalog {
             effect,
             services,
         }
+    }
+
+    // ----- service policies -----
+
+    fn set_policy(
+        &mut self,
+        env: &Envelope,
+        rev: Revision,
+        policy: &Policy,
+    ) -> Result<Effect, Rejection> {
+        let key = policy.key();
+        let here = &self.params.region;
+        if policy.home_region() != here {
+            return Err(Rejection::NotHomeRegion {
+                service: key.clone(),
+                home: policy.home_region().clone(),
+                here: here.clone(),
+            });
+        }
+        match self.home_policy(key) {
+            Ok(stored) if stored.policy == *policy => return Ok(Effect::Unchanged),
+            Ok(_) | Err(Rejection::UnknownPolicy { .. }) => {}
+            Err(other) => return Err(other),
+        }
+        self.policies.insert(
+            key.clone(),
+            StoredPolicy {
+                policy: policy.clone(),
+                revision: rev,
+                set_at_ms: env.at_ms,
+                set_by: env.actor.clone(),
+            },
+        );
+        Ok(Effect::PolicyChanged)
+    }
+
+    /// The policy of `key`, which this region must be the home of.
+    fn home_policy(&self, key: &PolicyKey) -> Result<&StoredPolicy, Rejection> {
+        let here = &self.params.region;
+        let stored = self
+            .policies
+            .get(key)
+            .ok_or_else(|| Rejection::UnknownPolicy {
+                service: key.clone(),
+                region: here.clone(),
+            })?;
+        if stored.policy.home_region() != here {
+            return Err(Rejection::NotHomeRegion {
+                service: key.clone(),
+                home: stored.policy.home_region().clone(),
+                here: here.clone(),
+            });
+        }
+        Ok(stored)
     }
 
     // ----- leases -----
@@ -1095,6 +1182,16 @@ impl Catalog {
         }
     }
 
+    /// The policy of one service, if one is set.
+    pub fn policy(&self, key: &PolicyKey) -> Option<&StoredPolicy> {
+        self.policies.get(key)
+    }
+
+    /// Every service policy, in key order.
+    pub fn policies(&self) -> impl Iterator<Item = &StoredPolicy> {
+        self.policies.values()
+    }
+
     /// The delta log (read).
     pub fn delta_log(&self) -> &DeltaLog {
         &self.log
@@ -1134,6 +1231,7 @@ impl Catalog {
             leases: self.leases.sorted().into_iter().cloned().collect(),
             generations,
             guard: self.guard.export(),
+            policies: self.policies.values().cloned().collect(),
         }
     }
 
@@ -1215,6 +1313,27 @@ impl Catalog {
             }
         }
         cat.guard = ExpiryGuard::import(snap.guard);
+        for stored in snap.policies {
+            let key = stored.policy.key().clone();
+            if stored.revision > snap.revision {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the policy of {key} is at revision {} beyond the snapshot's {}",
+                    stored.revision, snap.revision
+                )));
+            }
+            if stored.policy.home_region() != &cat.params.region {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the policy of {key} has home region {}, not this catalog's {}",
+                    stored.policy.home_region(),
+                    cat.params.region
+                )));
+            }
+            if cat.policies.insert(key.clone(), stored).is_some() {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the policy of {key} appears twice"
+                )));
+            }
+        }
         Ok(cat)
     }
 }

@@ -29,6 +29,7 @@ use crate::lease::Lease;
 use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
+use crate::policy::StoredPolicy;
 use crate::protocol::{PeerRequest, PeerResponse, Request, Response, SessionDown, SessionUp};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
@@ -61,8 +62,9 @@ pub enum FrameKind {
     Delta = 2,
     /// A `ServiceSnapshot`.
     ServiceSnapshot = 3,
-    /// A `CatalogSnapshot`.
-    CatalogSnapshot = 4,
+    /// A `CatalogSnapshot` written before service policies existed: read
+    /// (as a catalog without policies), never written.
+    CatalogSnapshotWithoutPolicies = 4,
     /// A `protocol::SessionUp`.
     SessionUp = 5,
     /// A `protocol::SessionDown`.
@@ -75,6 +77,11 @@ pub enum FrameKind {
     PeerRequest = 9,
     /// A `protocol::PeerResponse`.
     PeerResponse = 10,
+    /// A `CatalogSnapshot`: the kind-4 body followed by the service
+    /// policies. A new kind rather than a new format version, so every
+    /// other frame stays readable by older builds and a stored kind-4
+    /// snapshot by this one.
+    CatalogSnapshot = 11,
 }
 
 impl FrameKind {
@@ -83,7 +90,9 @@ impl FrameKind {
             FrameKind::Command => "command",
             FrameKind::Delta => "delta",
             FrameKind::ServiceSnapshot => "service snapshot",
-            FrameKind::CatalogSnapshot => "catalog snapshot",
+            FrameKind::CatalogSnapshot | FrameKind::CatalogSnapshotWithoutPolicies => {
+                "catalog snapshot"
+            }
             FrameKind::SessionUp => "session message from an agent",
             FrameKind::SessionDown => "session message from an arbiter",
             FrameKind::Request => "request",
@@ -273,17 +282,25 @@ pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
         generations: snap.generations.clone(),
         guard: snap.guard.clone(),
     };
-    frame(FrameKind::CatalogSnapshot, &wire)
+    frame(FrameKind::CatalogSnapshot, &(wire, &snap.policies))
 }
 
-/// Decodes a whole shard, checking every service's digest.
+/// Decodes a whole shard, checking every service's digest and policy. A
+/// snapshot written before service policies existed (frame kind 4) decodes
+/// as a shard without policies.
 pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecError> {
     const WHAT: &str = "catalog snapshot";
-    let wire: CatalogSnapshotWire = unframe(
-        bytes,
-        FrameKind::CatalogSnapshot,
-        MAX_CATALOG_SNAPSHOT_BYTES,
-    )?;
+    let old = FrameKind::CatalogSnapshotWithoutPolicies;
+    let (wire, policies): (CatalogSnapshotWire, Vec<StoredPolicy>) =
+        if bytes.get(1) == Some(&(old as u8)) {
+            (unframe(bytes, old, MAX_CATALOG_SNAPSHOT_BYTES)?, Vec::new())
+        } else {
+            unframe(
+                bytes,
+                FrameKind::CatalogSnapshot,
+                MAX_CATALOG_SNAPSHOT_BYTES,
+            )?
+        };
     let tables = Tables::check(wire.tables, WHAT)?;
     let services = wire
         .services
@@ -298,6 +315,7 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         leases: wire.leases,
         generations: wire.generations,
         guard: wire.guard,
+        policies,
     })
 }
 

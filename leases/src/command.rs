@@ -1,4 +1,5 @@
-//! The replicated commands of the arbiter state machine (R2, R3).
+//! The replicated commands of the arbiter state machine (R2, R3, and the
+//! service policies of R9).
 //!
 //! A command carries everything `apply` needs, including the time and any
 //! observation only the leader can make (how many of a zone's sessions are
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::endpoint::{Labels, Liveness, Principal, State, Weight};
 use crate::ids::{AgentEpoch, Generation};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey, Version};
+use crate::policy::{Policy, PolicyKey};
 
 /// A command with the facts of its proposal: when and by whom.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -108,6 +110,16 @@ pub enum Command {
         /// The service.
         service: ServiceKey,
     },
+    /// An operator sets a service's policy (R9); only the arbiter of the
+    /// policy's home region accepts it. Setting the policy it already has
+    /// changes nothing. Boxed: a policy is far larger than any other
+    /// command, and every queued command would pay for its size.
+    SetPolicy(Box<Policy>),
+    /// An operator deletes a service's policy (in its home region only).
+    DeletePolicy {
+        /// The service.
+        service: PolicyKey,
+    },
 }
 
 /// The body of a registration.
@@ -154,6 +166,8 @@ impl Command {
             Command::NodeDown { .. } => "node-down",
             Command::Purge => "purge",
             Command::DeleteService { .. } => "delete-service",
+            Command::SetPolicy(_) => "set-policy",
+            Command::DeletePolicy { .. } => "delete-policy",
         }
     }
 }

@@ -16,6 +16,14 @@
 //!   stall timeout is disconnected and resyncs when it returns.
 //! - At most `max_concurrent_snapshots` full snapshots are in flight at
 //!   once; the rest are told when to retry.
+//! - A revision sent but not acknowledged within `resend_after_ms` of the
+//!   send completing is sent again by the next `sweep`: deltas from the
+//!   acknowledged revision while the log reaches back to it, else a snapshot.
+//!   Streams are reliable, but an agent's apply can fail (a snapshot that
+//!   does not check is dropped without an answer), and without this the
+//!   agent would stay stale until the service changes again. The wait
+//!   doubles with each re-send of the same gap, up to
+//!   `MAX_RESEND_BACKOFF` times, and resets once the ack catches up.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,6 +39,9 @@ use crate::protocol::ServiceUpdate;
 /// A connection, numbered by the driver.
 pub type AgentId = u64;
 
+/// The longest wait before a re-send, as a multiple of `resend_after_ms`.
+pub const MAX_RESEND_BACKOFF: u64 = 8;
+
 /// Distribution settings (from `[distribution]` in the arbiter config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DistParams {
@@ -42,6 +53,9 @@ pub struct DistParams {
     pub stall_timeout_ms: u64,
     /// What a refused snapshot is told to wait before asking again, ms.
     pub snapshot_retry_ms: u64,
+    /// A send not acknowledged this long after it completed is sent again
+    /// (then after twice as long, up to `MAX_RESEND_BACKOFF` times), ms.
+    pub resend_after_ms: u64,
 }
 
 /// What the driver must do.
@@ -85,6 +99,10 @@ pub struct DistStats {
     pub messages_sent: u64,
     /// Agents disconnected for stalling.
     pub stalled_agents: u64,
+    /// Unacknowledged services sent again as deltas.
+    pub resent_as_deltas: u64,
+    /// Unacknowledged services sent again as a snapshot.
+    pub resent_as_snapshots: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -92,14 +110,52 @@ struct Sub {
     /// What the agent holds (or will once the in-flight send lands);
     /// `None` when it needs a snapshot.
     sent: Option<Revision>,
-    /// What it acknowledged.
+    /// What it acknowledged (`Revision(0)`: nothing yet).
     acked: Revision,
+    /// When the last send carrying this service was queued, then when it
+    /// completed: the re-send clock starts here.
+    sent_at_ms: u64,
+    /// The next re-send waits `resend_after_ms` times this (1, 2, 4, 8).
+    backoff: u64,
+    /// Queued by `sweep`: the next flush sends from `acked`, not `sent`.
+    resend: bool,
+}
+
+impl Sub {
+    fn new(have: Option<Revision>, now_ms: u64) -> Self {
+        Sub {
+            sent: have,
+            acked: have.unwrap_or_default(),
+            sent_at_ms: now_ms,
+            backoff: 1,
+            resend: false,
+        }
+    }
+
+    /// Something was sent that the agent has not acknowledged.
+    fn unacked(&self) -> bool {
+        self.sent.is_some_and(|sent| sent > self.acked)
+    }
+
+    /// What the next flush answers from: the revision the agent will hold
+    /// once what was sent lands, or for a re-send the one it acknowledged
+    /// (`None`, a snapshot, when it acknowledged nothing).
+    fn base(&self) -> Option<Revision> {
+        if self.resend {
+            Some(self.acked).filter(|acked| *acked > Revision(0))
+        } else {
+            self.sent
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 struct InFlight {
     since_ms: u64,
     snapshots: usize,
+    /// Services whose revision this send carries: their re-send clocks
+    /// restart when it completes.
+    carries: Vec<ServiceKey>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -174,10 +230,7 @@ impl Distributor {
         let Some(state) = self.agents.get_mut(&agent) else {
             return;
         };
-        let acked = have.unwrap_or_default();
-        state
-            .subs
-            .insert(service.clone(), Sub { sent: have, acked });
+        state.subs.insert(service.clone(), Sub::new(have, now_ms));
         state.pending.insert(service.clone());
         state.fresh.insert(service.clone());
         state.pending_since_ms.get_or_insert(now_ms);
@@ -210,6 +263,9 @@ impl Distributor {
             .and_then(|s| s.subs.get_mut(service))
         {
             sub.acked = sub.acked.max(revision);
+            if !sub.unacked() {
+                sub.backoff = 1;
+            }
         }
     }
 
@@ -248,6 +304,11 @@ impl Distributor {
         };
         if let Some(f) = state.in_flight.take() {
             self.snapshots_in_flight -= f.snapshots;
+            for service in &f.carries {
+                if let Some(sub) = state.subs.get_mut(service) {
+                    sub.sent_at_ms = now_ms;
+                }
+            }
         }
         let Some(since) = state.pending_since_ms else {
             return;
@@ -283,6 +344,41 @@ impl Distributor {
         }
     }
 
+    /// Queues a re-send for every service whose last send completed at
+    /// least its back-off ago and is still not acknowledged. Called
+    /// periodically; a service in a send still in flight waits for it.
+    pub fn sweep(&mut self, now_ms: u64, catalog: &Catalog, out: &mut Vec<Output>) {
+        let resend_after_ms = self.params.resend_after_ms;
+        let mut touched = Vec::new();
+        for (agent, state) in &mut self.agents {
+            let carried = state.in_flight.as_ref().map_or(&[][..], |f| &f.carries);
+            let mut queued = false;
+            for (service, sub) in &mut state.subs {
+                if !sub.unacked()
+                    || sub.resend
+                    || carried.contains(service)
+                    || now_ms < sub.sent_at_ms + resend_after_ms * sub.backoff
+                {
+                    continue;
+                }
+                sub.resend = true;
+                sub.backoff = (sub.backoff * 2).min(MAX_RESEND_BACKOFF);
+                state.pending.insert(service.clone());
+                queued = true;
+            }
+            if queued {
+                state.pending_since_ms.get_or_insert(now_ms);
+                if state.in_flight.is_none() {
+                    touched.push(*agent);
+                }
+            }
+        }
+        touched.sort_unstable();
+        for agent in touched {
+            self.flush(agent, now_ms, catalog, out);
+        }
+    }
+
     fn flush(&mut self, agent: AgentId, now_ms: u64, catalog: &Catalog, out: &mut Vec<Output>) {
         let Some(state) = self.agents.get_mut(&agent) else {
             return;
@@ -292,14 +388,16 @@ impl Distributor {
         state.pending_since_ms = None;
         let mut updates = Vec::new();
         let mut snapshots = 0;
+        let mut carries = Vec::new();
         for service in pending {
             let Some(sub) = state.subs.get_mut(&service) else {
                 continue;
             };
-            let answer = match sub.sent {
+            let answer = match sub.base() {
                 Some(have) => catalog.changes_since(&service, have),
                 None => SinceAnswer::SnapshotNeeded,
             };
+            let resend = std::mem::take(&mut sub.resend);
             match answer {
                 SinceAnswer::UpToDate => {
                     if fresh.contains(&service) {
@@ -309,7 +407,10 @@ impl Distributor {
                 }
                 SinceAnswer::Deltas(deltas) => {
                     sub.sent = deltas.last().map(|d| d.revision).or(sub.sent);
+                    sub.sent_at_ms = now_ms;
                     self.stats.deltas_sent += deltas.len() as u64;
+                    self.stats.resent_as_deltas += u64::from(resend);
+                    carries.push(service);
                     updates.push(ServiceUpdate::Deltas(deltas));
                 }
                 SinceAnswer::SnapshotNeeded => match catalog.service(&service) {
@@ -334,7 +435,10 @@ impl Distributor {
                             }
                         };
                         sub.sent = Some(info.revision);
+                        sub.sent_at_ms = now_ms;
                         snapshots += 1;
+                        self.stats.resent_as_snapshots += u64::from(resend);
+                        carries.push(service);
                         updates.push(ServiceUpdate::Snapshot(bytes));
                     }
                     Some(_) => {
@@ -360,6 +464,7 @@ impl Distributor {
         state.in_flight = Some(InFlight {
             since_ms: now_ms,
             snapshots,
+            carries,
         });
         self.snapshots_in_flight += snapshots;
         self.stats.snapshots_sent += snapshots as u64;

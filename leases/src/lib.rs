@@ -16,6 +16,9 @@
 //!   which change when (sans-IO).
 //! - `codec`: the only encoder and decoder.
 //! - `params`: what every replica of a shard must agree on.
+//! - `policy`: service policies as the catalog holds them (R9).
+//! - `fault`: the chaos suite's wire fault points, only in builds with the
+//!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
 
 pub mod audit;
 pub mod catalog;
@@ -26,12 +29,15 @@ pub mod delta_log;
 pub mod digest;
 pub mod distribution;
 pub mod endpoint;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod guard;
 pub mod identity;
 pub mod ids;
 pub mod lease;
 pub mod name;
 pub mod params;
+pub mod policy;
 pub mod protocol;
 pub mod raft;
 mod redb_file;
@@ -54,8 +60,14 @@ pub use name::{
     InstanceId, Label, LabelValue, NameError, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
 pub use params::CatalogParams;
+pub use policy::{Policy, PolicyKey, StoredPolicy};
 pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
 pub use view::{ServiceView, ViewError};
+
+/// Whether this build has the wire fault points of `fault` (the
+/// `fault-injection` cargo feature); always defined, so the binary can say
+/// which build it is and refuse `ROLLCALL_FAULTS` when they are missing.
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
 
 /// The shard a service lives in, given the number of shards (R2: services
 /// map to shards by key, so shards can be added without changing any

@@ -44,6 +44,10 @@ pub enum ServerError {
     /// TLS material is unusable.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// `ROLLCALL_FAULTS` or `ROLLCALL_FAULTS_SEED` does not parse.
+    #[cfg(feature = "fault-injection")]
+    #[error(transparent)]
+    Faults(#[from] crate::fault::FaultConfigError),
     /// A listener could not be bound, or a file written.
     #[error("{what}: {source}")]
     Io {
@@ -83,6 +87,8 @@ impl ArbiterServer {
         config: ArbiterConfig,
         material: &TlsMaterial,
     ) -> Result<ArbiterServer, ServerError> {
+        #[cfg(feature = "fault-injection")]
+        crate::fault::install()?;
         let params = CatalogParams::from_config(&config, ShardId(0))
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let region = params.region.clone();

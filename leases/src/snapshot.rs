@@ -15,6 +15,7 @@ use crate::endpoint::EndpointRecord;
 use crate::ids::{Revision, ShardId};
 use crate::lease::Lease;
 use crate::name::{InstanceId, Label, ServiceKey};
+use crate::policy::StoredPolicy;
 
 /// A snapshot could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +72,8 @@ pub struct CatalogSnapshot {
     pub generations: Vec<(InstanceId, GenerationMemory)>,
     /// The mass-expiry guard's recent expiries per zone.
     pub guard: Vec<(Label, Vec<u64>)>,
+    /// The service policies homed in this region, in key order.
+    pub policies: Vec<StoredPolicy>,
 }
 
 impl CatalogSnapshot {

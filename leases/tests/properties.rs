@@ -4,14 +4,15 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use proptest::prelude::*;
+use rollcall_config::ServicePolicy;
 use rollcall_leases::codec::{
     decode_catalog_snapshot, decode_command, decode_delta, decode_service_snapshot,
     encode_catalog_snapshot, encode_command, encode_service_snapshot,
 };
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Envelope, Generation, InstanceId, Label,
-    LabelValue, Liveness, NodeId, Principal, PrincipalName, Reason, Registration, Role, ServiceKey,
-    ServiceView, SinceAnswer, State, Version, Weight,
+    LabelValue, Liveness, NodeId, Policy, Principal, PrincipalName, Reason, Registration, Role,
+    ServiceKey, ServiceView, SinceAnswer, State, Version, Weight,
 };
 
 const NODES: usize = 4;
@@ -91,7 +92,20 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (n, e).prop_map(|(n, e)| Command::NodeDown { node: node(n), epoch: AgentEpoch(e), reporters: vec![node((n + 1) % NODES)] }),
         1 => Just(Command::Purge),
         1 => (0..SERVICES).prop_map(|s| Command::DeleteService { service: service(s) }),
+        1 => (0..SERVICES, any::<bool>(), any::<bool>()).prop_map(|(s, home, cross)| Command::SetPolicy(Box::new(policy(s, home, cross)))),
+        1 => (0..SERVICES).prop_map(|s| Command::DeletePolicy { service: format!("default/s{s}").parse().unwrap() }),
     ]
+}
+
+/// A policy for service `s`, homed in this region (r1) or in r2 (which
+/// this catalog refuses).
+fn policy(s: usize, home_here: bool, cross_region: bool) -> Policy {
+    let home = if home_here { "r1" } else { "r2" };
+    let mut doc = ServicePolicy::new(format!("default/s{s}"), home);
+    doc.cross_region = cross_region;
+    doc.failover_order = vec!["r3".into()];
+    doc.capacity_limits.insert("r3".into(), 0.25);
+    Policy::new(doc).unwrap()
 }
 
 /// A log of envelopes with times that move forward by 0.1 to 2 s.
@@ -228,7 +242,7 @@ proptest! {
     }
 
     #[test]
-    fn decoding_random_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512), kind in 1u8..5) {
+    fn decoding_random_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512), kind in 1u8..12) {
         let _ = decode_command(&bytes);
         let _ = decode_delta(&bytes);
         let _ = decode_service_snapshot(&bytes);

@@ -29,7 +29,7 @@ use crate::api_types::{
     ApiError, DrainResponse, EndpointJson, EndpointsResponse, Propagated, RegisterResponse,
     StatusResponse, SubscriptionStatus, ValidRegistration,
 };
-use crate::api_types::{ArbiterStatus, LeaseStatus};
+use crate::api_types::{ArbiterStatus, GossipStatus, LeaseStatus};
 use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
@@ -133,6 +133,9 @@ struct Shared {
     /// Nodes of this zone the agent's gossip holds down, with the agent
     /// run it saw.
     gossip_down: std::collections::BTreeMap<NodeId, AgentEpoch>,
+    /// Zone peers gossip has seen alive (this node excluded); `None` while
+    /// gossip is off.
+    gossip_alive: Option<BTreeSet<NodeId>>,
     /// Of those, the nodes whose down report the arbiter answered in this
     /// session (committed, or refused because it still hears the node).
     /// Until it has, their endpoints stay ejected here even with a session
@@ -335,6 +338,7 @@ impl Agent {
             health: HashMap::new(),
             desired: HashMap::new(),
             gossip_down: std::collections::BTreeMap::new(),
+            gossip_alive: None,
             down_settled: BTreeSet::new(),
         };
         let agent = Agent {
@@ -1273,6 +1277,7 @@ impl Agent {
         let handle = rollcall_gossip::driver::start(options, AgentGossip(self.clone()))
             .await
             .map_err(io(format!("binding the gossip socket {}", config.listen)))?;
+        self.lock().gossip_alive.get_or_insert_with(BTreeSet::new);
         tracing::info!(gossip = %handle.local_addr, preset = config.preset.name(), "gossip member started");
         Ok(Some(handle))
     }
@@ -1283,7 +1288,13 @@ impl Agent {
     /// endpoints here.
     pub fn peer_down(&self, node: NodeId, epoch: AgentEpoch) {
         tracing::warn!(node = %node, epoch = %epoch, "gossip: peer down");
-        self.lock().gossip_down.insert(node.clone(), epoch);
+        {
+            let mut state = self.lock();
+            state.gossip_down.insert(node.clone(), epoch);
+            if let Some(alive) = state.gossip_alive.as_mut() {
+                alive.remove(&node);
+            }
+        }
         let this = self.clone();
         tokio::spawn(async move { this.report_down(node, epoch).await });
     }
@@ -1292,6 +1303,10 @@ impl Agent {
     pub fn peer_up(&self, node: &NodeId) {
         let mut state = self.lock();
         state.down_settled.remove(node);
+        state
+            .gossip_alive
+            .get_or_insert_with(BTreeSet::new)
+            .insert(node.clone());
         if state.gossip_down.remove(node).is_some() {
             tracing::info!(node = %node, "gossip: peer up again");
         }
@@ -2067,6 +2082,10 @@ impl Agent {
             }),
             subscriptions,
             pending_writes: state.regs.pending().len() as u32,
+            gossip: state.gossip_alive.as_ref().map(|alive| GossipStatus {
+                alive: alive.iter().cloned().collect(),
+                down: state.gossip_down.keys().cloned().collect(),
+            }),
         }
     }
 }

@@ -199,6 +199,10 @@ pub struct CheckRequest {
     /// instance keeps the check passing, in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// For `http` and `tcp`: the port to probe on the instance's address,
+    /// when not the instance's own (a separate health port); 1–65535.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
     /// See [`CheckTiming::interval_ms`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<u64>,
@@ -260,6 +264,10 @@ pub struct Check {
     pub kind: CheckKind,
     /// When it runs and how many results flip it (validated).
     pub timing: CheckTiming,
+    /// For http and tcp: the port probed on the instance's address, when
+    /// it is not the instance's own (a separate health or admin port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 /// What a check probes.
@@ -286,6 +294,8 @@ pub enum CheckKind {
 struct CheckParts {
     kind: CheckKind,
     timing: CheckTiming,
+    #[serde(default)]
+    port: Option<u16>,
 }
 
 impl TryFrom<CheckParts> for Check {
@@ -297,10 +307,23 @@ impl TryFrom<CheckParts> for Check {
             CheckKind::Ttl { ttl_ms } => check_ttl("ttl_ms", *ttl_ms)?,
         }
         parts.timing.validate("timing").map_err(|e| e.to_string())?;
+        check_port("port", &parts.kind, parts.port)?;
         Ok(Check {
             kind: parts.kind,
             timing: parts.timing,
+            port: parts.port,
         })
+    }
+}
+
+fn check_port(field: &str, kind: &CheckKind, port: Option<u16>) -> Result<(), String> {
+    match (kind, port) {
+        (_, None) => Ok(()),
+        (_, Some(0)) => Err(format!("{field} = 0 must be between 1 and 65535")),
+        (CheckKind::Ttl { .. }, Some(_)) => Err(format!(
+            "{field} is only for http and tcp checks (a ttl check probes nothing)"
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -385,7 +408,12 @@ impl CheckRequest {
         timing
             .validate(&format!("checks.{which}"))
             .map_err(|e| invalid(e.to_string()))?;
-        Ok(Check { kind, timing })
+        check_port(&field("port"), &kind, self.port).map_err(invalid)?;
+        Ok(Check {
+            kind,
+            timing,
+            port: self.port,
+        })
     }
 }
 
@@ -606,6 +634,17 @@ pub struct StatusResponse {
     pub subscriptions: Vec<SubscriptionStatus>,
     /// Writes accepted locally and not yet committed.
     pub pending_writes: u32,
+    /// This node's view of its zone's gossip; `null` when gossip is off.
+    pub gossip: Option<GossipStatus>,
+}
+
+/// The zone peers this node's gossip knows (like `consul members`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GossipStatus {
+    /// Peers seen alive, by node id (this node excluded).
+    pub alive: Vec<NodeId>,
+    /// Peers gossip declared down and not seen since.
+    pub down: Vec<NodeId>,
 }
 
 /// The agent's connection to the arbiter.
@@ -726,7 +765,7 @@ mod tests {
             "labels": {"track": "canary", "arch": "arm64"},
             "checks": {
                 "startup": {"kind": "tcp"},
-                "readiness": {"kind": "http", "path": "/healthz", "interval_ms": 2000},
+                "readiness": {"kind": "http", "path": "/healthz", "interval_ms": 2000, "port": 9091},
                 "liveness": {"kind": "ttl", "ttl_ms": 30000}
             }
         }))
@@ -747,7 +786,8 @@ mod tests {
             checks.startup,
             Some(Check {
                 kind: CheckKind::Tcp,
-                timing: CheckTiming::STARTUP
+                timing: CheckTiming::STARTUP,
+                port: None,
             })
         );
         assert_eq!(
@@ -759,14 +799,16 @@ mod tests {
                 timing: CheckTiming {
                     interval_ms: 2000,
                     ..CheckTiming::READINESS
-                }
+                },
+                port: Some(9091),
             })
         );
         assert_eq!(
             checks.liveness,
             Some(Check {
                 kind: CheckKind::Ttl { ttl_ms: 30_000 },
-                timing: CheckTiming::LIVENESS
+                timing: CheckTiming::LIVENESS,
+                port: None,
             })
         );
     }
@@ -1063,13 +1105,22 @@ mod tests {
                 stale: false,
             }],
             pending_writes: 0,
+            gossip: Some(GossipStatus {
+                alive: vec![NodeId::new("node-2").unwrap()],
+                down: vec![NodeId::new("node-3").unwrap()],
+            }),
         };
         let value = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            value["gossip"],
+            json!({"alive": ["node-2"], "down": ["node-3"]})
+        );
         assert_eq!(
             keys(value.clone()),
             [
                 "agent_epoch",
                 "arbiter",
+                "gossip",
                 "lease",
                 "node",
                 "pending_writes",

@@ -316,7 +316,7 @@ impl InstanceHealth {
             };
             due.probes.push(ProbeTask {
                 which,
-                target: self.target,
+                target: probed(self.target, &slot.check),
                 kind: probe,
                 timeout_ms: slot.check.timing.timeout_ms,
             });
@@ -364,7 +364,7 @@ impl InstanceHealth {
             let s = if n == 1 { "" } else { "s" };
             format!(
                 "{}: {detail} ({n} consecutive failure{s})",
-                describe(which, &slot.check.kind, self.target)
+                describe(which, &slot.check.kind, probed(self.target, &slot.check))
             )
         };
         match (which, verdict) {
@@ -428,6 +428,14 @@ impl InstanceHealth {
 
 /// "readiness http GET /healthz", "liveness tcp connect 10.0.0.5:8080",
 /// "startup ttl": the start of a reason.
+/// Where a check probes: the instance's address, at the check's own port
+/// when it has one.
+fn probed(target: SocketAddr, check: &Check) -> SocketAddr {
+    check
+        .port
+        .map_or(target, |port| SocketAddr::new(target.ip(), port))
+}
+
 fn describe(which: Which, kind: &CheckKind, target: SocketAddr) -> String {
     match kind {
         CheckKind::Http { path } => format!("{which} http GET {path}"),
@@ -482,6 +490,7 @@ mod tests {
                 success_threshold,
                 jitter: 0.1,
             },
+            port: None,
         }
     }
 
@@ -543,6 +552,20 @@ mod tests {
         let only_liveness = checks(None, None, Some(check(CheckKind::Tcp, 3, 1)));
         let h = InstanceHealth::new(Some(&only_liveness), target(), 0, &mut rng);
         assert_eq!(h.state(), State::Ready);
+    }
+
+    #[test]
+    fn a_check_with_its_own_port_probes_that_port_on_the_instances_address() {
+        let mut rng = rng();
+        let mut readiness = check(http("/ready"), 3, 1);
+        readiness.port = Some(10_000);
+        let c = checks(None, Some(readiness), None);
+        let mut h = InstanceHealth::new(Some(&c), target(), 0, &mut rng);
+        let (at, due) = step(&mut h, &mut rng);
+        let task = &due.probes[0];
+        assert_eq!(task.target, SocketAddr::new(target().ip(), 10_000));
+        let events = h.result(Which::Readiness, false, "status 503", at + 10, &mut rng);
+        assert!(events.is_empty(), "one failure of three flips nothing");
     }
 
     #[test]

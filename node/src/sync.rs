@@ -6,6 +6,8 @@
 //! Every delta is checked against the held revision and the announced
 //! digest (`ServiceView::apply`); a gap or a mismatch asks for a snapshot of
 //! that one service and keeps serving the previous view meanwhile.
+//! Deltas the view already holds (the arbiter re-sends what it has not seen
+//! acknowledged) are skipped, and re-acknowledged when nothing else is new.
 
 use std::collections::BTreeMap;
 
@@ -180,7 +182,16 @@ impl Sync {
                 let view = t
                     .view
                     .get_or_insert_with(|| ServiceView::empty(service.clone(), self.shard));
-                for delta in &deltas {
+                let held = view.revision();
+                let fresh: Vec<_> = deltas.iter().filter(|d| d.revision > held).collect();
+                if fresh.is_empty() {
+                    out.push(SyncOut::Ack {
+                        service,
+                        revision: held,
+                    });
+                    return;
+                }
+                for delta in fresh {
                     if let Err(e) = view.apply(delta) {
                         match e {
                             ViewError::Gap { .. } | ViewError::WrongService { .. } => {
@@ -477,6 +488,79 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    #[test]
+    fn deltas_already_held_are_re_acknowledged_not_a_gap() {
+        let (mut cat, mut sync) = setup();
+        let start = sync.get(&svc("a")).unwrap().view.clone().unwrap();
+        register(&mut cat, "a2", "a");
+        let first = deltas(&cat, "a", start.revision());
+        let mut out = Vec::new();
+        sync.update(ServiceUpdate::Deltas(first.clone()), 20, &mut out);
+        let applied = sync.get(&svc("a")).unwrap().view.clone().unwrap();
+        // The ack was late; the arbiter sends the same delta again.
+        out.clear();
+        sync.update(ServiceUpdate::Deltas(first), 30, &mut out);
+        assert_eq!(
+            out,
+            vec![SyncOut::Ack {
+                service: svc("a"),
+                revision: applied.revision()
+            }]
+        );
+        assert_eq!(sync.get(&svc("a")).unwrap().view.as_ref(), Some(&applied));
+        // A re-send that overlaps what is held and adds more: only the new part applies.
+        register(&mut cat, "a3", "a");
+        out.clear();
+        sync.update(
+            ServiceUpdate::Deltas(deltas(&cat, "a", start.revision())),
+            40,
+            &mut out,
+        );
+        let now = cat.service(&svc("a")).unwrap().revision;
+        assert_eq!(
+            out,
+            vec![
+                SyncOut::Ack {
+                    service: svc("a"),
+                    revision: now
+                },
+                SyncOut::Persist(svc("a"))
+            ]
+        );
+        assert_eq!(
+            sync.get(&svc("a"))
+                .unwrap()
+                .view
+                .as_ref()
+                .unwrap()
+                .ready()
+                .count(),
+            3
+        );
+        assert_eq!((sync.stats().gaps, sync.stats().digest_mismatches), (0, 0));
+    }
+
+    #[test]
+    fn a_snapshot_at_the_held_revision_is_acknowledged_again() {
+        let (cat, mut sync) = setup();
+        let held = sync.get(&svc("a")).unwrap().view.clone().unwrap();
+        let snap = cat.service_snapshot(&svc("a")).unwrap();
+        let bytes = rollcall_leases::codec::encode_service_snapshot(&snap);
+        let mut out = Vec::new();
+        sync.update(ServiceUpdate::Snapshot(bytes.into()), 20, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                SyncOut::Ack {
+                    service: svc("a"),
+                    revision: held.revision()
+                },
+                SyncOut::Persist(svc("a"))
+            ]
+        );
+        assert_eq!(sync.get(&svc("a")).unwrap().view.as_ref(), Some(&held));
     }
 
     #[test]

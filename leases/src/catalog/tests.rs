@@ -693,3 +693,123 @@ fn import_refuses_a_snapshot_whose_digest_lies() {
     snap.services[0].digest = crate::digest::Digest::EMPTY;
     assert!(Catalog::import(params(), snap).is_err());
 }
+
+fn policy(service: &str, home: &str) -> Policy {
+    let mut doc = rollcall_config::ServicePolicy::new(service, home);
+    doc.cross_region = true;
+    doc.failover_order = vec!["r3".into()];
+    Policy::new(doc).unwrap()
+}
+
+fn policy_key(s: &str) -> PolicyKey {
+    s.parse().unwrap()
+}
+
+#[test]
+fn a_policy_takes_a_revision_and_setting_it_again_changes_nothing() {
+    let mut w = World::new();
+    let applied = w
+        .run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap();
+    assert_eq!(applied.effect, Effect::PolicyChanged);
+    assert_eq!(applied.revision, Some(Revision(1)));
+    assert!(applied.services.is_empty(), "a policy touches no record");
+    let stored = w.cat.policy(&policy_key("shop/cart")).unwrap();
+    assert_eq!(stored.revision, Revision(1));
+    assert_eq!(stored.set_by.to_string(), "operator:ops");
+
+    let again = w
+        .run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap();
+    assert_eq!((again.effect, again.revision), (Effect::Unchanged, None));
+
+    let mut changed = policy("shop/cart", "r1").document().clone();
+    changed.cross_region = false;
+    let applied = w
+        .run(Command::SetPolicy(Box::new(Policy::new(changed).unwrap())))
+        .unwrap();
+    assert_eq!(applied.revision, Some(Revision(2)));
+    assert_eq!(
+        w.cat.policy(&policy_key("shop/cart")).unwrap().revision,
+        Revision(2)
+    );
+}
+
+#[test]
+fn only_the_home_region_changes_a_policy() {
+    let mut w = World::new();
+    let before = w.snapshot();
+    let err = w
+        .run(Command::SetPolicy(Box::new(policy("shop/cart", "r2"))))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the policy of shop/cart has home region r2; only region r2's arbiter accepts changes to it, and this arbiter serves region r1"
+    );
+    assert_eq!(w.snapshot(), before, "a refused policy changes nothing");
+    assert_eq!(w.cat.revision(), Revision(0));
+}
+
+#[test]
+fn a_policy_is_deleted_once() {
+    let mut w = World::new();
+    w.run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap();
+    let applied = w
+        .run(Command::DeletePolicy {
+            service: policy_key("shop/cart"),
+        })
+        .unwrap();
+    assert_eq!(applied.revision, Some(Revision(2)));
+    assert!(w.cat.policy(&policy_key("shop/cart")).is_none());
+    assert!(matches!(
+        w.run(Command::DeletePolicy {
+            service: policy_key("shop/cart"),
+        }),
+        Err(Rejection::UnknownPolicy { .. })
+    ));
+}
+
+#[test]
+fn policies_survive_a_snapshot_and_old_snapshots_still_decode() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 2);
+    let without = w.snapshot();
+    w.run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap();
+    w.run(Command::SetPolicy(Box::new(policy("shop/web", "r1"))))
+        .unwrap();
+    let snap = w.cat.export();
+    assert_eq!(snap.policies.len(), 2);
+    let decoded =
+        crate::codec::decode_catalog_snapshot(&crate::codec::encode_catalog_snapshot(&snap))
+            .unwrap();
+    assert_eq!(decoded, snap);
+    let back = Catalog::import(params(), decoded).unwrap();
+    assert_eq!(back.export(), snap);
+    assert_eq!(
+        back.policy(&policy_key("shop/web")).unwrap().revision,
+        w.cat.revision()
+    );
+
+    // A snapshot written before policies existed: frame kind 4, the same
+    // body without the trailing policy list (here an empty one, one byte).
+    let mut old = without.clone();
+    old[1] = 4;
+    assert_eq!(old.pop(), Some(0));
+    let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
+    assert!(decoded.policies.is_empty());
+    assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
+}
+
+#[test]
+fn import_refuses_a_policy_of_another_home() {
+    let mut w = World::new();
+    w.run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap();
+    let snap = w.cat.export();
+    let mut p = params();
+    p.region = label("r2");
+    let err = Catalog::import(p, snap).unwrap_err();
+    assert!(err.to_string().contains("home region r1"), "{err}");
+}

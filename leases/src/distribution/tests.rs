@@ -1,6 +1,9 @@
 //! The distribution rules, stepped by hand with a manual clock.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
+
+use proptest::prelude::*;
 
 use super::*;
 use crate::command::{Command, Envelope, Registration};
@@ -16,6 +19,7 @@ fn params() -> DistParams {
         max_concurrent_snapshots: 2,
         stall_timeout_ms: 10_000,
         snapshot_retry_ms: 250,
+        resend_after_ms: 1_000,
     }
 }
 
@@ -31,8 +35,12 @@ struct World {
 
 impl World {
     fn new() -> Self {
+        World::with_catalog(CatalogParams::with_region(Label::new("r1").unwrap()))
+    }
+
+    fn with_catalog(catalog: CatalogParams) -> Self {
         let mut w = World {
-            cat: Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap())),
+            cat: Catalog::new(catalog),
             dist: Distributor::new(params()),
             now: 1_000,
         };
@@ -106,6 +114,24 @@ impl World {
         let mut out = Vec::new();
         self.dist.wake(agent, self.now, &self.cat, &mut out);
         out
+    }
+
+    fn sweep(&mut self) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.dist.sweep(self.now, &self.cat, &mut out);
+        out
+    }
+
+    fn revision(&self, service: &str) -> Revision {
+        self.cat.service(&svc(service)).unwrap().revision
+    }
+
+    /// Agent `agent` follows `service`, holding its current revision, and
+    /// the "you are current" answer has been sent.
+    fn following(&mut self, agent: AgentId, service: &str) {
+        self.dist.connect(agent);
+        self.subscribe(agent, service, Some(self.revision(service)));
+        self.sent(agent);
     }
 }
 
@@ -292,4 +318,286 @@ fn propagation_counts_acknowledging_subscribers() {
     assert_eq!(w.dist.ack_lag(1, &w.cat), 0);
     w.dist.disconnect(3);
     assert_eq!(w.dist.propagation(&svc("web"), rev), (2, 2));
+}
+
+/// The revisions the deltas in `out` carry, for one agent.
+fn delta_revisions(out: &[Output]) -> Vec<(Revision, Revision)> {
+    sends(out)
+        .into_iter()
+        .flat_map(|(_, updates)| updates.iter())
+        .filter_map(|u| match u {
+            ServiceUpdate::Deltas(d) => Some(d.iter().map(|d| (d.prev_revision, d.revision))),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn a_lost_delta_is_sent_again_after_resend_after_ms_and_not_before() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    let held = w.revision("web");
+    // The delta goes out (and is lost on the way); the send completes 300 ms
+    // after it was queued.
+    let first = w.drain("a");
+    let lost = w.revision("web");
+    assert_eq!(delta_revisions(&first), vec![(held, lost)]);
+    w.now += 300;
+    w.sent(1);
+    // The clock starts when the send completed.
+    w.now += 999;
+    assert!(sends(&w.sweep()).is_empty(), "not before resend_after_ms");
+    w.now += 1;
+    let out = w.sweep();
+    assert_eq!(
+        delta_revisions(&out),
+        vec![(held, lost)],
+        "the same delta, from the acknowledged revision"
+    );
+    assert_eq!(w.dist.stats().resent_as_deltas, 1);
+    assert_eq!(w.dist.stats().resent_as_snapshots, 0);
+}
+
+#[test]
+fn a_send_still_in_flight_is_not_sent_again() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    w.drain("a");
+    // Not completed yet (a slow agent, below the stall timeout).
+    w.now += 5_000;
+    assert!(sends(&w.sweep()).is_empty());
+    w.sent(1);
+    w.now += 999;
+    assert!(sends(&w.sweep()).is_empty());
+    w.now += 1;
+    assert_eq!(delta_revisions(&w.sweep()).len(), 1);
+}
+
+#[test]
+fn an_ack_stops_the_resending() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    w.register("b", "web");
+    w.sent(1);
+    w.now += 1_000;
+    assert_eq!(delta_revisions(&w.sweep()).len(), 1);
+    w.sent(1);
+    // The re-sent delta is applied and acknowledged: nothing more, ever.
+    w.dist.ack(1, &svc("web"), w.revision("web"));
+    for _ in 0..20 {
+        w.now += 1_000;
+        assert!(sends(&w.sweep()).is_empty());
+    }
+    // An ack that arrives in time means no re-send at all.
+    w.register("c", "web");
+    w.sent(1);
+    w.now += 10;
+    w.dist.ack(1, &svc("web"), w.revision("web"));
+    w.now += 10_000;
+    assert!(sends(&w.sweep()).is_empty());
+    assert_eq!(w.dist.stats().resent_as_deltas, 1);
+}
+
+#[test]
+fn a_gap_older_than_the_delta_log_gets_a_snapshot() {
+    let mut params = CatalogParams::with_region(Label::new("r1").unwrap());
+    params.delta_log.max_entries = 3;
+    let mut w = World::with_catalog(params);
+    w.register("a", "web");
+    w.following(1, "web");
+    w.register("b", "web");
+    w.sent(1);
+    // Other services' changes push the agent's acknowledged revision out
+    // of the log before the re-send is due.
+    for id in ["x", "y", "z", "w"] {
+        w.register(id, "other");
+    }
+    w.now += 1_000;
+    let out = w.sweep();
+    let s = sends(&out);
+    assert_eq!(s.len(), 1);
+    let ServiceUpdate::Snapshot(bytes) = &s[0].1[0] else {
+        panic!("{:?}", s[0].1)
+    };
+    let snap = crate::codec::decode_service_snapshot(bytes).unwrap();
+    assert_eq!(snap.revision, w.revision("web"));
+    assert_eq!(w.dist.snapshots_in_flight(), 1, "it takes a snapshot slot");
+    assert_eq!(w.dist.stats().resent_as_snapshots, 1);
+}
+
+#[test]
+fn a_snapshot_re_send_counts_against_the_snapshot_bound() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    w.register("b", "web");
+    w.sent(1);
+    // A lost snapshot: agent 2 asked for one, got it sent, never acked.
+    w.dist.connect(2);
+    w.subscribe(2, "web", None);
+    w.sent(2);
+    // Both slots are taken by agents 3 and 4 when agent 2's re-send is due.
+    w.now += 1_000;
+    for agent in [3, 4] {
+        w.dist.connect(agent);
+        w.subscribe(agent, "web", None);
+    }
+    let out = w.sweep();
+    let updates: Vec<_> = sends(&out).into_iter().collect();
+    assert!(
+        matches!(
+            updates.iter().find(|(a, _)| *a == 2).map(|(_, u)| &u[0]),
+            Some(ServiceUpdate::RetryAfter { .. })
+        ),
+        "{updates:?}"
+    );
+    assert_eq!(w.dist.snapshots_in_flight(), 2);
+    assert!(
+        matches!(
+            updates.iter().find(|(a, _)| *a == 1).map(|(_, u)| &u[0]),
+            Some(ServiceUpdate::Deltas(_))
+        ),
+        "agent 1 acknowledged a revision the log holds: deltas, no slot needed"
+    );
+}
+
+#[test]
+fn the_resend_wait_doubles_up_to_eight_times_and_resets_on_ack() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    w.register("b", "web");
+    w.sent(1);
+    let mut resent_at = Vec::new();
+    let start = w.now;
+    while w.now < start + 40_000 {
+        w.now += 100;
+        if !sends(&w.sweep()).is_empty() {
+            resent_at.push(w.now - start);
+            w.sent(1);
+        }
+    }
+    assert_eq!(
+        resent_at,
+        vec![1_000, 3_000, 7_000, 15_000, 23_000, 31_000, 39_000]
+    );
+    // The agent catches up; the next lost change waits resend_after_ms again.
+    w.dist.ack(1, &svc("web"), w.revision("web"));
+    w.register("c", "web");
+    w.sent(1);
+    w.now += 999;
+    assert!(sends(&w.sweep()).is_empty());
+    w.now += 1;
+    assert_eq!(delta_revisions(&w.sweep()).len(), 1);
+}
+
+/// One agent behind a stream that loses messages, stepped by a clock that
+/// sweeps every 250 ms like the arbiter's core. The agent applies what
+/// reaches it as `node/src/sync.rs` does: skips deltas it holds, asks for a
+/// snapshot on a gap, acknowledges what it applied.
+struct Lossy {
+    w: World,
+    view: ServiceView,
+    wakes: Vec<u64>,
+    losses: std::vec::IntoIter<bool>,
+}
+
+impl Lossy {
+    const SWEEP_MS: u64 = 250;
+
+    fn carry(&mut self, out: Vec<Output>) {
+        let mut queue: VecDeque<Output> = out.into();
+        while let Some(o) = queue.pop_front() {
+            match o {
+                Output::Send { agent, updates } => {
+                    if !self.losses.next().unwrap_or(false) {
+                        for update in updates {
+                            queue.extend(self.receive(update));
+                        }
+                    }
+                    queue.extend(self.w.sent(agent));
+                }
+                Output::WakeAt { at_ms, .. } => self.wakes.push(at_ms),
+                Output::Disconnect { reason, .. } => panic!("{reason}"),
+            }
+        }
+    }
+
+    fn receive(&mut self, update: ServiceUpdate) -> Vec<Output> {
+        match update {
+            ServiceUpdate::Deltas(deltas) => {
+                let held = self.view.revision();
+                for delta in deltas.iter().filter(|d| d.revision > held) {
+                    if self.view.apply(delta).is_err() {
+                        return self.w.subscribe(1, "web", None);
+                    }
+                }
+            }
+            ServiceUpdate::Snapshot(bytes) => {
+                let snap = crate::codec::decode_service_snapshot(&bytes).unwrap();
+                self.view = ServiceView::from_snapshot(&snap).unwrap();
+            }
+            ServiceUpdate::Current { .. } => return Vec::new(),
+            other => panic!("{other:?}"),
+        }
+        self.w.dist.ack(1, &svc("web"), self.view.revision());
+        Vec::new()
+    }
+
+    fn tick(&mut self, ms: u64) {
+        let until = self.w.now + ms;
+        while self.w.now < until {
+            self.w.now = (self.w.now + Self::SWEEP_MS).min(until);
+            let now = self.w.now;
+            let due = self.wakes.iter().filter(|at| **at <= now).count();
+            self.wakes.retain(|at| *at > now);
+            for _ in 0..due {
+                let out = self.w.wake(1);
+                self.carry(out);
+            }
+            let out = self.w.sweep();
+            self.carry(out);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever the stream loses, once it stops losing the agent holds the
+    /// catalog's view of the service within the longest re-send wait.
+    #[test]
+    fn an_agent_behind_a_lossy_stream_converges(
+        steps in prop::collection::vec((0u8..4, 1u64..1_500), 1..40),
+        losses in prop::collection::vec(any::<bool>(), 0..80),
+    ) {
+        let mut catalog = CatalogParams::with_region(Label::new("r1").unwrap());
+        catalog.delta_log.max_entries = 4;
+        let mut w = World::with_catalog(catalog);
+        w.register("i0", "web");
+        w.dist.connect(1);
+        let snap = w.cat.service_snapshot(&svc("web")).unwrap();
+        let view = ServiceView::from_snapshot(&snap).unwrap();
+        let out = w.subscribe(1, "web", Some(view.revision()));
+        let mut sim = Lossy { w, view, wakes: Vec::new(), losses: losses.into_iter() };
+        sim.carry(out);
+        for (n, (kind, ms)) in steps.into_iter().enumerate() {
+            let out = match kind {
+                0 | 1 => sim.w.register(&format!("i{}", n + 1), "web"),
+                2 => sim.w.register(&format!("o{n}"), "other"),
+                _ => Vec::new(),
+            };
+            sim.carry(out);
+            sim.tick(ms);
+        }
+        sim.losses = Vec::new().into_iter();
+        sim.tick(MAX_RESEND_BACKOFF * params().resend_after_ms + Lossy::SWEEP_MS);
+        let info = sim.w.cat.service(&svc("web")).unwrap();
+        prop_assert_eq!(sim.view.revision(), info.revision);
+        prop_assert_eq!(sim.view.digest(), info.digest);
+    }
 }

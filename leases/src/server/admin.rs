@@ -6,6 +6,14 @@
 //! `POST /v1/cluster/members` (`{"id": 4, "addr": "host:port"}`: add a
 //! replica) and `DELETE /v1/cluster/members/{id}` (remove one). Membership
 //! changes sent to a follower are handed to the leader.
+//!
+//! Service policies (R9), with the same token: `PUT /v1/policies` (a policy
+//! document: `{"policy": [ServicePolicy, …]}`, the JSON form of a policy
+//! file), `GET /v1/policies`, `GET /v1/policies/{namespace}/{service}` and
+//! `DELETE /v1/policies/{namespace}/{service}`. A document is validated
+//! whole and every policy's home region checked before anything is
+//! proposed, so bad input changes nothing; writes are proposed through the
+//! core like agents' writes (a follower hands them to the leader).
 
 use std::sync::Arc;
 
@@ -17,10 +25,18 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
+use rollcall_config::{ConfigFile, PolicyFile};
+
 use crate::audit::AuditQuery;
+use crate::catalog::Rejection;
+use crate::command::Command;
+use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
-use crate::name::ServiceKey;
-use crate::protocol::{MembershipChange, PeerRequest, PeerResponse, RejectKind};
+use crate::name::{PrincipalName, ServiceKey};
+use crate::policy::{Policy, PolicyKey, StoredPolicy};
+use crate::protocol::{
+    MembershipChange, PeerRequest, PeerResponse, RejectKind, Response as Answer,
+};
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::server::core::{raft_json, AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
@@ -57,6 +73,11 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/cluster", get(cluster))
         .route("/v1/cluster/members", axum::routing::post(add_member))
         .route("/v1/cluster/members/{id}", delete(remove_member))
+        .route("/v1/policies", get(list_policies).put(put_policies))
+        .route(
+            "/v1/policies/{namespace}/{service}",
+            get(get_policy).delete(delete_policy),
+        )
         .with_state(state)
 }
 
@@ -313,4 +334,237 @@ async fn audit(
         })
         .collect();
     Ok(Json(rows).into_response())
+}
+
+/// The actor of writes made with the operator token (the audit log's
+/// `operator:admin-token`).
+fn operator() -> Principal {
+    Principal {
+        role: Role::Operator,
+        name: PrincipalName::new("admin-token").expect("a valid constant"),
+    }
+}
+
+/// A stored policy as JSON: the document as written, with the revision,
+/// time and actor of the change that set it.
+fn policy_json(stored: &StoredPolicy) -> serde_json::Value {
+    serde_json::json!({
+        "service": stored.policy.key().to_string(),
+        "home_region": stored.policy.home_region().to_string(),
+        "revision": stored.revision.0,
+        "set_at_ms": stored.set_at_ms,
+        "set_by": stored.set_by.to_string(),
+        "policy": stored.policy.document(),
+    })
+}
+
+/// The policy key of a `{namespace}/{service}` path.
+fn policy_key(
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
+) -> Result<PolicyKey, AdminError> {
+    let Path((namespace, service)) =
+        path.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    PolicyKey::new(&namespace, &service)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))
+}
+
+/// An arbiter's refusal of a policy write as an HTTP error.
+fn refused(kind: RejectKind, message: String) -> AdminError {
+    match kind {
+        RejectKind::Unavailable => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+        RejectKind::NotFound => error(StatusCode::NOT_FOUND, "not_found", message),
+        RejectKind::Forbidden => error(StatusCode::FORBIDDEN, "not_home_region", message),
+        RejectKind::StaleGeneration | RejectKind::Invalid => {
+            error(StatusCode::UNPROCESSABLE_ENTITY, "refused", message)
+        }
+    }
+}
+
+/// Proposes each command through the core, all at once (they share a Raft
+/// batch), and answers each in order once committed and applied here.
+async fn propose(state: &AdminState, commands: Vec<Command>) -> Result<Vec<Answer>, AdminError> {
+    let unavailable = || {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the arbiter core is not running",
+        )
+    };
+    let mut replies = Vec::with_capacity(commands.len());
+    for command in commands {
+        let (reply, rx) = oneshot::channel();
+        let msg = CoreMsg::Admin(AdminQuery::Propose {
+            actor: operator(),
+            command,
+            reply,
+        });
+        state.core.send(msg).await.map_err(|_| unavailable())?;
+        replies.push(rx);
+    }
+    let mut answers = Vec::with_capacity(replies.len());
+    for rx in replies {
+        answers.push(rx.await.map_err(|_| unavailable())?);
+    }
+    Ok(answers)
+}
+
+async fn put_policies(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    body: Result<Json<PolicyFile>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let Json(file) =
+        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    file.validate().map_err(|e| {
+        error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_policy",
+            e.to_string(),
+        )
+    })?;
+    let here = state.applied.lock().params().region.clone();
+    let mut policies = Vec::with_capacity(file.policy.len());
+    for (i, document) in file.policy.into_iter().enumerate() {
+        let policy = Policy::new(document).map_err(|e| {
+            error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_policy",
+                format!("policy[{i}]: {e}"),
+            )
+        })?;
+        if policy.home_region() != &here {
+            let refusal = Rejection::NotHomeRegion {
+                service: policy.key().clone(),
+                home: policy.home_region().clone(),
+                here: here.clone(),
+            };
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "not_home_region",
+                format!(
+                    "policy[{i}]: {refusal}; apply it through region {}'s arbiter (nothing in this document was applied)",
+                    policy.home_region()
+                ),
+            ));
+        }
+        policies.push(policy);
+    }
+    let keys: Vec<PolicyKey> = policies.iter().map(|p| p.key().clone()).collect();
+    let answers = propose(
+        &state,
+        policies
+            .into_iter()
+            .map(|p| Command::SetPolicy(Box::new(p)))
+            .collect(),
+    )
+    .await?;
+    let mut applied = Vec::new();
+    let mut failed = Vec::new();
+    for (i, (key, answer)) in keys.iter().zip(answers).enumerate() {
+        match answer {
+            Answer::Committed { revision, .. } => applied.push((key, revision)),
+            Answer::Rejected { kind, message } => failed.push((i, key, kind, message)),
+            other => failed.push((
+                i,
+                key,
+                RejectKind::Invalid,
+                format!("unexpected answer {other:?}"),
+            )),
+        }
+    }
+    if let Some((_, _, kind, _)) = failed.first() {
+        let mut detail: Vec<String> = failed
+            .iter()
+            .map(|(i, key, _, message)| format!("policy[{i}] ({key}): {message}"))
+            .collect();
+        if !applied.is_empty() {
+            let done: Vec<String> = applied.iter().map(|(key, _)| key.to_string()).collect();
+            detail.push(format!(
+                "committed: {}; applying the document again changes nothing for those",
+                done.join(", ")
+            ));
+        }
+        return Err(refused(*kind, detail.join("; ")));
+    }
+    let cat = state.applied.lock();
+    let rows: Vec<serde_json::Value> = applied
+        .iter()
+        .map(|(key, revision)| {
+            let current = cat.policy(key).map(|p| p.revision.0);
+            serde_json::json!({
+                "service": key.to_string(),
+                "revision": revision.map(|r| r.0).or(current),
+                "changed": revision.is_some(),
+            })
+        })
+        .collect();
+    let body = serde_json::json!({"revision": cat.revision().0, "policies": rows});
+    drop(cat);
+    Ok(Json(body).into_response())
+}
+
+async fn list_policies(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let cat = state.applied.lock();
+    let body = serde_json::json!({
+        "region": cat.params().region.to_string(),
+        "revision": cat.revision().0,
+        "policies": cat.policies().map(policy_json).collect::<Vec<_>>(),
+    });
+    drop(cat);
+    Ok(Json(body).into_response())
+}
+
+async fn get_policy(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let key = policy_key(path)?;
+    let cat = state.applied.lock();
+    let answer = match cat.policy(&key) {
+        Some(stored) => Ok(Json(policy_json(stored)).into_response()),
+        None => Err(error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            Rejection::UnknownPolicy {
+                service: key,
+                region: cat.params().region.clone(),
+            }
+            .to_string(),
+        )),
+    };
+    drop(cat);
+    answer
+}
+
+async fn delete_policy(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let key = policy_key(path)?;
+    let command = Command::DeletePolicy {
+        service: key.clone(),
+    };
+    let answer = propose(&state, vec![command]).await?.pop();
+    match answer {
+        Some(Answer::Committed { revision, .. }) => Ok(Json(serde_json::json!({
+            "service": key.to_string(),
+            "revision": revision.map(|r| r.0),
+        }))
+        .into_response()),
+        Some(Answer::Rejected { kind, message }) => Err(refused(kind, message)),
+        other => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
 }

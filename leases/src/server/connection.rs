@@ -250,35 +250,65 @@ async fn write_loop(
     let mut send: Option<quinn::SendStream> = None;
     loop {
         tokio::select! {
-            // The session stream is always installed before the first
-            // message for it (which answers its Hello) is taken.
             biased;
             stream = async { session.as_mut().expect("guarded").await }, if session.is_some() => {
                 session = None;
                 send = stream.ok();
             }
-            out = rx.recv() => match out {
-                None => return,
-                Some(Outbound::Close(reason)) => {
-                    // Let a refusal written just before reach the peer: finish
-                    // the stream and give the peer a moment to read it and
-                    // close first.
-                    if let Some(stream) = send.as_mut() {
-                        let _ = stream.finish();
-                        let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+            out = rx.recv() => {
+                // Every message answers something read from the session
+                // stream, so that stream is on its way: a message never
+                // overtakes it (bounded, in case the connection is dying).
+                if send.is_none() && matches!(out, Some(Outbound::Message { .. })) {
+                    if let Some(pending) = session.take() {
+                        send = tokio::time::timeout(CLOSE_GRACE, pending)
+                            .await
+                            .ok()
+                            .and_then(Result::ok);
                     }
-                    close(&conn, close_code::REFUSED, &reason);
-                    return;
                 }
-                Some(Outbound::Message { message, notify }) => {
-                    let Some(stream) = send.as_mut() else { continue };
-                    let bytes = codec::encode_session_down(&message);
-                    if let Err(e) = codec::write_frame(stream, &bytes).await {
-                        tracing::debug!(agent, error = %e, "session write failed");
+                match out {
+                    None => return,
+                    Some(Outbound::Close(reason)) => {
+                        // Let a refusal written just before reach the peer: finish
+                        // the stream and give the peer a moment to read it and
+                        // close first.
+                        if let Some(stream) = send.as_mut() {
+                            let _ = stream.finish();
+                            let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+                        }
+                        close(&conn, close_code::REFUSED, &reason);
                         return;
                     }
-                    if notify && core.send(CoreMsg::Sent { agent }).await.is_err() {
-                        return;
+                    Some(Outbound::Message { message, notify }) => {
+                        let Some(stream) = send.as_mut() else { continue };
+                        let bytes = codec::encode_session_down(&message);
+                        // The chaos suite's wire faults (`fault.rs`): the
+                        // core carries on as if the message had been sent.
+                        #[cfg(feature = "fault-injection")]
+                        let bytes = {
+                            let mut bytes = bytes;
+                            match crate::fault::outgoing(agent, &message, &mut bytes) {
+                                crate::fault::FaultAction::Send => bytes,
+                                crate::fault::FaultAction::Drop => {
+                                    if notify && core.send(CoreMsg::Sent { agent }).await.is_err() {
+                                        return;
+                                    }
+                                    continue;
+                                }
+                                crate::fault::FaultAction::Cut => {
+                                    close(&conn, close_code::DONE, "fault injected: session cut");
+                                    return;
+                                }
+                            }
+                        };
+                        if let Err(e) = codec::write_frame(stream, &bytes).await {
+                            tracing::debug!(agent, error = %e, "session write failed");
+                            return;
+                        }
+                        if notify && core.send(CoreMsg::Sent { agent }).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }

@@ -43,7 +43,7 @@ use crate::protocol::{
     SessionDown, SessionUp,
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
-use crate::server::metrics::{Metrics, NodeLabel, ReplicaLabel, ServiceLabel};
+use crate::server::metrics::{KindLabel, Metrics, NodeLabel, ReplicaLabel, ServiceLabel};
 use crate::server::peer::{self, PeerError, Peers};
 
 /// What a connection's writer must do.
@@ -67,6 +67,17 @@ pub enum AdminQuery {
     Status(oneshot::Sender<serde_json::Value>),
     /// `GET /metrics`: refresh the gauges, then answer.
     RefreshMetrics(oneshot::Sender<()>),
+    /// An operator's catalog write (`PUT /v1/policies`): proposed like an
+    /// agent's request, stamped with the time here, answered once committed
+    /// and applied on this replica.
+    Propose {
+        /// Who asks.
+        actor: Principal,
+        /// What to change.
+        command: Command,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Response>,
+    },
 }
 
 /// Everything the core hears.
@@ -275,6 +286,7 @@ impl Core {
             max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
             stall_timeout_ms: d.stall_timeout_ms,
             snapshot_retry_ms: d.snapshot_retry_ms,
+            resend_after_ms: d.resend_after_ms,
         });
         let region = replica.applied.lock().params().region.clone();
         let me = Principal {
@@ -357,6 +369,7 @@ impl Core {
             if Instant::now() >= next_sweep {
                 next_sweep = Instant::now() + sweep;
                 self.sweep(now, &mut proposals);
+                self.resend_unacked(now);
                 self.report_heard(now);
                 self.expire_deferred(now);
             }
@@ -413,6 +426,18 @@ impl Core {
             CoreMsg::Admin(AdminQuery::RefreshMetrics(reply)) => {
                 self.refresh_metrics();
                 let _ = reply.send(());
+            }
+            CoreMsg::Admin(AdminQuery::Propose {
+                actor,
+                command,
+                reply,
+            }) => {
+                let envelope = Envelope {
+                    at_ms: now,
+                    actor,
+                    command,
+                };
+                proposals.push((envelope, Then::Reply(reply)));
             }
             CoreMsg::Peer { request, reply } => self.peer(request, reply, now, proposals),
         }
@@ -1663,6 +1688,16 @@ impl Core {
             .max(1) as u32
     }
 
+    /// Sends again what agents have not acknowledged in time. Every
+    /// replica serves watches, so this runs on followers too.
+    fn resend_unacked(&mut self, now: u64) {
+        let mut out = Vec::new();
+        let cat = self.replica.applied.lock();
+        self.dist.sweep(now, &cat, &mut out);
+        drop(cat);
+        self.carry(out);
+    }
+
     fn fire_wakes(&mut self, now: u64) {
         let later = self.wakes.split_off(&(now + 1));
         let due = std::mem::replace(&mut self.wakes, later);
@@ -1740,6 +1775,13 @@ impl Core {
         m.snapshots_in_flight_max
             .set(stats.max_concurrent_snapshots_seen as i64);
         m.stalled_agents.set(stats.stalled_agents as i64);
+        for (kind, total) in [
+            ("delta", stats.resent_as_deltas),
+            ("snapshot", stats.resent_as_snapshots),
+        ] {
+            let counter = m.resends.get_or_create(&KindLabel { kind });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         m.connected_agents
             .set(self.conns.values().filter(|c| c.session.is_some()).count() as i64);
         m.held_leases.set(cat.leases().held() as i64);
@@ -1884,9 +1926,10 @@ fn response_of(catalog: &Catalog, env: &Envelope, result: Result<Applied, Reject
         Err(rejection) => {
             let kind = match rejection {
                 Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
-                Rejection::UnknownInstance { .. } | Rejection::UnknownService { .. } => {
-                    RejectKind::NotFound
-                }
+                Rejection::UnknownInstance { .. }
+                | Rejection::UnknownService { .. }
+                | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
+                Rejection::NotHomeRegion { .. } => RejectKind::Forbidden,
                 _ => RejectKind::Invalid,
             };
             Response::Rejected {

@@ -31,6 +31,13 @@ pub struct ReplicaLabel {
     pub replica: String,
 }
 
+/// Label of series split by what kind of update was sent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `delta` or `snapshot`.
+    pub kind: &'static str,
+}
+
 /// Every arbiter metric.
 pub struct Metrics {
     registry: Registry,
@@ -69,6 +76,9 @@ pub struct Metrics {
     pub revision: Gauge,
     /// Agents disconnected for stalling.
     pub stalled_agents: Gauge,
+    /// Unacknowledged services sent again, by kind (`delta`, `snapshot`);
+    /// brought up to the distributor's count at each scrape.
+    pub resends: Family<KindLabel, Counter>,
     /// Gossip down reports about nodes whose session was still alive (a
     /// partition inside a zone): nothing was removed.
     pub down_reports_ignored: Counter,
@@ -110,6 +120,7 @@ impl Metrics {
             leases: Gauge::default(),
             revision: Gauge::default(),
             stalled_agents: Gauge::default(),
+            resends: Family::default(),
             down_reports_ignored: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             raft_term: Gauge::default(),
@@ -194,6 +205,11 @@ impl Metrics {
             m.stalled_agents.clone(),
         );
         registry.register(
+            "resends",
+            "Services sent again to an agent whose acknowledgement stayed behind, by kind (delta, snapshot)",
+            m.resends.clone(),
+        );
+        registry.register(
             "down_reports_ignored",
             "Gossip down reports about nodes whose arbiter session was alive (partition inside a zone)",
             m.down_reports_ignored.clone(),
@@ -233,6 +249,8 @@ impl Metrics {
             "Raft snapshots built or installed since start",
             m.raft_snapshots.clone(),
         );
+        #[cfg(feature = "fault-injection")]
+        crate::fault::register_metrics(&mut registry);
         Metrics { registry, ..m }
     }
 

@@ -1,0 +1,679 @@
+//! The plots of a chaos run: SVG files beside `report.json`, drawn from the
+//! run's [`Timeline`] and [`Report`] for the people who read the report.
+//!
+//! - [`TRAFFIC`]: connections per second per backend, and failed ones, with
+//!   a marker at every phase, fault, recovery step and leave commit.
+//! - [`CDF`]: the empirical distributions of the leave and crash times.
+//! - [`STAGES`]: per instance that left, from its commit to the last new
+//!   connection it answered, and its exit (only when an instance left).
+//!
+//! It draws figures and must not compute its own version of one the report
+//! has: the CDFs and the stage bars are [`report::samples`], exactly the
+//! numbers `report.json` summarizes. Only [`write_all`] touches the
+//! filesystem. Text is written as SVG `<text>` elements and laid out with
+//! plotters' estimate, so no font file or font library is needed.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::io;
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::report::{self, Report, Sample, Samples, DRAIN_GRACE_MS};
+use crate::timeline::{Event, Outcome, Timeline};
+
+/// Connections per second per backend over time: `traffic.svg`.
+pub const TRAFFIC: &str = "traffic.svg";
+/// The empirical CDFs of the leave and crash times: `cdf.svg`.
+pub const CDF: &str = "cdf.svg";
+/// The rolling-deploy stage timeline: `stages.svg`.
+pub const STAGES: &str = "stages.svg";
+
+/// Every plot's size in pixels; the right-hand [`LEGEND_WIDTH`] holds the
+/// legend, so that many backends never cover the data.
+const SIZE: (u32, u32) = (1200, 600);
+const LEGEND_WIDTH: u32 = 230;
+const FONT: &str = "sans-serif";
+
+const FAILED: RGBColor = RGBColor(220, 20, 20);
+const PHASE: RGBColor = RGBColor(90, 90, 90);
+const STEP: RGBColor = RGBColor(30, 90, 200);
+const HARD_FAILURE: RGBColor = RGBColor(200, 0, 0);
+const LEAVE: RGBColor = RGBColor(230, 120, 0);
+const WITHIN_GRACE: RGBColor = RGBColor(40, 160, 70);
+const PAST_GRACE: RGBColor = RGBColor(210, 40, 40);
+
+type Drawn = Result<(), Box<dyn Error>>;
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// Draws the run's plots into `dir` (created if needed) and returns the
+/// file names written, in order: [`TRAFFIC`], [`CDF`], and [`STAGES`] when
+/// the timeline has a `LeaveCommitted` event. A plot that cannot be drawn
+/// or written is an error naming its file; the plots before it stay.
+pub fn write_all(dir: &Path, report: &Report, timeline: &Timeline) -> io::Result<Vec<String>> {
+    std::fs::create_dir_all(dir)?;
+    let samples = report::samples(timeline);
+    let mut written = Vec::new();
+    let mut put = |file: &str, svg: Result<String, Box<dyn Error>>| -> io::Result<()> {
+        let path = dir.join(file);
+        let svg = svg.map_err(|e| io::Error::other(format!("drawing {}: {e}", path.display())))?;
+        std::fs::write(&path, svg)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))?;
+        written.push(file.to_owned());
+        Ok(())
+    };
+    put(TRAFFIC, traffic(timeline))?;
+    put(CDF, cdf(report, &samples))?;
+    if has_leave(timeline) {
+        put(STAGES, stages(timeline, &samples))?;
+    }
+    Ok(written)
+}
+
+fn has_leave(timeline: &Timeline) -> bool {
+    timeline
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::LeaveCommitted { .. }))
+}
+
+/// An SVG document of [`SIZE`] drawn by `draw` on a white background.
+fn render(draw: impl FnOnce(&Area<'_>) -> Drawn) -> Result<String, Box<dyn Error>> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE)?;
+        draw(&root)?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// `traffic.svg`: per 1 s bucket of opening time, the connections each
+/// backend answered and the connections that failed, plotted at the
+/// bucket's middle, with a labelled vertical marker per phase, step, hard
+/// failure and leave commit.
+fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
+    let markers: Vec<(u64, String, RGBColor)> = timeline.events.iter().filter_map(marker).collect();
+    // Bucket k holds the connections opened in [k, k + 1) s; the last one
+    // may be partial (the run ends within it).
+    let buckets = timeline
+        .conns
+        .iter()
+        .map(|c| c.t_ms / 1000 + 1)
+        .fold(timeline.duration_ms.div_ceil(1000).max(1), u64::max) as usize;
+    let x_max = markers
+        .iter()
+        .map(|(t, _, _)| *t as f64 / 1000.0 + 0.5)
+        .fold(buckets as f64, f64::max);
+    let mut answered: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let mut failed = vec![0u32; buckets];
+    for conn in &timeline.conns {
+        let k = (conn.t_ms / 1000) as usize;
+        match (conn.outcome, &conn.backend) {
+            (Outcome::Answered, Some(backend)) => {
+                answered
+                    .entry(backend.as_str())
+                    .or_insert_with(|| vec![0; buckets])[k] += 1
+            }
+            _ => failed[k] += 1,
+        }
+    }
+    let peak = answered
+        .values()
+        .chain([&failed])
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let total = |counts: &[u32]| counts.iter().map(|&n| u64::from(n)).sum::<u64>();
+    let title = if timeline.conns.is_empty() {
+        "Connections per second: no data (the run recorded no connections)".to_owned()
+    } else {
+        format!(
+            "Connections per second: {} answered by {} backends, {} failed",
+            answered.values().map(|c| total(c)).sum::<u64>(),
+            answered.len(),
+            total(&failed)
+        )
+    };
+    render(|root| {
+        let (plot, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        // Headroom above the highest line for the markers' labels.
+        let y_max = f64::from(peak) * 1.35;
+        let mut chart = ChartBuilder::on(&plot)
+            .caption(title, (FONT, 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+        chart
+            .configure_mesh()
+            .x_label_formatter(&tidy)
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .x_desc("time since the run started, s (1 s buckets)")
+            .y_desc("connections opened per second")
+            .draw()?;
+        let mut legend = Vec::new();
+        let line = |counts: &[u32]| -> Vec<(f64, f64)> {
+            counts
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (k as f64 + 0.5, f64::from(n)))
+                .collect()
+        };
+        for (i, (backend, counts)) in answered.iter().enumerate() {
+            let color = palette(i);
+            chart.draw_series(LineSeries::new(line(counts), color.stroke_width(2)))?;
+            legend.push((backend.to_string(), color));
+        }
+        chart.draw_series(LineSeries::new(line(&failed), FAILED.stroke_width(3)))?;
+        legend.push(("failed connections".to_owned(), FAILED));
+        for (i, (t_ms, label, color)) in markers.iter().enumerate() {
+            let x = *t_ms as f64 / 1000.0;
+            chart.draw_series([PathElement::new(
+                vec![(x, 0.0), (x, y_max)],
+                color.mix(0.7).stroke_width(1),
+            )])?;
+            // Staggered, so that markers close together stay readable.
+            let y = y_max * (0.98 - 0.045 * (i % 6) as f64);
+            chart.draw_series([Text::new(
+                label.clone(),
+                (x, y),
+                (FONT, 11)
+                    .into_font()
+                    .color(color)
+                    .pos(Pos::new(HPos::Left, VPos::Top)),
+            )])?;
+        }
+        for (name, color) in [
+            ("phase", PHASE),
+            ("fault or recovery step", STEP),
+            ("hard failure", HARD_FAILURE),
+            ("leave committed", LEAVE),
+        ] {
+            if markers.iter().any(|(_, _, c)| *c == color) {
+                legend.push((format!("marker: {name}"), color));
+            }
+        }
+        draw_legend(&legend_area, &legend)
+    })
+}
+
+/// The traffic plot's marker for an event: its time, label and colour.
+fn marker(event: &Event) -> Option<(u64, String, RGBColor)> {
+    match event {
+        Event::Phase { t_ms, name } => Some((*t_ms, name.clone(), PHASE)),
+        Event::Step {
+            t_ms,
+            action,
+            target,
+        } if target.is_empty() => Some((*t_ms, action.clone(), STEP)),
+        Event::Step {
+            t_ms,
+            action,
+            target,
+        } => Some((*t_ms, format!("{action} {target}"), STEP)),
+        Event::HardFailure {
+            t_ms,
+            instance,
+            fault,
+        } => Some((*t_ms, format!("{fault} {instance}"), HARD_FAILURE)),
+        Event::LeaveCommitted { t_ms, instance } => {
+            Some((*t_ms, format!("leave {instance}"), LEAVE))
+        }
+        Event::Ready { .. } | Event::BackendExit { .. } => None,
+    }
+}
+
+/// `cdf.svg`: the empirical CDF of each kind of sample, as a step
+/// function (the fraction of samples at or below each duration). A kind
+/// without samples is named in the title rather than silently missing.
+fn cdf(report: &Report, samples: &Samples) -> Result<String, Box<dyn Error>> {
+    let kinds = [
+        ("leave", &samples.leave, report.leave_ms.p99, STEP),
+        ("crash", &samples.crash, report.crash_ms.p99, HARD_FAILURE),
+    ];
+    let summary: Vec<String> = kinds
+        .iter()
+        .map(|(name, samples, p99, _)| match p99 {
+            Some(p99) if !samples.is_empty() => {
+                format!("{name} n={}, p99 {p99} ms", samples.len())
+            }
+            _ => format!("no {name} samples"),
+        })
+        .collect();
+    let title = if kinds.iter().all(|(_, samples, _, _)| samples.is_empty()) {
+        "Leave and crash times (CDF): no data (no leave and no hard failure)".to_owned()
+    } else {
+        format!("Leave and crash times (CDF): {}", summary.join("; "))
+    };
+    let x_max = kinds
+        .iter()
+        .flat_map(|(_, samples, _, _)| samples.iter().map(|s| s.ms))
+        .max()
+        .unwrap_or(0)
+        .max(1000) as f64
+        * 1.05;
+    render(|root| {
+        let (plot, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        let mut chart = ChartBuilder::on(&plot)
+            .caption(title, (FONT, 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..1.05)?;
+        chart
+            .configure_mesh()
+            .x_label_formatter(&tidy)
+            .x_desc("duration, ms")
+            .y_desc("fraction of samples at or below")
+            .draw()?;
+        let mut legend = Vec::new();
+        for ((name, samples, _, color), text) in kinds.iter().zip(&summary) {
+            if !samples.is_empty() {
+                chart.draw_series(LineSeries::new(steps(samples), color.stroke_width(2)))?;
+            }
+            legend.push((format!("{name}: {text}"), *color));
+        }
+        draw_legend(&legend_area, &legend)
+    })
+}
+
+/// The empirical CDF of `samples` as the corners of a step function, from
+/// (0, 0) to (largest, 1).
+fn steps(samples: &[Sample]) -> Vec<(f64, f64)> {
+    let mut ms: Vec<u64> = samples.iter().map(|s| s.ms).collect();
+    ms.sort_unstable();
+    let n = ms.len() as f64;
+    let mut points = vec![(0.0, 0.0)];
+    for (i, &v) in ms.iter().enumerate() {
+        points.push((v as f64, i as f64 / n));
+        points.push((v as f64, (i + 1) as f64 / n));
+    }
+    points
+}
+
+/// `stages.svg`: one row per instance that received a `LeaveCommitted`
+/// event, in the order they left, and per leave a bar from its commit to
+/// the last new connection it answered (the report's leave sample: green
+/// within [`DRAIN_GRACE_MS`], red past it), a tick at commit + the grace,
+/// and a cross at each `BackendExit` of the instance.
+fn stages(timeline: &Timeline, samples: &Samples) -> Result<String, Box<dyn Error>> {
+    let mut rows: Vec<&str> = Vec::new();
+    for sample in &samples.leave {
+        if !rows.contains(&sample.instance.as_str()) {
+            rows.push(&sample.instance);
+        }
+    }
+    let exits: Vec<(usize, u64)> = timeline
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::BackendExit { t_ms, instance } => rows
+                .iter()
+                .position(|r| r == instance)
+                .map(|row| (row, *t_ms)),
+            _ => None,
+        })
+        .collect();
+    let end_ms = samples
+        .leave
+        .iter()
+        .map(|s| (s.start_ms + s.ms).max(s.start_ms + DRAIN_GRACE_MS))
+        .chain(exits.iter().map(|(_, t)| *t))
+        .fold(timeline.duration_ms, u64::max)
+        .max(1000);
+    let n = rows.len();
+    // Row 0 (the first to leave) at the top.
+    let y_of = |row: usize| (n - 1 - row) as f64;
+    let title = format!(
+        "Rolling-deploy stages: instances that left: {n}; backend exits: {}",
+        if exits.is_empty() {
+            "none recorded".to_owned()
+        } else {
+            exits.len().to_string()
+        }
+    );
+    render(|root| {
+        let (plot, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        let names = |y: &f64| -> String {
+            let row = y.round();
+            if (y - row).abs() > 0.01 || row < 0.0 || row >= n as f64 {
+                return String::new();
+            }
+            rows[n - 1 - row as usize].to_owned()
+        };
+        let mut chart = ChartBuilder::on(&plot)
+            .caption(title, (FONT, 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(120)
+            .build_cartesian_2d(0f64..end_ms as f64 / 1000.0 * 1.05, -0.6..n as f64 - 0.4)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n.max(1))
+            .y_label_formatter(&names)
+            .x_label_formatter(&tidy)
+            .x_desc("time since the run started, s")
+            .draw()?;
+        for sample in &samples.leave {
+            let Some(row) = rows.iter().position(|r| *r == sample.instance) else {
+                continue;
+            };
+            let y = y_of(row);
+            let (start, last) = (
+                sample.start_ms as f64 / 1000.0,
+                (sample.start_ms + sample.ms) as f64 / 1000.0,
+            );
+            let color = if sample.ms > DRAIN_GRACE_MS {
+                PAST_GRACE
+            } else {
+                WITHIN_GRACE
+            };
+            chart.draw_series([Rectangle::new(
+                [(start, y - 0.25), (last, y + 0.25)],
+                color.filled(),
+            )])?;
+            // The commit as a dot, so that a 0 ms leave shows too.
+            chart.draw_series([Circle::new((start, y), 5, color.filled())])?;
+            let grace = (sample.start_ms + DRAIN_GRACE_MS) as f64 / 1000.0;
+            chart.draw_series([PathElement::new(
+                vec![(grace, y - 0.35), (grace, y + 0.35)],
+                BLACK.stroke_width(2),
+            )])?;
+            chart.draw_series([Text::new(
+                format!("{} ms", sample.ms),
+                (last, y + 0.3),
+                (FONT, 11)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Left, VPos::Bottom)),
+            )])?;
+        }
+        chart.draw_series(exits.iter().map(|&(row, t)| {
+            Cross::new((t as f64 / 1000.0, y_of(row)), 7, BLACK.stroke_width(2))
+        }))?;
+        draw_legend(
+            &legend_area,
+            &[
+                (
+                    format!("commit to last new conn, <= {DRAIN_GRACE_MS} ms"),
+                    WITHIN_GRACE,
+                ),
+                (
+                    format!("commit to last new conn, > {DRAIN_GRACE_MS} ms"),
+                    PAST_GRACE,
+                ),
+                ("dot: the commit".to_owned(), BLACK),
+                (format!("tick: commit + {DRAIN_GRACE_MS} ms"), BLACK),
+                ("cross: backend exit".to_owned(), BLACK),
+            ],
+        )
+    })
+}
+
+/// An axis value without a trailing ".0" (and without the float noise of
+/// a computed tick such as 0.30000000000000004).
+fn tidy(v: &f64) -> String {
+    let text = format!("{v:.1}");
+    text.strip_suffix(".0").unwrap_or(&text).to_owned()
+}
+
+/// A legend drawn in its own area: a short line in each entry's colour and
+/// the entry's name, one entry a line.
+fn draw_legend(area: &Area<'_>, entries: &[(String, RGBColor)]) -> Drawn {
+    for (i, (name, color)) in entries.iter().enumerate() {
+        let y = 50 + 20 * i as i32;
+        area.draw(&PathElement::new(
+            vec![(8, y), (32, y)],
+            color.stroke_width(3),
+        ))?;
+        area.draw(&Text::new(
+            name.as_str(),
+            (38, y),
+            (FONT, 12)
+                .into_font()
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+    }
+    Ok(())
+}
+
+/// The `i`th line colour for backends: Palette99 without its first colour
+/// (red, kept for failed connections) and its yellow (unreadable on white).
+fn palette(i: usize) -> RGBColor {
+    let colors: Vec<(u8, u8, u8)> = Palette99::COLORS
+        .iter()
+        .copied()
+        .skip(1)
+        .filter(|&(r, g, b)| !(r > 200 && g > 200 && b < 100))
+        .collect();
+    let (r, g, b) = colors[i % colors.len()];
+    RGBColor(r, g, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{compute, ReportInput};
+    use crate::scenario::Pass;
+    use crate::timeline::{Conn, Route};
+
+    fn conn(t_ms: u64, agent: &str, backend: Option<&str>) -> Conn {
+        Conn {
+            t_ms,
+            agent: agent.to_owned(),
+            backend: backend.map(str::to_owned),
+            outcome: if backend.is_some() {
+                Outcome::Answered
+            } else {
+                Outcome::Failed
+            },
+        }
+    }
+
+    /// A small rolling deploy: web-1 and web-2 answer, web-1 drains and
+    /// exits, web-3 is killed, with a partition and a heal.
+    fn deploy() -> Timeline {
+        let mut conns = Vec::new();
+        for t in (0..10_000).step_by(50) {
+            let backend = match (t / 50) % 3 {
+                0 if t < 4_200 => Some("web-1"),
+                0 | 1 => Some("web-2"),
+                _ if t < 6_000 => Some("web-3"),
+                _ if t < 6_400 => None,
+                _ => Some("web-2"),
+            };
+            conns.push(conn(t, "node-0", backend));
+        }
+        Timeline {
+            conns,
+            routes: vec![Route {
+                t_ms: 100,
+                agent: "node-0".into(),
+                instances: vec!["web-1".into(), "web-2".into(), "web-3".into()],
+            }],
+            events: vec![
+                Event::Phase {
+                    t_ms: 0,
+                    name: "steady".into(),
+                },
+                Event::LeaveCommitted {
+                    t_ms: 3_000,
+                    instance: "web-1".into(),
+                },
+                Event::BackendExit {
+                    t_ms: 7_000,
+                    instance: "web-1".into(),
+                },
+                Event::Step {
+                    t_ms: 5_000,
+                    action: "partition-node".into(),
+                    target: "node-1".into(),
+                },
+                Event::HardFailure {
+                    t_ms: 6_000,
+                    instance: "web-3".into(),
+                    fault: "kill-backend".into(),
+                },
+                Event::Step {
+                    t_ms: 8_000,
+                    action: "heal".into(),
+                    target: String::new(),
+                },
+                Event::LeaveCommitted {
+                    t_ms: 5_500,
+                    instance: "web-2".into(),
+                },
+                // Left without a connection after its commit: a 0 ms bar.
+                Event::LeaveCommitted {
+                    t_ms: 9_000,
+                    instance: "web-4".into(),
+                },
+            ],
+            duration_ms: 10_000,
+        }
+    }
+
+    fn report_of(timeline: &Timeline) -> Report {
+        compute(&ReportInput::default(), timeline, &Pass::default())
+    }
+
+    fn read_svg(dir: &Path, file: &str) -> String {
+        let svg = std::fs::read_to_string(dir.join(file)).expect("plot written");
+        assert!(
+            svg.starts_with("<svg") || svg.starts_with("<?xml"),
+            "{file}: {}",
+            &svg[..svg.len().min(80)]
+        );
+        assert!(svg.trim_end().ends_with("</svg>"), "{file} is closed");
+        svg
+    }
+
+    #[test]
+    fn writes_the_three_plots_of_a_deploy() {
+        let timeline = deploy();
+        let report = report_of(&timeline);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = write_all(dir.path(), &report, &timeline).expect("plots written");
+        assert_eq!(written, [TRAFFIC, CDF, STAGES]);
+
+        let traffic = read_svg(dir.path(), TRAFFIC);
+        for text in [
+            "web-1",
+            "web-2",
+            "web-3",
+            "failed connections",
+            "steady",
+            "leave web-1",
+            "kill-backend web-3",
+            "partition-node node-1",
+            "\nheal\n",
+        ] {
+            assert!(traffic.contains(text), "traffic.svg lacks {text:?}");
+        }
+
+        let cdf = read_svg(dir.path(), CDF);
+        let p99 = report.leave_ms.p99.expect("leave samples");
+        assert!(cdf.contains(&format!("leave n=3, p99 {p99} ms")), "{cdf}");
+        assert!(cdf.contains("crash n=1"), "{cdf}");
+
+        let stages = read_svg(dir.path(), STAGES);
+        for sample in &report::samples(&timeline).leave {
+            assert!(stages.contains(&sample.instance), "{stages}");
+            assert!(
+                stages.contains(&format!("\n{} ms\n", sample.ms)),
+                "{stages}"
+            );
+        }
+        assert!(!stages.contains("web-3"), "only instances that left");
+        assert!(stages.contains("backend exits: 1"), "{stages}");
+    }
+
+    #[test]
+    fn an_empty_timeline_says_there_is_no_data() {
+        let timeline = Timeline::default();
+        let report = report_of(&timeline);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = write_all(dir.path(), &report, &timeline).expect("plots written");
+        assert_eq!(written, [TRAFFIC, CDF], "no stages without a leave");
+        assert!(!dir.path().join(STAGES).exists());
+        assert!(read_svg(dir.path(), TRAFFIC).contains("no data"));
+        assert!(read_svg(dir.path(), CDF).contains("no data"));
+    }
+
+    #[test]
+    fn every_instance_that_left_has_a_labelled_row() {
+        let names: Vec<String> = (0..13).map(|i| format!("i{i:02}")).collect();
+        let timeline = Timeline {
+            events: names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| Event::LeaveCommitted {
+                    t_ms: 1_000 * i as u64,
+                    instance: name.clone(),
+                })
+                .collect(),
+            duration_ms: 20_000,
+            ..Timeline::default()
+        };
+        let svg = stages(&timeline, &report::samples(&timeline)).expect("drawn");
+        for name in &names {
+            assert!(svg.contains(&format!("\n{name}\n")), "{name}: {svg}");
+        }
+    }
+
+    #[test]
+    fn a_kind_without_samples_is_named_in_the_cdf_title() {
+        let mut timeline = deploy();
+        timeline
+            .events
+            .retain(|e| !matches!(e, Event::HardFailure { .. }));
+        let svg = cdf(&report_of(&timeline), &report::samples(&timeline)).expect("drawn");
+        assert!(svg.contains("no crash samples"), "{svg}");
+        assert!(svg.contains("leave n=3"), "{svg}");
+    }
+
+    #[test]
+    fn the_cdf_is_a_step_function_of_the_samples() {
+        let sample = |ms| Sample {
+            instance: "x".into(),
+            start_ms: 0,
+            ms,
+        };
+        assert_eq!(
+            steps(&[sample(300), sample(100)]),
+            [
+                (0.0, 0.0),
+                (100.0, 0.0),
+                (100.0, 0.5),
+                (300.0, 0.5),
+                (300.0, 1.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn timelines_without_backend_exits_still_parse() {
+        let old =
+            r#"{"conns":[],"events":[{"kind":"ready","t_ms":5,"instance":"a"}],"duration_ms":9}"#;
+        let timeline: Timeline = serde_json::from_str(old).expect("an older timeline parses");
+        assert_eq!(timeline.events.len(), 1);
+        let exit = Event::BackendExit {
+            t_ms: 7,
+            instance: "a".into(),
+        };
+        let json = serde_json::to_value(&exit).expect("serializable");
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "backend_exit", "t_ms": 7, "instance": "a"})
+        );
+    }
+}
