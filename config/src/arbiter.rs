@@ -244,8 +244,9 @@ pub struct DistributionConfig {
     /// re-send of the same gap waits twice as long, up to 8 times this; the
     /// wait resets once the agent's ack catches up. This is what heals a
     /// lost update or an agent's failed apply when the service does not
-    /// change again. Default 1000: well above a healthy ack's round trip,
-    /// and a first re-send still lands inside the 3 s propagation budget.
+    /// change again. Default 500: well above a healthy ack's round trip,
+    /// and two lost sends in a row (re-sends at 0.5 s and 1.5 s, plus the
+    /// sweep interval) still land inside the 3 s leave budget.
     /// From 100 to 60000.
     pub resend_after_ms: u64,
 }
@@ -258,7 +259,7 @@ impl Default for DistributionConfig {
             max_queued_bytes_per_agent: 8 * 1024 * 1024,
             stall_timeout_ms: 10_000,
             snapshot_retry_ms: 250,
-            resend_after_ms: 1_000,
+            resend_after_ms: 500,
         }
     }
 }
