@@ -389,8 +389,8 @@ pub const SAMPLED_AT_END_MS: u64 = 2_000;
 ///
 /// The result is that moment minus the recovery. It is accurate to the
 /// sampling period ([`ROUTE_SAMPLE_MS`]): an agent that changed between two
-/// samples is seen at the later one. The scenario's [`Pass`] has no bound
-/// on it, so it is reported and never judged.
+/// samples is seen at the later one. It is judged only when the scenario's
+/// [`Pass`] sets `max_converge_ms` (then never converging fails too).
 pub fn converge_ms(timeline: &Timeline) -> Option<u64> {
     let recovery = timeline
         .events

@@ -68,11 +68,20 @@ impl GossipHandle {
 }
 
 /// How soon a member that knows nobody asks its seeds again, in ms; the
-/// wait doubles with every unanswered attempt up to the announce interval.
+/// wait doubles with every unanswered attempt up to [`MAX_ALONE_WAIT_MS`]
+/// (or the announce interval, if shorter).
 /// A join sent before the seed's socket was bound (nodes started together)
 /// is lost, and a member left alone gossips with no one: it must not wait a
 /// whole announce interval to try again.
 const FIRST_REJOIN_MS: u64 = 500;
+
+/// The longest wait between two attempts of a lone member to rejoin, in
+/// ms: after a partition heals, the member is back within this. Its cost
+/// is one small packet per seed and former member per attempt.
+const MAX_ALONE_WAIT_MS: u64 = 4_000;
+
+/// Most addresses of former members a lone member also asks to rejoin.
+const MAX_KNOWN: usize = 64;
 
 /// Binds the socket, joins the seeds and runs until shut down.
 pub async fn start(
@@ -140,6 +149,11 @@ async fn run(
     let first_rejoin = Duration::from_millis(FIRST_REJOIN_MS);
     let mut alone_wait = first_rejoin;
     let mut next_rejoin = Instant::now() + alone_wait;
+    // Addresses of members seen alive: a member left alone asks them too,
+    // not only its seeds. Otherwise a seed cut off from its zone (its only
+    // seed is itself) would never find the zone again after the partition
+    // heals, since the others hold it down and do not call it.
+    let mut known: Vec<SocketAddr> = Vec::new();
     loop {
         for output in membership.drain_outputs() {
             match output {
@@ -159,7 +173,20 @@ async fn run(
                     alone_wait = first_rejoin;
                     next_rejoin = Instant::now();
                 }
-                Output::Event(event) => deliver(&listener, event),
+                Output::Event(event) => {
+                    let seen = match &event {
+                        MembershipEvent::Up(member) => Some(member.addr),
+                        MembershipEvent::Renamed { new, .. } => Some(new.addr),
+                        _ => None,
+                    };
+                    if let Some(addr) = seen.filter(|a| !known.contains(a)) {
+                        if known.len() == MAX_KNOWN {
+                            known.remove(0);
+                        }
+                        known.push(addr);
+                    }
+                    deliver(&listener, event)
+                }
             }
         }
         let next_timer = timers.peek().map(|Reverse(d)| d.0).unwrap_or(next_rejoin);
@@ -183,9 +210,13 @@ async fn run(
                     // A member left alone merges again with its seeds, soon
                     // at first, then backing off to the announce interval.
                     if membership.members().next().is_none() {
-                        membership.join(&seeds);
+                        let mut targets = seeds.clone();
+                        targets.extend(known.iter().filter(|a| !seeds.contains(a)));
+                        membership.join(&targets);
                         next_rejoin = now + alone_wait;
-                        alone_wait = (alone_wait * 2).min(rejoin);
+                        alone_wait = (alone_wait * 2)
+                            .min(rejoin)
+                            .min(Duration::from_millis(MAX_ALONE_WAIT_MS));
                     } else {
                         alone_wait = first_rejoin;
                         next_rejoin = now + rejoin;

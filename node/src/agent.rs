@@ -1309,6 +1309,29 @@ impl Agent {
             .insert(node.clone());
         if state.gossip_down.remove(node).is_some() {
             tracing::info!(node = %node, "gossip: peer up again");
+            // The path to the node is back: the connect failures that
+            // ejected its endpoints here were the partition's, so those
+            // ejections (and their growing durations) are lifted at once
+            // instead of outlasting the partition. Failing endpoints are
+            // ejected again after `consecutive_failures`.
+            let lifted: Vec<(ServiceKey, Vec<InstanceId>)> = state
+                .sync
+                .iter()
+                .filter_map(|(service, t)| {
+                    let view = t.view.as_ref()?;
+                    let ids = view
+                        .records()
+                        .filter(|r| r.node_id == *node)
+                        .map(|r| r.instance_id.clone())
+                        .collect();
+                    Some((service.clone(), ids))
+                })
+                .collect();
+            for (service, ids) in lifted {
+                if let Some(memory) = state.memory.get_mut(&service) {
+                    memory.lift(&ids);
+                }
+            }
         }
     }
 

@@ -220,6 +220,15 @@ impl ServiceMemory {
         }
     }
 
+    /// Forgets the local ejections of `ids` (and their ejection counts):
+    /// the agent learned that their connect failures were the path's, not
+    /// theirs (their node's gossip came back after a partition).
+    pub fn lift<'a>(&mut self, ids: impl IntoIterator<Item = &'a InstanceId>) {
+        for id in ids {
+            self.ejections.remove(id);
+        }
+    }
+
     /// Instances ejected now.
     pub fn ejected(&self, now_ms: u64) -> usize {
         self.ejections
@@ -410,6 +419,45 @@ mod tests {
             assert!(!m.connect_failed(&c, 4, p.base_ejection_ms, &p));
         }
         assert_eq!(m.ejected(p.base_ejection_ms), 2);
+    }
+
+    #[test]
+    fn lifting_an_ejection_readmits_at_once_and_forgets_its_growth() {
+        let mut m = ServiceMemory::default();
+        let p = params();
+        let records: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|i| record(i, State::Ready))
+            .collect();
+        let a = InstanceId::new("a").unwrap();
+        for at in [0, p.base_ejection_ms] {
+            for _ in 0..3 {
+                m.connect_failed(&a, 4, at, &p);
+            }
+        }
+        assert_eq!(m.ejected(p.base_ejection_ms + 1), 1, "ejected twice");
+        m.lift([&a]);
+        assert_eq!(m.ejected(p.base_ejection_ms + 1), 0);
+        assert_eq!(
+            ids(&m.select(
+                &records,
+                &BTreeSet::new(),
+                &BTreeSet::new(),
+                p.base_ejection_ms + 1,
+                &p
+            )),
+            vec!["a", "b", "c", "d"]
+        );
+        // A new ejection starts from the base time again.
+        for _ in 0..3 {
+            m.connect_failed(&a, 4, 10 * p.base_ejection_ms, &p);
+        }
+        assert_eq!(m.ejected(11 * p.base_ejection_ms - 1), 1);
+        assert_eq!(
+            m.ejected(11 * p.base_ejection_ms),
+            0,
+            "base time, not doubled"
+        );
     }
 
     #[test]

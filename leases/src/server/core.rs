@@ -265,6 +265,9 @@ pub struct Core {
     deferred: Vec<Deferred>,
     pending_downs: HashMap<NodeId, PendingDown>,
     expiring: HashMap<NodeId, u64>,
+    /// Since when (ms) this leader has had no quorum acknowledgement for
+    /// longer than `lease.silence_ms`; `None` while it has one.
+    quorum_lost_at: Option<u64>,
     next_purge_ms: u64,
     snapshots_seen: Option<crate::raft::LogId>,
     me: Principal,
@@ -313,6 +316,7 @@ impl Core {
             deferred: Vec::new(),
             pending_downs: HashMap::default(),
             expiring: HashMap::default(),
+            quorum_lost_at: None,
             snapshots_seen: None,
             me,
             done_tx,
@@ -1617,9 +1621,44 @@ impl Core {
         }
     }
 
+    /// Whether this leader's quorum answers. A leader that has had no
+    /// quorum acknowledgement for `lease.silence_ms` commits nothing, so no
+    /// agent could hold a session: silence then says nothing about the
+    /// nodes (R3). It proposes no expiry or down verdict meanwhile, and
+    /// when the quorum answers again it starts over as a new leader would:
+    /// every lease extended by one TTL, every session counted as heard now.
+    fn has_quorum(&mut self, now: u64) -> bool {
+        let age = self.replica.raft.metrics().borrow().millis_since_quorum_ack;
+        let lost = age.is_some_and(|ms| ms > self.config.lease.silence_ms);
+        match (self.quorum_lost_at, lost) {
+            (None, true) => {
+                tracing::warn!(
+                    replica = self.replica.id,
+                    "this leader has no quorum: no lease expires and no down verdict is taken until it returns"
+                );
+                self.quorum_lost_at = Some(now);
+            }
+            (Some(since), false) => {
+                self.quorum_lost_at = None;
+                self.standing = Standing::Leader { since: now };
+                self.replica
+                    .applied
+                    .with_lease_memory(|leases| leases.extend_all(now));
+                self.expiring.clear();
+                tracing::info!(
+                    replica = self.replica.id,
+                    without_ms = now.saturating_sub(since),
+                    "quorum back; every lease extended by one TTL"
+                );
+            }
+            _ => {}
+        }
+        !lost
+    }
+
     /// Lease deadlines and purges: the leader's own proposals.
     fn sweep(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
-        if !self.is_leader() {
+        if !self.is_leader() || !self.has_quorum(now) {
             return;
         }
         self.decide_downs(now, proposals);
