@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use rollcall_config::{AgentConfig, ArbiterConfig, Budget, ConfigError, ConfigFile, TlsPaths};
+use rollcall_config::{
+    AgentConfig, ArbiterConfig, BridgeConfig, Budget, ConfigError, ConfigFile, TlsPaths,
+};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::{tls, Label, PrincipalName, Role};
 
@@ -59,6 +61,11 @@ enum Command {
     /// Run a node agent: local registration and resolve API, the node
     /// lease, the catalog cache.
     Agent(AgentArgs),
+    /// Run a region bridge: sync service policies, per-service summaries
+    /// and ingress addresses with the other regions' bridges (QUIC, mTLS)
+    /// and hand what they say to this region's arbiter as a
+    /// non-authoritative remote view.
+    Bridge(BridgeArgs),
     /// Run an arbiter and an agent in one process on loopback with a
     /// throwaway CA: the quickest way to try rollcall.
     Dev(DevArgs),
@@ -189,6 +196,13 @@ struct ArbiterArgs {
     /// Region (overrides `region`).
     #[arg(long, value_name = "R")]
     region: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct BridgeArgs {
+    /// Bridge config file (see config/examples/bridge.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -430,6 +444,7 @@ fn main() -> ExitCode {
         Command::Certs(args) => certs(&args),
         Command::Arbiter(args) => serve(run_arbiter(args)),
         Command::Agent(args) => serve(run_agent(args)),
+        Command::Bridge(args) => serve(run_bridge(args)),
         Command::Dev(args) => serve(run_dev(args)),
         Command::Audit(args) => serve(audit(args)),
         Command::Cluster(command) => serve(cluster(command)),
@@ -655,6 +670,31 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
+    let config = BridgeConfig::load(&args.config).context("bridge config")?;
+    let tls = rollcall_region_bridge::BridgeTls::load(&config)?;
+    let peers: Vec<String> = config
+        .peers
+        .iter()
+        .map(|p| format!("{} at {}", p.region, p.address))
+        .collect();
+    let bridge = rollcall_region_bridge::Bridge::start(config.clone(), tls).await?;
+    println!(
+        "bridge of region {} serving: QUIC {}; peers: {}; arbiter admin {}",
+        config.region,
+        bridge.listen_addr,
+        if peers.is_empty() {
+            "none".to_owned()
+        } else {
+            peers.join(", ")
+        },
+        config.arbiter.admin.join(", ")
+    );
+    stop_signal().await;
+    bridge.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     check_fault_points()?;
     let options = rollcall_node::dev::DevOptions {
@@ -841,11 +881,19 @@ async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
                 serde_json::from_value(body["policy"].clone())
                     .context("reading the policy in the arbiter's answer")?;
             println!(
-                "# {service}: revision {}, home region {}, set by {} at {} (ms since the Unix epoch)",
+                "# {service}: revision {}, home region {}, set by {} at {} (ms since the Unix epoch){}",
                 body["revision"],
                 body["home_region"].as_str().unwrap_or("?"),
                 body["set_by"].as_str().unwrap_or("?"),
                 body["set_at_ms"],
+                if body["replicated"] == true {
+                    format!(
+                        "; replicated from its home region at home revision {}",
+                        body["home_revision"]
+                    )
+                } else {
+                    String::new()
+                },
             );
             let file = rollcall_config::PolicyFile {
                 policy: vec![document],

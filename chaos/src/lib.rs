@@ -81,7 +81,7 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
     let options = runner::RunOptions {
         binary: args.binary.clone(),
         dir: dir.clone(),
-        subnet: 200 + (std::process::id() % 50) as u8,
+        subnet: free_subnet(),
         run_id,
     };
     let result = runner::run(&scenario, &options).await?;
@@ -139,4 +139,21 @@ fn crash_case(timeline: &timeline::Timeline) -> Case {
         Some("kill-backend") => Case::ProcessCrashProbe,
         _ => Case::SilentNodeCrash,
     }
+}
+
+/// A /24 for this run's bridge, 10.S.0.0 with S in 200..250, that no
+/// interface of this host uses yet, starting from one the process id
+/// picks; two runs at once (a CI run beside a manual one) would otherwise
+/// reach each other's agents.
+fn free_subnet() -> u8 {
+    let used = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let start = (std::process::id() % 50) as u8;
+    (0..50u8)
+        .map(|k| 200 + (start + k) % 50)
+        .find(|s| !used.contains(&format!(" 10.{s}.0.")))
+        .unwrap_or(200 + start)
 }

@@ -29,7 +29,7 @@ pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
     RaftConfig, ReplicaEntry, StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
 };
-pub use bridge::{BridgeConfig, BridgePeer};
+pub use bridge::{BridgeArbiter, BridgeConfig, BridgePeer, MAX_BRIDGE_INGRESS};
 pub use budget::{
     Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, Phase, Setting, Term,
     HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,

@@ -171,6 +171,23 @@ impl AuditEntry {
                 format!("policy of {} set: {}", policy.key(), policy.summary()),
             ),
             Command::DeletePolicy { service } => (None, format!("policy of {service} deleted")),
+            Command::ReplicatePolicy(remote) => (
+                None,
+                format!(
+                    "policy of {} replicated at home revision {}: {}",
+                    remote.policy.key(),
+                    remote.home_revision,
+                    remote.policy.summary()
+                ),
+            ),
+            Command::DropReplicatedPolicy {
+                service,
+                home,
+                home_revision,
+            } => (
+                None,
+                format!("replicated policy of {service} dropped: deleted in home region {home} by its revision {home_revision}"),
+            ),
         };
         Some(AuditEntry {
             revision,

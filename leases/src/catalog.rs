@@ -2,8 +2,10 @@
 //! and either rejects it with a reason, changing nothing, or commits it under
 //! the shard's next revision, updating records, leases, digests and the
 //! delta log together. It also holds the service policies whose home is
-//! this region (R9); a policy change takes a revision like any other
-//! change but touches no record, so it makes no delta.
+//! this region (R9), and apart from them the policies of other regions
+//! that the region bridge replicated, with their home revisions; a policy
+//! change takes a revision like any other change but touches no record, so
+//! it makes no delta.
 //!
 //! It is deterministic: no clock, no randomness, no IO. Time and the leader's
 //! observations travel inside the command, and every iteration whose order
@@ -28,7 +30,7 @@ use crate::ids::{AgentEpoch, Generation, LeaseId, Revision};
 use crate::lease::{Lease, LeaseTable};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
 use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
-use crate::policy::{Policy, PolicyKey, StoredPolicy};
+use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
 
 /// Why a command was rejected. A rejected command changed nothing.
@@ -186,6 +188,27 @@ pub enum Rejection {
         /// This catalog's region.
         here: Label,
     },
+    /// A bridge tried to replicate a policy homed in this very region: only
+    /// this region's operators change it, through `SetPolicy`.
+    #[error("the policy of {service} has its home in this region ({here}); a bridge replicates only other regions' policies")]
+    HomeHere {
+        /// The service.
+        service: PolicyKey,
+        /// This catalog's region.
+        here: Label,
+    },
+    /// A replicated policy for a service that already holds a policy of
+    /// another home: two regions claim to be its home. The first one held
+    /// stays until its home deletes it.
+    #[error("service {service} holds the policy of home region {held}; the one from {given} is refused until region {held} deletes its own (a service has one home)")]
+    HomeConflict {
+        /// The service.
+        service: PolicyKey,
+        /// The home region of the policy held.
+        held: Label,
+        /// The home region of the policy refused.
+        given: Label,
+    },
     /// No policy is set for the service.
     #[error("service {service} has no policy in region {region}")]
     UnknownPolicy {
@@ -291,6 +314,19 @@ pub struct GenerationMemory {
     pub released_at_ms: Option<u64>,
 }
 
+/// One service's READY capacity, as the region bridge reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadySummary {
+    /// The service.
+    pub service: ServiceKey,
+    /// Revision of its last change.
+    pub revision: Revision,
+    /// READY records in it.
+    pub ready: usize,
+    /// The summed weight of its READY records.
+    pub ready_weight: u64,
+}
+
 /// A summary of one service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServiceInfo {
@@ -339,6 +375,7 @@ pub struct Catalog {
     guard: ExpiryGuard,
     log: DeltaLog,
     policies: BTreeMap<PolicyKey, StoredPolicy>,
+    replicated: BTreeMap<PolicyKey, ReplicatedPolicy>,
     /// Reused buffer for encoding records to hash them.
     scratch: Vec<u8>,
 }
@@ -358,6 +395,7 @@ impl Catalog {
             guard: ExpiryGuard::default(),
             log,
             policies: BTreeMap::new(),
+            replicated: BTreeMap::new(),
             scratch: Vec::new(),
         }
     }
@@ -453,6 +491,21 @@ impl Catalog {
                 self.policies.remove(service);
                 Effect::PolicyChanged
             }
+            Command::ReplicatePolicy(remote) => self.replicate_policy(env, rev, remote)?,
+            Command::DropReplicatedPolicy {
+                service,
+                home,
+                home_revision,
+            } => match self.replicated.get(service) {
+                Some(held)
+                    if held.remote.policy.home_region() == home
+                        && held.remote.home_revision <= *home_revision =>
+                {
+                    self.replicated.remove(service);
+                    Effect::PolicyChanged
+                }
+                _ => Effect::Unchanged,
+            },
         };
         Ok(self.commit(rev, batch, effect))
     }
@@ -537,9 +590,61 @@ impl Catalog {
         Ok(Effect::PolicyChanged)
     }
 
+    /// Stores another region's policy as its home committed it; never goes
+    /// back to an older home revision.
+    fn replicate_policy(
+        &mut self,
+        env: &Envelope,
+        rev: Revision,
+        remote: &RemotePolicy,
+    ) -> Result<Effect, Rejection> {
+        let key = remote.policy.key();
+        let home = remote.policy.home_region();
+        let here = &self.params.region;
+        if home == here {
+            return Err(Rejection::HomeHere {
+                service: key.clone(),
+                here: here.clone(),
+            });
+        }
+        let conflict = |held: &Label| Rejection::HomeConflict {
+            service: key.clone(),
+            held: held.clone(),
+            given: home.clone(),
+        };
+        if self.policies.contains_key(key) {
+            return Err(conflict(here));
+        }
+        if let Some(held) = self.replicated.get(key) {
+            if held.remote.policy.home_region() != home {
+                return Err(conflict(held.remote.policy.home_region()));
+            }
+            if held.remote.home_revision >= remote.home_revision {
+                return Ok(Effect::Unchanged);
+            }
+        }
+        self.replicated.insert(
+            key.clone(),
+            ReplicatedPolicy {
+                remote: remote.clone(),
+                revision: rev,
+                set_at_ms: env.at_ms,
+                set_by: env.actor.clone(),
+            },
+        );
+        Ok(Effect::PolicyChanged)
+    }
+
     /// The policy of `key`, which this region must be the home of.
     fn home_policy(&self, key: &PolicyKey) -> Result<&StoredPolicy, Rejection> {
         let here = &self.params.region;
+        if let Some(held) = self.replicated.get(key) {
+            return Err(Rejection::NotHomeRegion {
+                service: key.clone(),
+                home: held.remote.policy.home_region().clone(),
+                here: here.clone(),
+            });
+        }
         let stored = self
             .policies
             .get(key)
@@ -1187,9 +1292,43 @@ impl Catalog {
         self.policies.get(key)
     }
 
-    /// Every service policy, in key order.
+    /// Every service policy homed in this region, in key order.
     pub fn policies(&self) -> impl Iterator<Item = &StoredPolicy> {
         self.policies.values()
+    }
+
+    /// The replicated policy (homed in another region) of one service, if
+    /// one is held.
+    pub fn replicated_policy(&self, key: &PolicyKey) -> Option<&ReplicatedPolicy> {
+        self.replicated.get(key)
+    }
+
+    /// Every replicated policy (homed in other regions), in key order.
+    pub fn replicated_policies(&self) -> impl Iterator<Item = &ReplicatedPolicy> {
+        self.replicated.values()
+    }
+
+    /// Per service, in key order: the revision of its last change, its
+    /// READY count and the summed weight of its READY records. What the
+    /// region bridge reports to other regions (R9); nothing per instance.
+    pub fn ready_summaries(&self) -> Vec<ReadySummary> {
+        let mut rows: Vec<ReadySummary> = self
+            .services
+            .iter()
+            .map(|(key, svc)| ReadySummary {
+                service: key.clone(),
+                revision: svc.revision,
+                ready: svc.ready,
+                ready_weight: svc
+                    .records
+                    .values()
+                    .filter(|s| s.record.state.is_routable())
+                    .map(|s| u64::from(s.record.weight.get()))
+                    .sum(),
+            })
+            .collect();
+        rows.sort_by(|a, b| a.service.cmp(&b.service));
+        rows
     }
 
     /// The delta log (read).
@@ -1232,6 +1371,7 @@ impl Catalog {
             generations,
             guard: self.guard.export(),
             policies: self.policies.values().cloned().collect(),
+            replicated_policies: self.replicated.values().cloned().collect(),
         }
     }
 
@@ -1329,6 +1469,27 @@ impl Catalog {
                 )));
             }
             if cat.policies.insert(key.clone(), stored).is_some() {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the policy of {key} appears twice"
+                )));
+            }
+        }
+        for held in snap.replicated_policies {
+            let key = held.remote.policy.key().clone();
+            if held.revision > snap.revision {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the replicated policy of {key} is at revision {} beyond the snapshot's {}",
+                    held.revision, snap.revision
+                )));
+            }
+            if held.remote.policy.home_region() == &cat.params.region {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "the replicated policy of {key} has this catalog's own region {} as home",
+                    cat.params.region
+                )));
+            }
+            if cat.policies.contains_key(&key) || cat.replicated.insert(key.clone(), held).is_some()
+            {
                 return Err(SnapshotError::Inconsistent(format!(
                     "the policy of {key} appears twice"
                 )));

@@ -29,7 +29,7 @@ use crate::lease::Lease;
 use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
-use crate::policy::StoredPolicy;
+use crate::policy::{ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{PeerRequest, PeerResponse, Request, Response, SessionDown, SessionUp};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
@@ -77,11 +77,15 @@ pub enum FrameKind {
     PeerRequest = 9,
     /// A `protocol::PeerResponse`.
     PeerResponse = 10,
-    /// A `CatalogSnapshot`: the kind-4 body followed by the service
-    /// policies. A new kind rather than a new format version, so every
-    /// other frame stays readable by older builds and a stored kind-4
-    /// snapshot by this one.
-    CatalogSnapshot = 11,
+    /// A `CatalogSnapshot` written before replicated policies existed:
+    /// the kind-4 body followed by the service policies. Read (as a catalog
+    /// without replicated policies), never written.
+    CatalogSnapshotWithoutReplicas = 11,
+    /// A `CatalogSnapshot`: the kind-11 body followed by the policies
+    /// replicated from other regions. A new kind rather than a new format
+    /// version, so every other frame stays readable by older builds and a
+    /// stored kind-4 or kind-11 snapshot by this one.
+    CatalogSnapshot = 12,
 }
 
 impl FrameKind {
@@ -90,9 +94,9 @@ impl FrameKind {
             FrameKind::Command => "command",
             FrameKind::Delta => "delta",
             FrameKind::ServiceSnapshot => "service snapshot",
-            FrameKind::CatalogSnapshot | FrameKind::CatalogSnapshotWithoutPolicies => {
-                "catalog snapshot"
-            }
+            FrameKind::CatalogSnapshot
+            | FrameKind::CatalogSnapshotWithoutReplicas
+            | FrameKind::CatalogSnapshotWithoutPolicies => "catalog snapshot",
             FrameKind::SessionUp => "session message from an agent",
             FrameKind::SessionDown => "session message from an arbiter",
             FrameKind::Request => "request",
@@ -282,25 +286,37 @@ pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
         generations: snap.generations.clone(),
         guard: snap.guard.clone(),
     };
-    frame(FrameKind::CatalogSnapshot, &(wire, &snap.policies))
+    frame(
+        FrameKind::CatalogSnapshot,
+        &(wire, &snap.policies, &snap.replicated_policies),
+    )
 }
 
 /// Decodes a whole shard, checking every service's digest and policy. A
 /// snapshot written before service policies existed (frame kind 4) decodes
-/// as a shard without policies.
+/// as a shard without policies, one written before replicated policies
+/// existed (kind 11) as a shard without replicated policies.
 pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecError> {
     const WHAT: &str = "catalog snapshot";
-    let old = FrameKind::CatalogSnapshotWithoutPolicies;
-    let (wire, policies): (CatalogSnapshotWire, Vec<StoredPolicy>) =
-        if bytes.get(1) == Some(&(old as u8)) {
-            (unframe(bytes, old, MAX_CATALOG_SNAPSHOT_BYTES)?, Vec::new())
-        } else {
-            unframe(
-                bytes,
-                FrameKind::CatalogSnapshot,
-                MAX_CATALOG_SNAPSHOT_BYTES,
-            )?
-        };
+    type Body = (
+        CatalogSnapshotWire,
+        Vec<StoredPolicy>,
+        Vec<ReplicatedPolicy>,
+    );
+    let limit = MAX_CATALOG_SNAPSHOT_BYTES;
+    let kind = bytes.get(1).copied();
+    let (wire, policies, replicated_policies): Body = match kind {
+        Some(k) if k == FrameKind::CatalogSnapshotWithoutPolicies as u8 => {
+            let wire = unframe(bytes, FrameKind::CatalogSnapshotWithoutPolicies, limit)?;
+            (wire, Vec::new(), Vec::new())
+        }
+        Some(k) if k == FrameKind::CatalogSnapshotWithoutReplicas as u8 => {
+            let (wire, policies) =
+                unframe(bytes, FrameKind::CatalogSnapshotWithoutReplicas, limit)?;
+            (wire, policies, Vec::new())
+        }
+        _ => unframe(bytes, FrameKind::CatalogSnapshot, limit)?,
+    };
     let tables = Tables::check(wire.tables, WHAT)?;
     let services = wire
         .services
@@ -316,6 +332,7 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         generations: wire.generations,
         guard: wire.guard,
         policies,
+        replicated_policies,
     })
 }
 

@@ -11,9 +11,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::endpoint::{Labels, Liveness, Principal, State, Weight};
-use crate::ids::{AgentEpoch, Generation};
+use crate::ids::{AgentEpoch, Generation, Revision};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey, Version};
-use crate::policy::{Policy, PolicyKey};
+use crate::policy::{Policy, PolicyKey, RemotePolicy};
 
 /// A command with the facts of its proposal: when and by whom.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -120,6 +120,23 @@ pub enum Command {
         /// The service.
         service: PolicyKey,
     },
+    /// The region bridge stores a policy whose home is another region, as
+    /// that home committed it (R9). Refused for a policy homed here or a
+    /// service holding a policy of another home; a version not newer than
+    /// the one held changes nothing, so a late re-send never goes back.
+    ReplicatePolicy(Box<RemotePolicy>),
+    /// The region bridge removes another region's policy that its home
+    /// deleted (`home_revision`: the home's revision when the deletion was
+    /// seen). Changes nothing unless the policy held is from `home` and not
+    /// newer.
+    DropReplicatedPolicy {
+        /// The service.
+        service: PolicyKey,
+        /// The home region that deleted it.
+        home: Label,
+        /// The home's revision at or after the deletion.
+        home_revision: Revision,
+    },
 }
 
 /// The body of a registration.
@@ -168,6 +185,8 @@ impl Command {
             Command::DeleteService { .. } => "delete-service",
             Command::SetPolicy(_) => "set-policy",
             Command::DeletePolicy { .. } => "delete-policy",
+            Command::ReplicatePolicy(_) => "replicate-policy",
+            Command::DropReplicatedPolicy { .. } => "drop-replicated-policy",
         }
     }
 }

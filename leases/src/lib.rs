@@ -17,6 +17,8 @@
 //! - `codec`: the only encoder and decoder.
 //! - `params`: what every replica of a shard must agree on.
 //! - `policy`: service policies as the catalog holds them (R9).
+//! - `remote`: the non-authoritative view of other regions the region
+//!   bridge reports (R9), held in arbiter memory only.
 //! - `fault`: the chaos suite's wire fault points, only in builds with the
 //!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
 
@@ -41,6 +43,7 @@ pub mod policy;
 pub mod protocol;
 pub mod raft;
 mod redb_file;
+pub mod remote;
 pub mod secret;
 pub mod server;
 pub mod snapshot;
@@ -49,7 +52,7 @@ pub mod tls;
 pub mod view;
 
 pub use catalog::{
-    Applied, Catalog, Effect, GenerationMemory, Rejection, ServiceInfo, SinceAnswer,
+    Applied, Catalog, Effect, GenerationMemory, ReadySummary, Rejection, ServiceInfo, SinceAnswer,
 };
 pub use command::{Command, Envelope, Registration};
 pub use delta_log::{Change, ServiceDelta};
@@ -60,7 +63,8 @@ pub use name::{
     InstanceId, Label, LabelValue, NameError, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
 pub use params::CatalogParams;
-pub use policy::{Policy, PolicyKey, StoredPolicy};
+pub use policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
+pub use remote::{Ingress, RegionView, RemoteViews, ServiceSummary};
 pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
 pub use view::{ServiceView, ViewError};
 

@@ -6,6 +6,11 @@
 //! `ServicePolicy::validate`, including when it is decoded from the log, a
 //! snapshot or the wire. This module decides nothing: `Catalog::apply`
 //! checks the home region, the agents (later) route by it.
+//!
+//! A policy travels to other regions as a `RemotePolicy`: the document
+//! with its home arbiter's revision and time, which the region bridges
+//! carry as-is. Another region's catalog holds it as a `ReplicatedPolicy`,
+//! apart from its own home policies, so no local change can override it.
 
 use std::fmt;
 
@@ -178,6 +183,45 @@ pub struct StoredPolicy {
     /// When that change was proposed, ms since the Unix epoch.
     pub set_at_ms: u64,
     /// Who proposed it.
+    pub set_by: Principal,
+}
+
+/// A policy as its home region's arbiter committed it, as the region
+/// bridges carry it to the other regions (R9): the document and the home
+/// arbiter's revision and time, never renumbered on the way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemotePolicy {
+    /// The policy (its home region is where it came from).
+    pub policy: Policy,
+    /// The revision that committed it in its home region: what orders
+    /// versions of it everywhere.
+    pub home_revision: Revision,
+    /// When the home arbiter committed it, ms since the Unix epoch.
+    pub home_set_at_ms: u64,
+}
+
+impl RemotePolicy {
+    /// The version a home region's stored policy travels as.
+    pub fn of(stored: &StoredPolicy) -> RemotePolicy {
+        RemotePolicy {
+            policy: stored.policy.clone(),
+            home_revision: stored.revision,
+            home_set_at_ms: stored.set_at_ms,
+        }
+    }
+}
+
+/// Another region's policy in this region's catalog: as its home committed
+/// it, and the local change that stored it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicatedPolicy {
+    /// The policy with its home revision.
+    pub remote: RemotePolicy,
+    /// The local revision that stored this version.
+    pub revision: Revision,
+    /// When that local change was proposed, ms since the Unix epoch.
+    pub set_at_ms: u64,
+    /// Who proposed it (the bridge, with the operator token).
     pub set_by: Principal,
 }
 

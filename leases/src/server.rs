@@ -77,6 +77,10 @@ pub struct ArbiterServer {
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
     tasks: Vec<JoinHandle<()>>,
+    /// Stops the admin HTTP server gracefully (its connections close, so
+    /// nothing keeps the store open after `shutdown`).
+    admin_stop: tokio::sync::oneshot::Sender<()>,
+    admin_task: JoinHandle<()>,
 }
 
 impl ArbiterServer {
@@ -198,12 +202,19 @@ impl ArbiterServer {
             metrics,
             token: token.into(),
             write_timeout,
+            remote: Arc::new(std::sync::Mutex::new(crate::remote::RemoteViews::new(
+                region.clone(),
+            ))),
         });
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin, app).await {
+        let (admin_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = tokio::spawn(async move {
+            let serve = axum::serve(admin, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
                 tracing::error!(error = %e, "admin endpoint stopped");
             }
-        }));
+        });
         tracing::info!(quic = %quic_addr, admin = %admin_addr, region = %config.region, replica = id, "arbiter serving");
         Ok(ArbiterServer {
             quic_addr,
@@ -214,6 +225,8 @@ impl ArbiterServer {
             peers,
             endpoint,
             tasks,
+            admin_stop,
+            admin_task,
         })
     }
 
@@ -232,6 +245,17 @@ impl ArbiterServer {
     /// Stops serving and waits until the storage is released, so the same
     /// data directory can be opened again (tests restart arbiters).
     pub async fn shutdown(self) {
+        // The admin server first, gracefully: its open keep-alive
+        // connections hold the store; a bounded wait, then it is aborted.
+        let _ = self.admin_stop.send(());
+        let mut admin_task = self.admin_task;
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut admin_task)
+            .await
+            .is_err()
+        {
+            admin_task.abort();
+            let _ = admin_task.await;
+        }
         self.endpoint.close(
             quinn::VarInt::from_u32(connection::close_code::DONE),
             b"arbiter shutting down",

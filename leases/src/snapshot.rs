@@ -15,7 +15,7 @@ use crate::endpoint::EndpointRecord;
 use crate::ids::{Revision, ShardId};
 use crate::lease::Lease;
 use crate::name::{InstanceId, Label, ServiceKey};
-use crate::policy::StoredPolicy;
+use crate::policy::{ReplicatedPolicy, StoredPolicy};
 
 /// A snapshot could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,6 +74,8 @@ pub struct CatalogSnapshot {
     pub guard: Vec<(Label, Vec<u64>)>,
     /// The service policies homed in this region, in key order.
     pub policies: Vec<StoredPolicy>,
+    /// Other regions' policies the region bridge replicated, in key order.
+    pub replicated_policies: Vec<ReplicatedPolicy>,
 }
 
 impl CatalogSnapshot {

@@ -11,8 +11,8 @@ use rollcall_leases::codec::{
 };
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Envelope, Generation, InstanceId, Label,
-    LabelValue, Liveness, NodeId, Policy, Principal, PrincipalName, Reason, Registration, Role,
-    ServiceKey, ServiceView, SinceAnswer, State, Version, Weight,
+    LabelValue, Liveness, NodeId, Policy, Principal, PrincipalName, Reason, Registration,
+    RemotePolicy, Revision, Role, ServiceKey, ServiceView, SinceAnswer, State, Version, Weight,
 };
 
 const NODES: usize = 4;
@@ -94,6 +94,8 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (0..SERVICES).prop_map(|s| Command::DeleteService { service: service(s) }),
         1 => (0..SERVICES, any::<bool>(), any::<bool>()).prop_map(|(s, home, cross)| Command::SetPolicy(Box::new(policy(s, home, cross)))),
         1 => (0..SERVICES).prop_map(|s| Command::DeletePolicy { service: format!("default/s{s}").parse().unwrap() }),
+        1 => (0..SERVICES, any::<bool>(), 1u64..6).prop_map(|(s, home, rev)| Command::ReplicatePolicy(Box::new(RemotePolicy { policy: policy(s, home, true), home_revision: Revision(rev), home_set_at_ms: rev }))),
+        1 => (0..SERVICES, 1u64..6).prop_map(|(s, rev)| Command::DropReplicatedPolicy { service: format!("default/s{s}").parse().unwrap(), home: Label::new("r2").unwrap(), home_revision: Revision(rev) }),
     ]
 }
 

@@ -793,13 +793,157 @@ fn policies_survive_a_snapshot_and_old_snapshots_still_decode() {
     );
 
     // A snapshot written before policies existed: frame kind 4, the same
-    // body without the trailing policy list (here an empty one, one byte).
+    // body without the trailing policy lists (here two empty ones, one
+    // byte each); before replicated policies: kind 11, without the last.
     let mut old = without.clone();
     old[1] = 4;
+    assert_eq!(old.pop(), Some(0));
     assert_eq!(old.pop(), Some(0));
     let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
     assert!(decoded.policies.is_empty());
     assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
+    let mut old = without.clone();
+    old[1] = 11;
+    assert_eq!(old.pop(), Some(0));
+    let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
+    assert!(decoded.replicated_policies.is_empty());
+    assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
+}
+
+fn remote(service: &str, home: &str, home_revision: u64) -> Box<RemotePolicy> {
+    Box::new(RemotePolicy {
+        policy: policy(service, home),
+        home_revision: Revision(home_revision),
+        home_set_at_ms: 5,
+    })
+}
+
+#[test]
+fn a_replicated_policy_keeps_its_home_revision_and_never_goes_back() {
+    let mut w = World::new();
+    let applied = w
+        .run(Command::ReplicatePolicy(remote("shop/cart", "r2", 40)))
+        .unwrap();
+    assert_eq!(applied.effect, Effect::PolicyChanged);
+    let held = w.cat.replicated_policy(&policy_key("shop/cart")).unwrap();
+    assert_eq!(held.remote.home_revision, Revision(40));
+    assert_eq!(held.revision, Revision(1));
+    assert!(w.cat.policy(&policy_key("shop/cart")).is_none());
+
+    // The same version again, or an older one, changes nothing.
+    for older in [40, 39] {
+        let again = w
+            .run(Command::ReplicatePolicy(remote("shop/cart", "r2", older)))
+            .unwrap();
+        assert_eq!((again.effect, again.revision), (Effect::Unchanged, None));
+    }
+    w.run(Command::ReplicatePolicy(remote("shop/cart", "r2", 41)))
+        .unwrap();
+    assert_eq!(
+        w.cat
+            .replicated_policy(&policy_key("shop/cart"))
+            .unwrap()
+            .remote
+            .home_revision,
+        Revision(41)
+    );
+
+    // Dropped only by its home, at or after the version held.
+    let drop = |home: &str, rev: u64| Command::DropReplicatedPolicy {
+        service: policy_key("shop/cart"),
+        home: label(home),
+        home_revision: Revision(rev),
+    };
+    for (home, rev) in [("r3", 50), ("r2", 40)] {
+        let kept = w.run(drop(home, rev)).unwrap();
+        assert_eq!(kept.effect, Effect::Unchanged, "{home} {rev}");
+    }
+    assert_eq!(w.run(drop("r2", 45)).unwrap().effect, Effect::PolicyChanged);
+    assert!(w.cat.replicated_policy(&policy_key("shop/cart")).is_none());
+}
+
+#[test]
+fn local_changes_never_override_a_replicated_policy() {
+    let mut w = World::new();
+    w.run(Command::ReplicatePolicy(remote("shop/cart", "r2", 40)))
+        .unwrap();
+    let before = w.snapshot();
+    let set = w
+        .run(Command::SetPolicy(Box::new(policy("shop/cart", "r1"))))
+        .unwrap_err();
+    assert!(
+        matches!(&set, Rejection::NotHomeRegion { home, .. } if home.as_str() == "r2"),
+        "{set}"
+    );
+    let delete = w
+        .run(Command::DeletePolicy {
+            service: policy_key("shop/cart"),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(delete, Rejection::NotHomeRegion { .. }),
+        "{delete}"
+    );
+    // A third region's version of the same service is a home conflict.
+    let other = w
+        .run(Command::ReplicatePolicy(remote("shop/cart", "r4", 99)))
+        .unwrap_err();
+    assert!(matches!(other, Rejection::HomeConflict { .. }), "{other}");
+    // A bridge never replicates a policy homed here, nor over one.
+    let here = w
+        .run(Command::ReplicatePolicy(remote("shop/web", "r1", 1)))
+        .unwrap_err();
+    assert!(matches!(here, Rejection::HomeHere { .. }), "{here}");
+    assert_eq!(w.snapshot(), before, "refusals change nothing");
+    w.run(Command::SetPolicy(Box::new(policy("shop/web", "r1"))))
+        .unwrap();
+    let over = w
+        .run(Command::ReplicatePolicy(remote("shop/web", "r2", 7)))
+        .unwrap_err();
+    assert!(matches!(over, Rejection::HomeConflict { .. }), "{over}");
+}
+
+#[test]
+fn replicated_policies_survive_a_snapshot() {
+    let mut w = World::new();
+    w.run(Command::SetPolicy(Box::new(policy("shop/web", "r1"))))
+        .unwrap();
+    w.run(Command::ReplicatePolicy(remote("shop/cart", "r2", 40)))
+        .unwrap();
+    let snap = w.cat.export();
+    assert_eq!(snap.replicated_policies.len(), 1);
+    let decoded =
+        crate::codec::decode_catalog_snapshot(&crate::codec::encode_catalog_snapshot(&snap))
+            .unwrap();
+    assert_eq!(decoded, snap);
+    let back = Catalog::import(params(), decoded).unwrap();
+    assert_eq!(back.export(), snap);
+
+    // Imported into its home region, it would be a second home: refused.
+    let mut p = params();
+    p.region = label("r2");
+    let mut only_remote = snap.clone();
+    only_remote.policies.clear();
+    let err = Catalog::import(p, only_remote).unwrap_err();
+    assert!(err.to_string().contains("own region r2"), "{err}");
+}
+
+#[test]
+fn ready_summaries_count_ready_records_and_their_weight() {
+    let mut w = World::new();
+    zone_of(&mut w, "z1", 2);
+    let rows = w.cat.ready_summaries();
+    assert!(!rows.is_empty());
+    for row in rows {
+        let records = w.cat.records(&row.service).unwrap();
+        let ready: Vec<_> = records.iter().filter(|r| r.state.is_routable()).collect();
+        assert_eq!(row.ready, ready.len());
+        assert_eq!(
+            row.ready_weight,
+            ready.iter().map(|r| u64::from(r.weight.get())).sum::<u64>()
+        );
+        assert_eq!(row.revision, w.cat.service(&row.service).unwrap().revision);
+    }
 }
 
 #[test]

@@ -14,13 +14,23 @@
 //! whole and every policy's home region checked before anything is
 //! proposed, so bad input changes nothing; writes are proposed through the
 //! core like agents' writes (a follower hands them to the leader).
+//!
+//! For the region bridge (R9), with the same token: `GET /v1/summaries`
+//! (per service: revision, READY count, summed READY weight; nothing per
+//! instance), `PUT /v1/remote/{region}/policies` (store other regions'
+//! policies as their home committed them, or drop the ones their home
+//! deleted: `ReplicatePolicy` / `DropReplicatedPolicy` commands), and the
+//! remote view, which lives in this replica's memory only, never in the
+//! log: `PUT /v1/remote/{region}` (replace one region's view), `POST
+//! /v1/remote/{region}/heard` (that region confirmed the view at a version
+//! is current) and `GET /v1/remote` (every view with its age).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
@@ -32,18 +42,23 @@ use crate::catalog::Rejection;
 use crate::command::Command;
 use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
-use crate::name::{PrincipalName, ServiceKey};
-use crate::policy::{Policy, PolicyKey, StoredPolicy};
+use crate::name::{Label, PrincipalName, ServiceKey};
+use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{
     MembershipChange, PeerRequest, PeerResponse, RejectKind, Response as Answer,
 };
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
-use crate::server::core::{raft_json, AdminQuery, CoreMsg};
+use crate::remote::{RegionView, RemoteViews};
+use crate::server::core::{now_ms, raft_json, AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
 use crate::server::peer::{self, Peers};
 
 /// Most audit entries one call returns.
 const MAX_AUDIT_LIMIT: usize = 10_000;
+
+/// Largest body of a bridge's remote-view or remote-policy call: a region's
+/// whole view (up to `MAX_REGION_SUMMARIES` summaries) in JSON.
+const MAX_REMOTE_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// What the admin endpoint reads and drives.
 #[derive(Clone)]
@@ -62,6 +77,8 @@ pub struct AdminState {
     pub token: Arc<str>,
     /// How long one write may take (`raft.write_timeout_ms`).
     pub write_timeout: std::time::Duration,
+    /// The remote view the region bridge reports (memory only).
+    pub remote: Arc<Mutex<RemoteViews>>,
 }
 
 /// The admin routes.
@@ -77,6 +94,17 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/policies/{namespace}/{service}",
             get(get_policy).delete(delete_policy),
+        )
+        .route("/v1/summaries", get(summaries))
+        .route("/v1/remote", get(list_remote))
+        .route(
+            "/v1/remote/{region}",
+            put(put_remote).layer(DefaultBodyLimit::max(MAX_REMOTE_BODY_BYTES)),
+        )
+        .route("/v1/remote/{region}/heard", post(remote_heard))
+        .route(
+            "/v1/remote/{region}/policies",
+            put(put_remote_policies).layer(DefaultBodyLimit::max(MAX_REMOTE_BODY_BYTES)),
         )
         .with_state(state)
 }
@@ -346,7 +374,8 @@ fn operator() -> Principal {
 }
 
 /// A stored policy as JSON: the document as written, with the revision,
-/// time and actor of the change that set it.
+/// time and actor of the change that set it. A policy homed here is its
+/// own home version (`home_revision` = `revision`).
 fn policy_json(stored: &StoredPolicy) -> serde_json::Value {
     serde_json::json!({
         "service": stored.policy.key().to_string(),
@@ -354,7 +383,27 @@ fn policy_json(stored: &StoredPolicy) -> serde_json::Value {
         "revision": stored.revision.0,
         "set_at_ms": stored.set_at_ms,
         "set_by": stored.set_by.to_string(),
+        "replicated": false,
+        "home_revision": stored.revision.0,
+        "home_set_at_ms": stored.set_at_ms,
         "policy": stored.policy.document(),
+    })
+}
+
+/// A policy replicated from its home region as JSON: like `policy_json`,
+/// with the home's revision and time next to the local ones.
+fn replicated_json(held: &ReplicatedPolicy) -> serde_json::Value {
+    let policy = &held.remote.policy;
+    serde_json::json!({
+        "service": policy.key().to_string(),
+        "home_region": policy.home_region().to_string(),
+        "revision": held.revision.0,
+        "set_at_ms": held.set_at_ms,
+        "set_by": held.set_by.to_string(),
+        "replicated": true,
+        "home_revision": held.remote.home_revision.0,
+        "home_set_at_ms": held.remote.home_set_at_ms,
+        "policy": policy.document(),
     })
 }
 
@@ -510,10 +559,19 @@ async fn list_policies(
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
     let cat = state.applied.lock();
+    let mut rows: Vec<(PolicyKey, serde_json::Value)> = cat
+        .policies()
+        .map(|p| (p.policy.key().clone(), policy_json(p)))
+        .chain(
+            cat.replicated_policies()
+                .map(|p| (p.remote.policy.key().clone(), replicated_json(p))),
+        )
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
     let body = serde_json::json!({
         "region": cat.params().region.to_string(),
         "revision": cat.revision().0,
-        "policies": cat.policies().map(policy_json).collect::<Vec<_>>(),
+        "policies": rows.into_iter().map(|(_, row)| row).collect::<Vec<_>>(),
     });
     drop(cat);
     Ok(Json(body).into_response())
@@ -527,8 +585,12 @@ async fn get_policy(
     authorize(&state, &headers)?;
     let key = policy_key(path)?;
     let cat = state.applied.lock();
-    let answer = match cat.policy(&key) {
-        Some(stored) => Ok(Json(policy_json(stored)).into_response()),
+    let found = cat
+        .policy(&key)
+        .map(policy_json)
+        .or_else(|| cat.replicated_policy(&key).map(replicated_json));
+    let answer = match found {
+        Some(row) => Ok(Json(row).into_response()),
         None => Err(error(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -567,4 +629,285 @@ async fn delete_policy(
             format!("unexpected answer {other:?}"),
         )),
     }
+}
+
+// ----- for the region bridge (R9) -----
+
+async fn summaries(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let cat = state.applied.lock();
+    let rows: Vec<serde_json::Value> = cat
+        .ready_summaries()
+        .into_iter()
+        .map(|s| {
+            serde_json::json!({
+                "service": s.service.to_string(),
+                "revision": s.revision.0,
+                "ready": s.ready,
+                "weight": s.ready_weight,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "region": cat.params().region.to_string(),
+        "revision": cat.revision().0,
+        "summaries": rows,
+    });
+    drop(cat);
+    Ok(Json(body).into_response())
+}
+
+/// The region of a `/v1/remote/{region}` path: another region than this
+/// arbiter's.
+fn remote_region(
+    state: &AdminState,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Label, AdminError> {
+    let Path(region) =
+        path.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let region = Label::new(&region)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?;
+    let here = state.applied.lock().params().region.clone();
+    if region == here {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "own_region",
+            format!("region {region} is this arbiter's own region; the remote view and replicated policies are of other regions only"),
+        ));
+    }
+    Ok(region)
+}
+
+async fn list_remote(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let now = now_ms();
+    let here = state.applied.lock().params().region.to_string();
+    let remote = state.remote.lock().expect("remote view lock");
+    let regions: Vec<serde_json::Value> = remote
+        .iter()
+        .map(|held| {
+            let view = &held.view;
+            serde_json::json!({
+                "region": view.region.to_string(),
+                "version": view.version.0,
+                "as_of_ms": view.as_of_ms,
+                "age_ms": held.age_ms(now),
+                "max_age_ms": held.max_age_ms,
+                "fresh": held.fresh(now),
+                "ingress": view.ingress,
+                "summaries": view.summaries,
+            })
+        })
+        .collect();
+    drop(remote);
+    Ok(Json(serde_json::json!({"region": here, "regions": regions})).into_response())
+}
+
+/// `PUT /v1/remote/{region}`: one region's whole view.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ViewReport {
+    view: RegionView,
+    heard_ms_ago: u64,
+    max_age_ms: u64,
+}
+
+async fn put_remote(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    body: Result<Json<ViewReport>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let region = remote_region(&state, path)?;
+    let Json(report) =
+        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    if report.view.region != region {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "the view is of region {}, but the path names region {region}",
+                report.view.region
+            ),
+        ));
+    }
+    let version = report.view.version;
+    state
+        .remote
+        .lock()
+        .expect("remote view lock")
+        .put(
+            report.view,
+            report.heard_ms_ago,
+            report.max_age_ms,
+            now_ms(),
+        )
+        .map_err(|e| {
+            error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_view",
+                e.to_string(),
+            )
+        })?;
+    Ok(
+        Json(serde_json::json!({"region": region.to_string(), "version": version.0}))
+            .into_response(),
+    )
+}
+
+/// `POST /v1/remote/{region}/heard`: the view at `version` is current.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Heard {
+    version: Revision,
+    as_of_ms: u64,
+    heard_ms_ago: u64,
+}
+
+async fn remote_heard(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    body: Result<Json<Heard>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let region = remote_region(&state, path)?;
+    let Json(heard) =
+        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let confirmed = state.remote.lock().expect("remote view lock").confirm(
+        &region,
+        heard.version,
+        heard.as_of_ms,
+        heard.heard_ms_ago,
+        now_ms(),
+    );
+    if !confirmed {
+        return Err(error(
+            StatusCode::CONFLICT,
+            "unknown_version",
+            format!(
+                "this replica holds no view of region {region} at version {}; send the whole view (PUT /v1/remote/{region})",
+                heard.version
+            ),
+        ));
+    }
+    Ok(
+        Json(serde_json::json!({"region": region.to_string(), "version": heard.version.0}))
+            .into_response(),
+    )
+}
+
+/// `PUT /v1/remote/{region}/policies`: policies of `region` to store as
+/// their home committed them, and ones their home deleted.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemotePolicies {
+    #[serde(default)]
+    policies: Vec<RemotePolicy>,
+    #[serde(default)]
+    removed: Vec<RemovedPolicy>,
+}
+
+/// A policy its home region deleted, by the home's revision then.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemovedPolicy {
+    service: String,
+    home_revision: Revision,
+}
+
+async fn put_remote_policies(
+    State(state): State<AdminState>,
+    headers: HeaderMap,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    body: Result<Json<RemotePolicies>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&state, &headers)?;
+    let region = remote_region(&state, path)?;
+    let Json(body) =
+        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let mut commands = Vec::with_capacity(body.policies.len() + body.removed.len());
+    let mut keys = Vec::with_capacity(commands.capacity());
+    for (i, remote) in body.policies.into_iter().enumerate() {
+        if remote.policy.home_region() != &region {
+            return Err(error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_policy",
+                format!(
+                    "policies[{i}] ({}) has home region {}, not {region}; nothing was applied",
+                    remote.policy.key(),
+                    remote.policy.home_region()
+                ),
+            ));
+        }
+        keys.push(remote.policy.key().clone());
+        commands.push(Command::ReplicatePolicy(Box::new(remote)));
+    }
+    let replicated = commands.len();
+    for (i, removed) in body.removed.into_iter().enumerate() {
+        let service = removed.service.parse::<PolicyKey>().map_err(|e| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("removed[{i}].service: {e}"),
+            )
+        })?;
+        keys.push(service.clone());
+        commands.push(Command::DropReplicatedPolicy {
+            service,
+            home: region.clone(),
+            home_revision: removed.home_revision,
+        });
+    }
+    let answers = propose(&state, commands).await?;
+    let mut policies = Vec::new();
+    let mut removed = Vec::new();
+    let mut refused = Vec::new();
+    for (i, (key, answer)) in keys.iter().zip(answers).enumerate() {
+        let rows = if i < replicated {
+            &mut policies
+        } else {
+            &mut removed
+        };
+        match answer {
+            Answer::Committed { revision, .. } => rows.push(serde_json::json!({
+                "service": key.to_string(),
+                "changed": revision.is_some(),
+                "revision": revision.map(|r| r.0),
+            })),
+            Answer::Rejected {
+                kind: RejectKind::Unavailable,
+                message,
+            } => {
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    message,
+                ))
+            }
+            Answer::Rejected { message, .. } => refused.push(serde_json::json!({
+                "service": key.to_string(),
+                "detail": message,
+            })),
+            other => refused.push(serde_json::json!({
+                "service": key.to_string(),
+                "detail": format!("unexpected answer {other:?}"),
+            })),
+        }
+    }
+    let revision = state.applied.lock().revision().0;
+    Ok(Json(serde_json::json!({
+        "revision": revision,
+        "policies": policies,
+        "removed": removed,
+        "refused": refused,
+    }))
+    .into_response())
 }

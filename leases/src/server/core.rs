@@ -1968,7 +1968,9 @@ fn response_of(catalog: &Catalog, env: &Envelope, result: Result<Applied, Reject
                 Rejection::UnknownInstance { .. }
                 | Rejection::UnknownService { .. }
                 | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
-                Rejection::NotHomeRegion { .. } => RejectKind::Forbidden,
+                Rejection::NotHomeRegion { .. } | Rejection::HomeHere { .. } => {
+                    RejectKind::Forbidden
+                }
                 _ => RejectKind::Invalid,
             };
             Response::Rejected {

@@ -1,0 +1,302 @@
+//! The only place bridge messages become bytes and back: postcard frames
+//! `[format version][kind][body]`, each sent with the 4-byte length prefix
+//! of `rollcall_leases::codec::write_frame`. Sizes are checked before
+//! anything is decoded, and decoding validates every name, policy and
+//! address (the leases types refuse invalid values on the way in), so a
+//! malformed or oversized frame is an error and never a value.
+
+use rollcall_leases::codec::FrameError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::message::{Hello, Update};
+
+/// The format version written in the first byte of every frame.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// Largest `Hello` frame: a region name and a revision fit in far less.
+pub const MAX_HELLO_BYTES: usize = 1024;
+
+/// Largest `Update` frame. A full state of 2,000 services with their
+/// policies is a few hundred KiB; the bound leaves room for
+/// `MAX_REGION_SUMMARIES` summaries and keeps one peer from making a
+/// bridge allocate without limit.
+pub const MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What a frame holds (its second byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A `Hello`.
+    Hello = 1,
+    /// An `Update`.
+    Update = 2,
+}
+
+impl FrameKind {
+    fn name(self) -> &'static str {
+        match self {
+            FrameKind::Hello => "bridge hello",
+            FrameKind::Update => "bridge update",
+        }
+    }
+}
+
+/// Why a frame could not be read or decoded. Nothing was changed by it.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The stream failed, ended, or announced a frame over the limit.
+    #[error("{what}: {source}")]
+    Frame {
+        /// What was expected.
+        what: &'static str,
+        /// What went wrong reading it.
+        source: FrameError,
+    },
+    /// Over the size limit.
+    #[error("{what} frame of {len} bytes exceeds the {limit}-byte limit")]
+    TooLarge {
+        /// What was expected.
+        what: &'static str,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Too short to hold the version and kind bytes.
+    #[error("empty {what} frame")]
+    Empty {
+        /// What was expected.
+        what: &'static str,
+    },
+    /// Written by another format version.
+    #[error("{what} frame has format version {got}; this bridge reads version {FORMAT_VERSION}")]
+    Version {
+        /// What was expected.
+        what: &'static str,
+        /// The version found.
+        got: u8,
+    },
+    /// Another kind of frame.
+    #[error("expected a {what} frame, got frame kind {got}")]
+    WrongKind {
+        /// What was expected.
+        what: &'static str,
+        /// The kind byte found.
+        got: u8,
+    },
+    /// The body does not decode, or holds an invalid value.
+    #[error("malformed {what}: {detail}")]
+    Malformed {
+        /// What was expected.
+        what: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
+    postcard::to_extend(value, vec![FORMAT_VERSION, kind as u8])
+        .expect("in-memory values always encode")
+}
+
+fn unframe<T: DeserializeOwned>(
+    bytes: &[u8],
+    kind: FrameKind,
+    limit: usize,
+) -> Result<T, CodecError> {
+    let what = kind.name();
+    if bytes.len() > limit {
+        return Err(CodecError::TooLarge {
+            what,
+            len: bytes.len(),
+            limit,
+        });
+    }
+    let [version, got, body @ ..] = bytes else {
+        return Err(CodecError::Empty { what });
+    };
+    if *version != FORMAT_VERSION {
+        return Err(CodecError::Version {
+            what,
+            got: *version,
+        });
+    }
+    if *got != kind as u8 {
+        return Err(CodecError::WrongKind { what, got: *got });
+    }
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| CodecError::Malformed {
+            what,
+            detail: e.to_string(),
+        })?;
+    if !rest.is_empty() {
+        return Err(CodecError::Malformed {
+            what,
+            detail: format!("{} trailing bytes", rest.len()),
+        });
+    }
+    Ok(value)
+}
+
+/// Encodes a `Hello`.
+pub fn encode_hello(hello: &Hello) -> Vec<u8> {
+    frame(FrameKind::Hello, hello)
+}
+
+/// Decodes a `Hello`.
+pub fn decode_hello(bytes: &[u8]) -> Result<Hello, CodecError> {
+    unframe(bytes, FrameKind::Hello, MAX_HELLO_BYTES)
+}
+
+/// Encodes an `Update`.
+pub fn encode_update(update: &Update) -> Vec<u8> {
+    frame(FrameKind::Update, update)
+}
+
+/// Decodes an `Update`.
+pub fn decode_update(bytes: &[u8]) -> Result<Update, CodecError> {
+    unframe(bytes, FrameKind::Update, MAX_UPDATE_BYTES)
+}
+
+/// Reads one length-prefixed `Hello` from a stream (the length is refused
+/// before anything is read when over `MAX_HELLO_BYTES`).
+pub async fn read_hello<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Hello, CodecError> {
+    let bytes = rollcall_leases::codec::read_frame(r, MAX_HELLO_BYTES)
+        .await
+        .map_err(|source| CodecError::Frame {
+            what: FrameKind::Hello.name(),
+            source,
+        })?;
+    decode_hello(&bytes)
+}
+
+/// Reads one length-prefixed `Update` from a stream.
+pub async fn read_update<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Update, CodecError> {
+    let bytes = rollcall_leases::codec::read_frame(r, MAX_UPDATE_BYTES)
+        .await
+        .map_err(|source| CodecError::Frame {
+            what: FrameKind::Update.name(),
+            source,
+        })?;
+    decode_update(&bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rollcall_config::ServicePolicy;
+    use rollcall_leases::{Ingress, Label, Policy, RemotePolicy, Revision, ServiceSummary};
+
+    fn update() -> Update {
+        Update {
+            region: Label::new("r1").unwrap(),
+            full: false,
+            base: Revision(4),
+            version: Revision(9),
+            as_of_ms: 1_000,
+            ingress: Some(vec![Ingress::new("edge.r1:443").unwrap()]),
+            policies: vec![RemotePolicy {
+                policy: Policy::new(ServicePolicy::new("shop/cart", "r1")).unwrap(),
+                home_revision: Revision(8),
+                home_set_at_ms: 900,
+            }],
+            removed_policies: vec!["shop/old".parse().unwrap()],
+            summaries: vec![ServiceSummary {
+                service: "shop/cart/http".parse().unwrap(),
+                revision: Revision(9),
+                ready: 3,
+                weight: 300,
+                taken_at_ms: 1_000,
+            }],
+            removed_services: vec!["shop/old/http".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let u = update();
+        assert_eq!(decode_update(&encode_update(&u)).unwrap(), u);
+        assert_eq!(u.items(), 4);
+        let hello = Hello {
+            region: Label::new("r2").unwrap(),
+            have: Some(Revision(4)),
+        };
+        assert_eq!(decode_hello(&encode_hello(&hello)).unwrap(), hello);
+    }
+
+    #[test]
+    fn every_damaged_frame_is_an_error() {
+        let bytes = encode_update(&update());
+        assert!(matches!(decode_update(&[]), Err(CodecError::Empty { .. })));
+        let mut version = bytes.clone();
+        version[0] = 9;
+        assert!(matches!(
+            decode_update(&version),
+            Err(CodecError::Version { got: 9, .. })
+        ));
+        assert!(matches!(
+            decode_hello(&bytes),
+            Err(CodecError::TooLarge { .. }) | Err(CodecError::WrongKind { .. })
+        ));
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(matches!(
+            decode_update(&trailing),
+            Err(CodecError::Malformed { .. })
+        ));
+        for cut in [3, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode_update(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let big = vec![0u8; MAX_HELLO_BYTES + 1];
+        assert!(matches!(
+            decode_hello(&big),
+            Err(CodecError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn decoding_validates_policies_and_addresses() {
+        // A policy failing its rules (failover into its data boundary).
+        let mut doc = ServicePolicy::new("shop/cart", "r1");
+        doc.failover_order = vec!["r2".into()];
+        doc.data_boundary = vec!["r2".into()];
+        let body = (
+            Label::new("r1").unwrap(),
+            true,
+            Revision(0),
+            Revision(1),
+            0u64,
+            None::<Vec<String>>,
+            vec![(doc, Revision(1), 0u64)],
+            Vec::<String>::new(),
+            Vec::<String>::new(),
+            Vec::<String>::new(),
+        );
+        let bytes =
+            postcard::to_extend(&body, vec![FORMAT_VERSION, FrameKind::Update as u8]).unwrap();
+        assert!(matches!(
+            decode_update(&bytes),
+            Err(CodecError::Malformed { .. })
+        ));
+        // An ingress address without a port.
+        let body = (
+            Label::new("r1").unwrap(),
+            true,
+            Revision(0),
+            Revision(1),
+            0u64,
+            Some(vec!["edge".to_owned()]),
+            Vec::<u8>::new(),
+            Vec::<u8>::new(),
+            Vec::<u8>::new(),
+            Vec::<u8>::new(),
+        );
+        let bytes =
+            postcard::to_extend(&body, vec![FORMAT_VERSION, FrameKind::Update as u8]).unwrap();
+        assert!(matches!(
+            decode_update(&bytes),
+            Err(CodecError::Malformed { .. })
+        ));
+    }
+}
