@@ -112,8 +112,12 @@ impl Processes {
 impl Drop for Processes {
     fn drop(&mut self) {
         for (_, child) in &mut self.children {
+            if !matches!(child.try_wait(), Ok(None)) {
+                continue;
+            }
             let _ = Command::new("kill")
                 .args(["-CONT", &child.id().to_string()])
+                .stderr(Stdio::null())
                 .status();
             let _ = child.kill();
             let _ = child.wait();
