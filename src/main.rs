@@ -245,6 +245,14 @@ struct DevArgs {
     /// The agent's DNS server (UDP and TCP).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8600")]
     dns: SocketAddr,
+    /// Run this many regions (r1, r2, …), each with an arbiter, an agent
+    /// (also its region's ingress gateway) and a region bridge. Region k's
+    /// agent HTTP API is on the `--http` port + 10(k−1), its arbiter admin
+    /// on the next port, ingress +2, bridge +3, DNS +4; `--proxy` listeners
+    /// run on r1's agent; `--admin`, `--quic`, `--dns` and `--replicas`
+    /// do not apply.
+    #[arg(long, value_name = "N")]
+    regions: Option<u8>,
 }
 
 /// Parses `--proxy SERVICE=ADDR`, completing the service key with the
@@ -266,6 +274,7 @@ fn parse_proxy(value: &str) -> Result<rollcall_config::ProxyEntry, String> {
     Ok(rollcall_config::ProxyEntry {
         service: key,
         listen,
+        traffic: Default::default(),
     })
 }
 
@@ -697,6 +706,15 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     check_fault_points()?;
+    if let Some(n) = args.regions {
+        let dev =
+            rollcall_node::dev_regions::DevRegions::start(n, args.data_dir, args.http, args.proxy)
+                .await?;
+        println!("{}", dev.banner());
+        stop_signal().await;
+        dev.shutdown().await;
+        return Ok(ExitCode::SUCCESS);
+    }
     let options = rollcall_node::dev::DevOptions {
         proxies: args.proxy,
         dns: args.dns,

@@ -95,6 +95,9 @@ pub struct AgentConfig {
     pub probes: ProbesConfig,
     /// `[gossip]`: SWIM membership of this node's zone.
     pub gossip: GossipConfig,
+    /// `[ingress]`: this agent as its region's edge gateway for other
+    /// regions' failed-over connections. Default off.
+    pub ingress: crate::IngressConfig,
     /// `[budget]`: estimates `rollcall budget` uses for what settings cannot
     /// tell (commit and network latency). Not used at run time.
     pub budget: BudgetEstimates,
@@ -126,6 +129,7 @@ impl Default for AgentConfig {
             drain: DrainConfig::default(),
             probes: ProbesConfig::default(),
             gossip: GossipConfig::default(),
+            ingress: crate::IngressConfig::default(),
             budget: BudgetEstimates::default(),
         }
     }
@@ -176,6 +180,11 @@ impl ConfigFile for AgentConfig {
         )?;
         self.checks.validate(&format!("{PREFIX}.checks"))?;
         self.gossip.validate(&format!("{PREFIX}.gossip"))?;
+        rules::at_least(
+            "agent.ingress.preamble_timeout_ms",
+            self.ingress.preamble_timeout_ms,
+            100,
+        )?;
         self.budget.validate(&format!("{PREFIX}.budget"))
     }
 }

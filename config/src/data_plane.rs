@@ -18,6 +18,67 @@ pub struct ProxyEntry {
     pub service: String,
     /// Where callers on this host connect (loopback, normally).
     pub listen: SocketAddr,
+    /// What its callers send: `read_write` (default) or `read_only`. Only
+    /// matters when the service fails over to another region: a policy
+    /// with `failover_traffic = "read_only"`, or a single-writer service
+    /// without a declared transfer, moves read-only listeners' connections
+    /// only.
+    #[serde(default)]
+    pub traffic: ConnTraffic,
+}
+
+/// What a caller's connections may do, as a proxy listener or a resolve
+/// call declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnTraffic {
+    /// Reads only: may move wherever the policy lets read-only traffic go.
+    ReadOnly,
+    /// Reads and writes (the safe assumption when nothing is declared).
+    #[default]
+    ReadWrite,
+}
+
+impl ConnTraffic {
+    /// The name used in files, URLs and the ingress preamble.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnTraffic::ReadOnly => "read_only",
+            ConnTraffic::ReadWrite => "read_write",
+        }
+    }
+
+    /// Parses `read_only` / `read_write`.
+    pub fn parse(text: &str) -> Option<ConnTraffic> {
+        match text {
+            "read_only" => Some(ConnTraffic::ReadOnly),
+            "read_write" => Some(ConnTraffic::ReadWrite),
+            _ => None,
+        }
+    }
+}
+
+/// `[ingress]`: this agent as its region's edge gateway (R9): other
+/// regions' proxies send failed-over connections here, each opened by a
+/// one-line preamble naming the service, and the gateway forwards them to
+/// a READY local endpoint when the service's policy lets that traffic into
+/// this region. List the address in the region bridge's `ingress`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    /// Where the gateway listens; unset (the default): no gateway.
+    pub listen: Option<SocketAddr>,
+    /// Longest wait for a connection's preamble, in ms. Default 2000.
+    pub preamble_timeout_ms: u64,
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        IngressConfig {
+            listen: None,
+            preamble_timeout_ms: 2_000,
+        }
+    }
 }
 
 /// `[data_plane]`: how the proxy (and the shared endpoint view used by DNS

@@ -39,7 +39,7 @@ pub use checks::{
     CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
 };
 pub use data_plane::{
-    DataPlaneConfig, DrainConfig, ProbesConfig, ProxyEntry, StaleBehaviour, StalenessConfig,
+    ConnTraffic, DataPlaneConfig, IngressConfig, DrainConfig, ProbesConfig, ProxyEntry, StaleBehaviour, StalenessConfig,
     StalenessOverride, WorkloadGrant,
 };
 pub use error::ConfigError;

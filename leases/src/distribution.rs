@@ -240,6 +240,11 @@ impl Distributor {
         }
     }
 
+    /// The services `agent` follows.
+    pub fn subscriptions(&self, agent: AgentId) -> impl Iterator<Item = &ServiceKey> {
+        self.agents.get(&agent).into_iter().flat_map(|a| a.subs.keys())
+    }
+
     /// The agent stops following `service`.
     pub fn unsubscribe(&mut self, agent: AgentId, service: &ServiceKey) {
         if let Some(state) = self.agents.get_mut(&agent) {

@@ -43,6 +43,7 @@ pub mod policy;
 pub mod protocol;
 pub mod raft;
 mod redb_file;
+pub mod regions;
 pub mod remote;
 pub mod secret;
 pub mod server;
@@ -64,6 +65,7 @@ pub use name::{
 };
 pub use params::CatalogParams;
 pub use policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
+pub use regions::{HeldPolicy, RegionEntry, RegionsUpdate};
 pub use remote::{Ingress, RegionView, RemoteViews, ServiceSummary};
 pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
 pub use view::{ServiceView, ViewError};

@@ -86,6 +86,11 @@ pub enum SessionDown {
     },
     /// Changes for subscribed services, merged when they arrived together.
     Update(Vec<ServiceUpdate>),
+    /// The policies of the followed services and the other regions'
+    /// summaries of them (R9), replacing the previous such message; sent
+    /// when it changes and, while other regions are known, again before the
+    /// agent's copy of their ages gets old.
+    Regions(crate::regions::RegionsUpdate),
     /// The session is refused and will be closed.
     Refused {
         /// Why, in words an operator can act on.

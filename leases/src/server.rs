@@ -182,7 +182,10 @@ impl ArbiterServer {
             applied: applied.clone(),
             peers: peers.clone(),
         };
-        let core = Core::new(config.clone(), replica, metrics.clone());
+        let remote = Arc::new(std::sync::Mutex::new(crate::remote::RemoteViews::new(
+            region.clone(),
+        )));
+        let core = Core::new(config.clone(), replica, metrics.clone(), remote.clone());
         let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
         let mut tasks = vec![tokio::spawn(core.run(core_rx))];
         tasks.push(tokio::spawn(connection::accept_loop(
@@ -202,9 +205,7 @@ impl ArbiterServer {
             metrics,
             token: token.into(),
             write_timeout,
-            remote: Arc::new(std::sync::Mutex::new(crate::remote::RemoteViews::new(
-                region.clone(),
-            ))),
+            remote,
         });
         let (admin_stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(async move {

@@ -164,6 +164,7 @@ async fn run() {
         proxy: vec![ProxyEntry {
             service: SERVICE.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            traffic: Default::default(),
         }],
         ..AgentConfig::default()
     };

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rollcall_config::{AgentConfig, StaleBehaviour};
+use rollcall_config::{AgentConfig, ConnTraffic, StaleBehaviour};
 use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError};
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
 use rollcall_leases::tls::TlsMaterial;
@@ -26,15 +26,17 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::api_types::{
-    ApiError, DrainResponse, EndpointJson, EndpointsResponse, Propagated, RegisterResponse,
-    StatusResponse, SubscriptionStatus, ValidRegistration,
+    ApiError, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson, Propagated,
+    RegionsPolicy, RegionsResponse, RegisterResponse, StatusResponse, SubscriptionStatus,
+    ValidRegistration,
 };
+use crate::failover::{Decision, Refusal};
 use crate::api_types::{ArbiterStatus, GossipStatus, LeaseStatus};
 use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
-use crate::metrics::{AgentMetrics, ServiceLabel};
+use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel, RegionLabel, ServiceLabel};
 use crate::prober::Prober;
 use crate::proxy::{ActiveConnections, ProxyHandle};
 use crate::registrations::{Intent, LocalInstance, Registrations, RegistrationsError};
@@ -142,6 +144,9 @@ struct Shared {
     /// up: right after an outage the catalog has not caught up with a crash
     /// gossip saw during it.
     down_settled: BTreeSet<NodeId>,
+    /// Policies of the followed services and the other regions' summaries
+    /// (R9), as the arbiter last sent them.
+    regions: crate::failover::Regions,
 }
 
 /// What the shared endpoint view answers for a service.
@@ -175,6 +180,30 @@ pub struct Answer {
     pub records: Vec<Arc<EndpointRecord>>,
     /// Instances this agent drained or deregistered (shown as DRAINING).
     pub leaving: BTreeSet<InstanceId>,
+}
+
+/// The API form of a failover decision.
+fn failover_json(decision: Decision) -> FailoverJson {
+    match decision {
+        Decision::Remote {
+            region,
+            ingress,
+            ready,
+        } => FailoverJson {
+            detail: format!("no usable endpoint in this region; traffic goes to region {region}'s ingress"),
+            region: Some(region),
+            ingress: ingress.iter().map(|i| i.to_string()).collect(),
+            ready,
+            refused: None,
+        },
+        Decision::Refused(refusal) => FailoverJson {
+            region: None,
+            ingress: Vec::new(),
+            ready: 0,
+            refused: Some(refusal.as_str().to_owned()),
+            detail: format!("no usable endpoint in this region and no failover: {}", refusal.describe()),
+        },
+    }
 }
 
 /// How long a failed connect waits for the catalog to prove the view stale.
@@ -254,6 +283,9 @@ pub struct AgentHandle {
     pub dns_addr: SocketAddr,
     /// The zone gossip member, when `gossip.key_file` is set.
     pub gossip: Option<GossipHandle>,
+    /// Where the ingress gateway listens, when `ingress.listen` is set.
+    pub ingress_addr: Option<SocketAddr>,
+    ingress: Option<crate::ingress::IngressHandle>,
     dns: DnsHandle,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -263,6 +295,9 @@ impl AgentHandle {
     pub async fn shutdown(self) {
         for proxy in self.proxies {
             proxy.shutdown().await;
+        }
+        if let Some(ingress) = self.ingress {
+            ingress.shutdown().await;
         }
         self.dns.shutdown().await;
         if let Some(gossip) = self.gossip {
@@ -340,6 +375,7 @@ impl Agent {
             gossip_down: std::collections::BTreeMap::new(),
             gossip_alive: None,
             down_settled: BTreeSet::new(),
+            regions: crate::failover::Regions::new(),
         };
         let agent = Agent {
             inner: Arc::new(Inner {
@@ -417,6 +453,16 @@ impl Agent {
             .await
             .map_err(|e| AgentError::Config(e.to_string()))?;
         let dns_addr = dns.local_addr();
+        let ingress = match config.ingress.listen {
+            Some(listen) => Some(
+                crate::ingress::start(agent.clone(), listen, agent.inner.active.clone())
+                    .await
+                    .map_err(io(format!(
+                        "binding the ingress gateway {listen} (agent.ingress.listen)"
+                    )))?,
+            ),
+            None => None,
+        };
         let gossip = agent.start_gossip().await?;
         tracing::info!(node = %agent.inner.node, epoch = %agent.inner.epoch, http = %http_addr, dns = %dns_addr, "agent started");
         Ok(AgentHandle {
@@ -424,6 +470,8 @@ impl Agent {
             http_addr,
             proxies,
             dns_addr,
+            ingress_addr: ingress.as_ref().map(|i| i.local_addr),
+            ingress,
             gossip,
             dns,
             tasks,
@@ -598,6 +646,11 @@ impl Agent {
                     }
                     Some(Ok(SessionDown::Refused { reason })) => return Err(ClientError::Connection(format!("arbiter refused the session: {reason}"))),
                     Some(Ok(SessionDown::Welcome { .. })) => {}
+                    Some(Ok(SessionDown::Regions(update))) => {
+                        let mut state = self.lock();
+                        state.last_contact_ms = Some(now_ms());
+                        state.regions.update(update, now_ms());
+                    }
                     Some(Err(e)) => return Err(e),
                     None => return Err(ClientError::Connection("session closed".into())),
                 }
@@ -1855,11 +1908,15 @@ impl Agent {
         };
         let age_ms = t.age_ms(now, self.inner.started_ms);
         let stale = !t.synced;
-        let (max_age, behaviour) = self.inner.config.staleness.for_service(
+        let (config_age, config_behaviour) = self.inner.config.staleness.for_service(
             key.namespace.as_str(),
             key.service.as_str(),
             key.port_name.as_str(),
         );
+        // The service's policy, when it sets them, overrides the agent's.
+        let (policy_age, policy_behaviour) = state.regions.staleness(key);
+        let max_age = policy_age.unwrap_or(config_age);
+        let behaviour = policy_behaviour.unwrap_or(config_behaviour);
         if age_ms > max_age {
             match behaviour {
                 StaleBehaviour::Refuse => {
@@ -1874,6 +1931,8 @@ impl Agent {
         }
         let records: Vec<Arc<EndpointRecord>> = view.records().cloned().collect();
         let revision = view.revision();
+        let ready_weight: u64 = view.ready().map(|r| u64::from(r.weight.get())).sum();
+        state.regions.observe_local(key, ready_weight, now);
         let leaving: BTreeSet<InstanceId> = state
             .regs
             .iter()
@@ -1924,6 +1983,62 @@ impl Agent {
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return self.lookup(key);
             }
+        }
+    }
+
+    /// Where a `traffic` connection (or answer) of `key` goes when it has
+    /// no usable local endpoint (R9): another region's ingress, or nowhere.
+    /// Counted in the failover metrics.
+    pub fn failover(&self, key: &ServiceKey, traffic: ConnTraffic) -> Decision {
+        let decision = self.lock().regions.decide(key, traffic, now_ms());
+        let m = &self.inner.metrics;
+        match &decision {
+            Decision::Remote { region, .. } => {
+                m.failover_decisions
+                    .get_or_create(&FailoverLabel {
+                        service: key.to_string(),
+                        region: region.to_string(),
+                    })
+                    .inc();
+            }
+            // A service without a policy is simply not a failover service.
+            Decision::Refused(Refusal::NoPolicy) => {}
+            Decision::Refused(refusal) => {
+                m.failover_refusals
+                    .get_or_create(&RefusalLabel {
+                        service: key.to_string(),
+                        reason: refusal.as_str().to_owned(),
+                    })
+                    .inc();
+            }
+        }
+        decision
+    }
+
+    /// Whether this agent's ingress gateway takes a `traffic` connection of
+    /// `key` from another region: the service's policy must let it into
+    /// this agent's region.
+    pub fn ingress_admits(&self, key: &ServiceKey, traffic: ConnTraffic) -> Result<(), Refusal> {
+        self.lock()
+            .regions
+            .admits(key, traffic, &self.inner.config.region)
+    }
+
+    /// `GET /v1/regions`: the other regions and the policies held.
+    pub fn regions_status(&self) -> RegionsResponse {
+        let state = self.lock();
+        let now = now_ms();
+        RegionsResponse {
+            region: self.inner.config.region.clone(),
+            regions: state.regions.status(now),
+            policies: state
+                .regions
+                .policies()
+                .map(|p| RegionsPolicy {
+                    policy: p.policy.document().clone(),
+                    home_revision: p.home_revision.get(),
+                })
+                .collect(),
         }
     }
 
@@ -2004,6 +2119,21 @@ impl Agent {
                 };
                 m.watch_lag.get_or_create(&label).set(lag as i64);
             }
+            m.remote_view_age.clear();
+            for region in state.regions.status(now) {
+                m.remote_view_age
+                    .get_or_create(&RegionLabel {
+                        region: region.region.to_string(),
+                    })
+                    .set(region.age_ms as f64 / 1000.0);
+            }
+            m.policy_revision.clear();
+            for p in state.regions.policies() {
+                let gauge = m.policy_revision.get_or_create(&RegionLabel {
+                    region: p.policy.home_region().to_string(),
+                });
+                gauge.set(gauge.get().max(p.home_revision.get() as i64));
+            }
         }
         self.inner.metrics.render()
     }
@@ -2016,10 +2146,29 @@ impl Agent {
         key: ServiceKey,
         zone: Option<Label>,
         all: bool,
+        traffic: ConnTraffic,
     ) -> Result<EndpointsResponse, ApiError> {
+        let here = Label::new(&self.inner.config.region)
+            .map_err(|e| ApiError::unavailable(format!("agent.region: {e}")))?;
         let answer = match self.lookup_wait(&key).await {
             Lookup::Serve(answer) => answer,
             Lookup::Unknown => {
+                // The service may live only in another region.
+                if let Decision::Remote { region, ingress, ready } = self.failover(&key, traffic) {
+                    return Ok(EndpointsResponse {
+                        service: key.service.clone(),
+                        namespace: key.namespace.clone(),
+                        port_name: key.port_name.clone(),
+                        shard: shard_of(&key, SHARDS).0,
+                        revision: 0,
+                        age_ms: 0,
+                        stale: false,
+                        mode: "failover".into(),
+                        region: region.clone(),
+                        endpoints: Vec::new(),
+                        failover: Some(failover_json(Decision::Remote { region, ingress, ready })),
+                    });
+                }
                 return Err(ApiError::not_found(format!("service {key} does not exist")))
             }
             Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
@@ -2050,6 +2199,17 @@ impl Agent {
                 .map(|c| EndpointJson::from_record(&c.record))
                 .collect()
         };
+        let failover = answer
+            .selection
+            .candidates
+            .is_empty()
+            .then(|| failover_json(self.failover(&key, traffic)));
+        let region = match &failover {
+            Some(FailoverJson {
+                region: Some(r), ..
+            }) => r.clone(),
+            _ => here,
+        };
         Ok(EndpointsResponse {
             service: key.service.clone(),
             namespace: key.namespace.clone(),
@@ -2058,8 +2218,14 @@ impl Agent {
             revision: answer.revision.get(),
             age_ms: answer.age_ms,
             stale: answer.stale,
-            mode: answer.selection.mode.as_str().into(),
+            mode: if failover.as_ref().is_some_and(|f| f.region.is_some()) {
+                "failover".into()
+            } else {
+                answer.selection.mode.as_str().into()
+            },
+            region,
             endpoints,
+            failover,
         })
     }
 

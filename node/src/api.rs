@@ -31,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::serve::IncomingStream;
 use axum::{Json, Router};
+use rollcall_config::ConnTraffic;
 use rollcall_leases::{InstanceId, Label, ServiceKey};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
@@ -55,6 +56,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/agent/instances/{id}", delete(deregister))
         .route("/v1/endpoints/{service}", get(endpoints))
         .route("/v1/status", get(status))
+        .route("/v1/regions", get(regions))
         .route("/metrics", get(metrics))
         // Our own limit answers 413 with a JSON body; axum's would answer first.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES + 1))
@@ -251,6 +253,7 @@ struct EndpointsQuery {
     port_name: Option<String>,
     zone: Option<String>,
     all: Option<bool>,
+    traffic: Option<String>,
 }
 
 async fn endpoints(
@@ -271,7 +274,24 @@ async fn endpoints(
         .map(Label::new)
         .transpose()
         .map_err(|e| ApiError::bad_request(format!("zone: {e}")))?;
-    Ok(Json(agent.resolve(key, zone, q.all.unwrap_or(false)).await?).into_response())
+    let traffic = match q.traffic.as_deref() {
+        None => ConnTraffic::ReadWrite,
+        Some(t) => ConnTraffic::parse(t).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "traffic: {t:?} is not read_only or read_write"
+            ))
+        })?,
+    };
+    Ok(Json(
+        agent
+            .resolve(key, zone, q.all.unwrap_or(false), traffic)
+            .await?,
+    )
+    .into_response())
+}
+
+async fn regions(State(agent): State<Agent>) -> Response {
+    Json(agent.regions_status()).into_response()
 }
 
 async fn status(State(agent): State<Agent>) -> Response {

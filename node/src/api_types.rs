@@ -573,9 +573,57 @@ pub struct EndpointsResponse {
     pub stale: bool,
     /// How the agent is serving it (its outage policy or protection in effect).
     pub mode: String,
+    /// The region the answer comes from: this agent's own, or the region
+    /// the service failed over to (then `endpoints` is empty and
+    /// `failover.ingress` lists where to connect).
+    pub region: Label,
     /// The endpoints.
     pub endpoints: Vec<EndpointJson>,
+    /// Set when the service has no usable endpoint in this region: where
+    /// its traffic goes instead, or why it goes nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverJson>,
 }
+
+/// Failover of an answer to another region (R9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverJson {
+    /// The region the traffic goes to; `null` when it goes nowhere.
+    pub region: Option<Label>,
+    /// That region's ingress addresses (`host:port`): connect there and
+    /// open with the ingress preamble (the agent's proxy does this).
+    pub ingress: Vec<String>,
+    /// READY instances of the service in that region, by its summary.
+    pub ready: u32,
+    /// Why the traffic stays here with no backend (a
+    /// `rollcall_agent_failover_refusals_total` reason); `null` when it moves.
+    pub refused: Option<String>,
+    /// The same in words.
+    pub detail: String,
+}
+
+/// Answer of `GET /v1/regions`: what this agent holds of other regions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionsResponse {
+    /// This agent's region.
+    pub region: String,
+    /// Every other region its arbiter holds a view of, with the summaries
+    /// of the services this agent follows.
+    pub regions: Vec<crate::failover::RegionStatus>,
+    /// The policies of the services this agent follows.
+    pub policies: Vec<RegionsPolicy>,
+}
+
+/// One policy in a [`RegionsResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegionsPolicy {
+    /// The document, as its home region committed it.
+    pub policy: rollcall_config::ServicePolicy,
+    /// Its revision in its home region.
+    pub home_revision: u64,
+}
+
+impl Eq for RegionsPolicy {}
 
 /// One endpoint in an [`EndpointsResponse`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1069,7 +1117,9 @@ mod tests {
             age_ms: 120,
             stale: false,
             mode: "serve".into(),
+            region: Label::new("r1").unwrap(),
             endpoints: Vec::new(),
+            failover: None,
         };
         assert_eq!(
             keys(serde_json::to_value(&endpoints).unwrap()),
@@ -1079,6 +1129,7 @@ mod tests {
                 "mode",
                 "namespace",
                 "port_name",
+                "region",
                 "revision",
                 "service",
                 "shard",

@@ -57,7 +57,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
+use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
@@ -65,10 +65,12 @@ use hickory_server::zone_handler::MessageResponseBuilder;
 use hickory_server::Server;
 use rand::seq::SliceRandom;
 use rand::Rng;
-use rollcall_leases::{InstanceId, Label, ServiceKey};
+use rollcall_config::ConnTraffic;
+use rollcall_leases::{Ingress, InstanceId, Label, ServiceKey};
 use tokio::net::{TcpListener, UdpSocket};
 
 use crate::agent::{Agent, Lookup};
+use crate::failover::Decision;
 use crate::endpoints::Candidate;
 
 /// The zone this server answers for.
@@ -314,13 +316,92 @@ fn address_record(owner: &Name, address: IpAddr, qtype: RecordType, ttl_s: u32) 
     Some(Record::from_rdata(owner.clone(), ttl_s, data))
 }
 
+/// Where a service with no usable local endpoint fails over to (R9).
+#[derive(Clone, Debug)]
+struct Failover {
+    region: Label,
+    ingress: Vec<Ingress>,
+}
+
+/// The SRV target label of a region's `i`-th ingress address.
+fn ingress_label(region: &Label, i: usize) -> String {
+    format!("ingress-{region}-{i}")
+}
+
+/// The answer for a service that failed over: its region's ingress
+/// addresses (A / AAAA of the literal IPs; SRV with the ingress port,
+/// targeting a name this server answers for a literal IP, or the ingress
+/// host name itself), and a TXT `rollcall-region=<region>` in the
+/// additional section saying where the answer comes from.
+fn failover_reply(
+    named: &Named,
+    owner: &Name,
+    qtype: RecordType,
+    failover: &Failover,
+    ttl_s: u32,
+) -> Reply {
+    let mut out = Reply::code(ResponseCode::NoError);
+    for (i, ingress) in failover.ingress.iter().enumerate() {
+        let Some((host, port)) = ingress
+            .as_str()
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        else {
+            continue;
+        };
+        let ip = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .ok();
+        let label = ingress_label(&failover.region, i);
+        match named {
+            Named::Addresses(_) => {
+                out.answers
+                    .extend(ip.and_then(|ip| address_record(owner, ip, qtype, ttl_s)));
+            }
+            Named::Srv(key) if matches!(qtype, RecordType::SRV | RecordType::ANY) => {
+                let target = match ip {
+                    Some(_) => Name::from_ascii(format!(
+                        "{label}.{}.{}.{}.{ZONE}",
+                        key.port_name, key.service, key.namespace
+                    )),
+                    None => Name::from_ascii(format!("{host}.")),
+                };
+                let Ok(target) = target else { continue };
+                let srv = SRV::new(0, 1, port, target.clone());
+                out.answers
+                    .push(Record::from_rdata(owner.clone(), ttl_s, RData::SRV(srv)));
+                out.additionals.extend(
+                    ip.and_then(|ip| address_record(&target, ip, RecordType::ANY, ttl_s)),
+                );
+            }
+            Named::Target(_, asked) if asked == &label => {
+                out.answers
+                    .extend(ip.and_then(|ip| address_record(owner, ip, qtype, ttl_s)));
+            }
+            _ => {}
+        }
+    }
+    let txt = TXT::new(vec![format!("rollcall-region={}", failover.region)]);
+    out.additionals
+        .push(Record::from_rdata(owner.clone(), ttl_s, RData::TXT(txt)));
+    if out.answers.is_empty() {
+        out.authorities.extend(soa(ttl_s));
+    }
+    out
+}
+
 /// Answers one question. `owner` is the name as asked (case kept), `named`
-/// what its lowercased form names; `lookup` asks the endpoint view.
+/// what its lowercased form names; `lookup` asks the endpoint view, and
+/// `failover` where a service with no usable endpoint here goes instead.
+#[allow(clippy::too_many_arguments)]
 fn reply(
     named: &Named,
     owner: &Name,
     qtype: RecordType,
     lookup: impl FnOnce(&ServiceKey) -> Lookup,
+    failover: impl FnOnce(&ServiceKey) -> Option<Failover>,
     zone: &Label,
     ttl_s: u32,
     rng: &mut impl Rng,
@@ -334,8 +415,19 @@ fn reply(
         }
     };
     let answer = match lookup(key) {
+        Lookup::Serve(answer) if answer.selection.candidates.is_empty() => {
+            if let Some(f) = failover(key) {
+                return failover_reply(named, owner, qtype, &f, ttl_s);
+            }
+            answer
+        }
         Lookup::Serve(answer) => answer,
-        Lookup::Unknown => return negative(ResponseCode::NXDomain, ttl_s),
+        Lookup::Unknown => {
+            return match failover(key) {
+                Some(f) => failover_reply(named, owner, qtype, &f, ttl_s),
+                None => negative(ResponseCode::NXDomain, ttl_s),
+            }
+        }
         Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
             tracing::debug!(service = %key, reason = %reason, "DNS cannot know; SERVFAIL");
             return Reply::code(ResponseCode::ServFail);
@@ -432,6 +524,13 @@ impl Handler {
             query.original().name(),
             query.query_type(),
             |key| self.agent.lookup(key),
+            // DNS cannot tell reads from writes: read-write, the safe side.
+            |key| match self.agent.failover(key, ConnTraffic::ReadWrite) {
+                Decision::Remote {
+                    region, ingress, ..
+                } => Some(Failover { region, ingress }),
+                Decision::Refused(_) => None,
+            },
             self.agent.zone(),
             self.ttl_s,
             &mut rand::rng(),
@@ -581,6 +680,7 @@ mod tests {
             &owner,
             qtype,
             |_| lookup,
+            |_| None,
             &Label::new("z1").unwrap(),
             1,
             &mut StdRng::seed_from_u64(7),
@@ -663,6 +763,7 @@ mod tests {
                 &owner,
                 RecordType::A,
                 |_| serve(&web, &records),
+                |_| None,
                 &Label::new("z1").unwrap(),
                 1,
                 &mut StdRng::seed_from_u64(seed),
@@ -750,6 +851,79 @@ mod tests {
         );
     }
 
+    fn ask_failover(query: &str, qtype: RecordType, lookup: Lookup) -> Reply {
+        let owner = Name::from_ascii(query).unwrap();
+        let named = classify(&owner.to_lowercase());
+        let failover = Failover {
+            region: Label::new("r2").unwrap(),
+            ingress: vec![
+                Ingress::new("127.0.0.9:7443").unwrap(),
+                Ingress::new("edge.r2.example:443").unwrap(),
+            ],
+        };
+        reply(
+            &named,
+            &owner,
+            qtype,
+            |_| lookup,
+            |_| Some(failover),
+            &Label::new("z1").unwrap(),
+            1,
+            &mut StdRng::seed_from_u64(7),
+        )
+    }
+
+    fn region_txt(reply: &Reply) -> Vec<String> {
+        reply
+            .additionals
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::TXT(t) => Some(t.to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_service_with_no_endpoint_here_answers_with_its_failover_region() {
+        let web = key("default", "web", "default");
+        let live = [record("w1", v4(1), "z1", 1)];
+        // With a local candidate the failover is never asked.
+        let local = ask_failover("web.default.svc.rollcall.", RecordType::A, serve(&web, &live));
+        assert_eq!(local.answers.len(), 1);
+        assert!(region_txt(&local).is_empty());
+
+        let a = ask_failover("web.default.svc.rollcall.", RecordType::A, serve(&web, &[]));
+        assert_eq!(a.rcode, ResponseCode::NoError);
+        assert_eq!(a.answers.len(), 1, "only the literal IP has an A record");
+        assert_eq!(a.answers[0].data.to_string(), "127.0.0.9");
+        assert_eq!(region_txt(&a), vec!["rollcall-region=r2".to_owned()]);
+
+        let srv = ask_failover(
+            "_default._tcp.web.default.svc.rollcall.",
+            RecordType::SRV,
+            Lookup::Unknown,
+        );
+        let targets: Vec<String> = srv
+            .answers
+            .iter()
+            .map(|r| r.data.to_string())
+            .collect();
+        assert_eq!(
+            targets,
+            vec![
+                "0 1 7443 ingress-r2-0.default.web.default.svc.rollcall.".to_owned(),
+                "0 1 443 edge.r2.example.".to_owned(),
+            ]
+        );
+        let target = ask_failover(
+            "ingress-r2-0.default.web.default.svc.rollcall.",
+            RecordType::A,
+            serve(&web, &[]),
+        );
+        assert_eq!(target.answers.len(), 1);
+    }
+
     #[test]
     fn response_codes_follow_what_the_view_knows() {
         let web = key("default", "web", "default");
@@ -783,17 +957,17 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         let owner = name("example.com.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
             ResponseCode::Refused
         );
         let owner = name("we_b.default.svc.rollcall.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
             ResponseCode::NXDomain
         );
         let owner = name("default.svc.rollcall.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, &zone, 1, &mut rng).rcode,
+            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
             ResponseCode::NoError
         );
     }

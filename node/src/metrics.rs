@@ -32,6 +32,31 @@ pub struct RcodeLabel {
     pub rcode: String,
 }
 
+/// Label of failover decisions: the service and the region it went to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailoverLabel {
+    /// `namespace/service/port_name`.
+    pub service: String,
+    /// The region the connection or answer went to.
+    pub region: String,
+}
+
+/// Label of refusals: the service and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// `namespace/service/port_name`.
+    pub service: String,
+    /// `failover::Refusal::as_str`.
+    pub reason: String,
+}
+
+/// Label of per-region series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegionLabel {
+    /// The region.
+    pub region: String,
+}
+
 /// Every agent metric.
 pub struct AgentMetrics {
     registry: Registry,
@@ -76,6 +101,19 @@ pub struct AgentMetrics {
     pub stale_refused: Counter,
     /// DNS answers by response code.
     pub dns_answers: Family<RcodeLabel, Counter>,
+    /// Connections and answers sent to another region (R9).
+    pub failover_decisions: Family<FailoverLabel, Counter>,
+    /// Connections and answers with no usable local endpoint that did not
+    /// move to another region, by reason.
+    pub failover_refusals: Family<RefusalLabel, Counter>,
+    /// Connections this agent's ingress gateway forwarded from other regions.
+    pub ingress_forwarded: Family<ServiceLabel, Counter>,
+    /// Connections this agent's ingress gateway refused, by reason.
+    pub ingress_refused: Family<RefusalLabel, Counter>,
+    /// Age of each other region's view as this agent holds it, seconds.
+    pub remote_view_age: Family<RegionLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Highest home revision of the policies held, per home region.
+    pub policy_revision: Family<RegionLabel, Gauge>,
 }
 
 impl AgentMetrics {
@@ -103,6 +141,12 @@ impl AgentMetrics {
             stale_served: Counter::default(),
             stale_refused: Counter::default(),
             dns_answers: Family::default(),
+            failover_decisions: Family::default(),
+            failover_refusals: Family::default(),
+            ingress_forwarded: Family::default(),
+            ingress_refused: Family::default(),
+            remote_view_age: Family::default(),
+            policy_revision: Family::default(),
         };
         registry.register(
             "probe_latency_seconds",
@@ -198,6 +242,36 @@ impl AgentMetrics {
             "dns_answers",
             "DNS answers by response code",
             m.dns_answers.clone(),
+        );
+        registry.register(
+            "failover_decisions",
+            "Connections and answers sent to another region's ingress, by service and region",
+            m.failover_decisions.clone(),
+        );
+        registry.register(
+            "failover_refusals",
+            "Connections and answers with no usable local endpoint that did not fail over, by service and reason",
+            m.failover_refusals.clone(),
+        );
+        registry.register(
+            "ingress_forwarded",
+            "Connections from other regions the ingress gateway forwarded to a local endpoint",
+            m.ingress_forwarded.clone(),
+        );
+        registry.register(
+            "ingress_refused",
+            "Connections from other regions the ingress gateway refused, by reason",
+            m.ingress_refused.clone(),
+        );
+        registry.register(
+            "remote_view_age_seconds",
+            "Age of each other region's summaries as this agent holds them",
+            m.remote_view_age.clone(),
+        );
+        registry.register(
+            "policy_revision",
+            "Highest home revision of the service policies this agent holds, per home region",
+            m.policy_revision.clone(),
         );
         AgentMetrics { registry, ..m }
     }

@@ -17,12 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use rollcall_config::ProxyEntry;
-use rollcall_leases::{InstanceId, ServiceKey, State};
+use rand::seq::SliceRandom;
+use rollcall_config::{ConnTraffic, ProxyEntry};
+use rollcall_leases::{EndpointRecord, Ingress, InstanceId, ServiceKey, State};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::agent::{Agent, Lookup};
+use crate::agent::{Agent, Answer, Lookup};
+use crate::failover::Decision;
 use crate::metrics::ServiceLabel;
 
 /// Why a proxy could not start.
@@ -69,7 +72,7 @@ impl ActiveConnections {
     }
 
     /// Counts one more connection to `id` until the guard is dropped.
-    fn open(&self, id: &InstanceId) -> ActiveGuard {
+    pub(crate) fn open(&self, id: &InstanceId) -> ActiveGuard {
         *self.counts.entry(id.clone()).or_default() += 1;
         ActiveGuard {
             counts: self.counts.clone(),
@@ -80,7 +83,7 @@ impl ActiveConnections {
 
 /// One counted connection; dropping it (the connection ended, failed, or
 /// its task was aborted) takes it off the count.
-struct ActiveGuard {
+pub(crate) struct ActiveGuard {
     counts: Arc<DashMap<InstanceId, usize>>,
     id: InstanceId,
 }
@@ -145,6 +148,7 @@ pub async fn start(
         Arc::new(Forward {
             agent,
             service: service.clone(),
+            traffic: entry.traffic,
             active,
         }),
     ));
@@ -160,6 +164,7 @@ pub async fn start(
 struct Forward {
     agent: Agent,
     service: ServiceKey,
+    traffic: ConnTraffic,
     active: ActiveConnections,
 }
 
@@ -185,90 +190,157 @@ async fn accept_loop(listener: TcpListener, forward: Arc<Forward>) {
     }
 }
 
+/// A connection made to a local endpoint, counted while it lives.
+pub(crate) struct Upstream {
+    pub(crate) stream: TcpStream,
+    pub(crate) record: Arc<EndpointRecord>,
+    _guard: ActiveGuard,
+}
+
+/// Connects to one of `answer`'s candidates, retrying on another while
+/// nothing of the client's has been read; `None` when every try failed.
+/// Failures and successes feed the agent's local ejection.
+pub(crate) async fn connect_local(
+    agent: &Agent,
+    service: &ServiceKey,
+    answer: &Answer,
+    active: &ActiveConnections,
+) -> Option<Upstream> {
+    let candidates = &answer.selection.candidates;
+    let config = &agent.config().data_plane;
+    let timeout = Duration::from_millis(config.connect_timeout_ms);
+    let mut tried = BTreeSet::new();
+    for _ in 0..=config.retries {
+        let count = |id: &InstanceId| active.count(id);
+        let i = crate::selector::choose(
+            candidates,
+            agent.zone(),
+            &count,
+            &tried,
+            config.local_zone_min_share,
+            &mut rand::rng(),
+        )?;
+        let record = &candidates[i].record;
+        let instance = &record.instance_id;
+        let guard = active.open(instance);
+        let target = SocketAddr::new(record.address, record.port);
+        let failure = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
+            Ok(Ok(stream)) => {
+                agent.connect_succeeded(service, instance);
+                let metrics = agent.metrics();
+                metrics.proxied_connections.inc();
+                if record.state != State::Ready {
+                    metrics.connections_to_not_ready.inc();
+                }
+                return Some(Upstream {
+                    stream,
+                    record: record.clone(),
+                    _guard: guard,
+                });
+            }
+            Ok(Err(e)) => e,
+            Err(_) => std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer within data_plane.connect_timeout_ms",
+            ),
+        };
+        drop(guard);
+        tracing::debug!(service = %service, instance = %instance, address = %target, error = %failure, "proxy connect failed");
+        agent.connect_failed(service, instance);
+        tried.insert(instance.clone());
+    }
+    None
+}
+
+/// Connects to one of another region's ingress addresses (in random order,
+/// as many tries as `data_plane.retries` allows) and opens with the
+/// ingress preamble; `None` when none answered.
+async fn connect_remote(
+    agent: &Agent,
+    service: &ServiceKey,
+    traffic: ConnTraffic,
+    ingress: &[Ingress],
+) -> Option<TcpStream> {
+    let config = &agent.config().data_plane;
+    let timeout = Duration::from_millis(config.connect_timeout_ms);
+    let mut order: Vec<&Ingress> = ingress.iter().collect();
+    order.shuffle(&mut rand::rng());
+    let preamble = crate::ingress::preamble(service, traffic);
+    for address in order.into_iter().cycle().take(config.retries as usize + 1) {
+        let connect = async {
+            let mut stream = TcpStream::connect(address.as_str()).await?;
+            stream.write_all(preamble.as_bytes()).await?;
+            Ok::<_, std::io::Error>(stream)
+        };
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(stream)) => return Some(stream),
+            Ok(Err(e)) => {
+                tracing::debug!(service = %service, ingress = %address, error = %e, "ingress connect failed")
+            }
+            Err(_) => {
+                tracing::debug!(service = %service, ingress = %address, "ingress connect timed out")
+            }
+        }
+    }
+    None
+}
+
+/// Copies both ways until either side ends. From here on bytes flow:
+/// whatever happens, no retry.
+pub(crate) async fn pipe(client: &mut TcpStream, backend: &mut TcpStream) -> std::io::Result<(u64, u64)> {
+    let _ = client.set_nodelay(true);
+    let _ = backend.set_nodelay(true);
+    tokio::io::copy_bidirectional_with_sizes(client, backend, COPY_BUFFER, COPY_BUFFER).await
+}
+
 impl Forward {
     /// One client connection: choose, connect (retrying elsewhere only
-    /// before anything of the client's is read), then copy both ways.
-    async fn serve(self: Arc<Self>, client: TcpStream, peer: SocketAddr) {
+    /// before anything of the client's is read), then copy both ways. With
+    /// no usable local endpoint, the service's policy may send it to
+    /// another region's ingress (R9).
+    async fn serve(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
         let service = &self.service;
-        let answer = match self.agent.lookup_wait(service).await {
-            Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
-            other => {
-                let reason = match other {
-                    Lookup::Serve(_) => "no usable endpoint".to_owned(),
-                    Lookup::Unknown => "the service does not exist".to_owned(),
-                    Lookup::CannotKnow(reason) | Lookup::Refused(reason) => reason,
-                };
+        let local_failure = match self.agent.lookup_wait(service).await {
+            Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => {
+                if let Some(mut upstream) =
+                    connect_local(&self.agent, service, &answer, &self.active).await
+                {
+                    let instance = &upstream.record.instance_id;
+                    tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
+                    let result = pipe(&mut client, &mut upstream.stream).await;
+                    tracing::debug!(service = %service, instance = %instance, peer = %peer, result = ?result, "proxy connection closed");
+                    return;
+                }
+                "every endpoint tried failed to connect".to_owned()
+            }
+            Lookup::Serve(_) => "no usable endpoint".to_owned(),
+            Lookup::Unknown => "the service does not exist here".to_owned(),
+            Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
                 self.no_backend(peer, &reason);
                 return;
             }
         };
-        let candidates = &answer.selection.candidates;
-        let config = &self.agent.config().data_plane;
-        let timeout = Duration::from_millis(config.connect_timeout_ms);
-        let mut tried = BTreeSet::new();
-        let mut upstream = None;
-        for _ in 0..=config.retries {
-            let active = |id: &InstanceId| self.active.count(id);
-            let Some(i) = crate::selector::choose(
-                candidates,
-                self.agent.zone(),
-                &active,
-                &tried,
-                config.local_zone_min_share,
-                &mut rand::rng(),
-            ) else {
-                break;
-            };
-            let record = &candidates[i].record;
-            let instance = &record.instance_id;
-            let guard = self.active.open(instance);
-            let target = SocketAddr::new(record.address, record.port);
-            let failure = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
-                Ok(Ok(stream)) => {
-                    upstream = Some((stream, record.clone(), guard));
-                    break;
-                }
-                Ok(Err(e)) => e,
-                Err(_) => std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer within data_plane.connect_timeout_ms",
-                ),
-            };
-            drop(guard);
-            tracing::debug!(service = %service, instance = %instance, address = %target, error = %failure, "proxy connect failed");
-            self.agent.connect_failed(service, instance);
-            tried.insert(instance.clone());
-        }
-        let Some((mut backend, record, _guard)) = upstream else {
-            self.no_backend(peer, "every endpoint tried failed to connect");
-            return;
-        };
-        let instance = &record.instance_id;
-        self.agent.connect_succeeded(service, instance);
-        let metrics = self.agent.metrics();
-        metrics.proxied_connections.inc();
-        if record.state != State::Ready {
-            metrics.connections_to_not_ready.inc();
-        }
-        let mut client = client;
-        let _ = client.set_nodelay(true);
-        let _ = backend.set_nodelay(true);
-        tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
-        // From here on bytes flow: whatever happens, no retry.
-        match tokio::io::copy_bidirectional_with_sizes(
-            &mut client,
-            &mut backend,
-            COPY_BUFFER,
-            COPY_BUFFER,
-        )
-        .await
-        {
-            Ok((sent, received)) => {
-                tracing::debug!(service = %service, instance = %instance, peer = %peer, sent, received, "proxy connection closed")
+        match self.agent.failover(service, self.traffic) {
+            Decision::Remote {
+                region, ingress, ..
+            } => {
+                let Some(mut remote) =
+                    connect_remote(&self.agent, service, self.traffic, &ingress).await
+                else {
+                    self.no_backend(
+                        peer,
+                        &format!("{local_failure}; region {region}'s ingress did not answer"),
+                    );
+                    return;
+                };
+                tracing::debug!(service = %service, region = %region, peer = %peer, "proxy connection failed over to another region");
+                let result = pipe(&mut client, &mut remote).await;
+                tracing::debug!(service = %service, region = %region, peer = %peer, result = ?result, "failed-over connection closed");
             }
-            Err(e) => {
-                tracing::debug!(service = %service, instance = %instance, peer = %peer, error = %e, "proxy connection ended")
-            }
+            Decision::Refused(refusal) => self.no_backend(
+                peer,
+                &format!("{local_failure}; no failover: {}", refusal.describe()),
+            ),
         }
     }
 

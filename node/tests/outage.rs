@@ -50,10 +50,12 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
         ProxyEntry {
             service: "default/web/default".into(),
             listen: "127.0.0.1:0".parse().unwrap(),
+            traffic: Default::default(),
         },
         ProxyEntry {
             service: "default/pay/default".into(),
             listen: "127.0.0.1:0".parse().unwrap(),
+            traffic: Default::default(),
         },
     ];
     // web keeps serving its last-known set; pay refuses after 1.5 s.

@@ -137,6 +137,7 @@ async fn proxy(handle: &AgentHandle, active: &ActiveConnections, ready: usize) -
     let entry = ProxyEntry {
         service: SERVICE.into(),
         listen: "127.0.0.1:0".parse().unwrap(),
+        traffic: Default::default(),
     };
     let proxy = rollcall_node::proxy::start(handle.agent.clone(), &entry, active.clone())
         .await

@@ -38,12 +38,16 @@ use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
 use crate::ids::{AgentEpoch, Revision};
 use crate::name::{Label, NodeId, PrincipalName, ServiceKey};
+use crate::regions::{regions_update, RegionsFeed};
+use crate::remote::RemoteViews;
 use crate::protocol::{
     Heard, NodeInstance, PeerRequest, PeerResponse, RejectKind, Request, Response, ServiceUpdate,
     SessionDown, SessionUp,
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
-use crate::server::metrics::{KindLabel, Metrics, NodeLabel, ReplicaLabel, ServiceLabel};
+use crate::server::metrics::{
+    KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
+};
 use crate::server::peer::{self, PeerError, Peers};
 
 /// What a connection's writer must do.
@@ -277,11 +281,26 @@ pub struct Core {
     queue: Vec<(Envelope, Then)>,
     /// Leader: batches sent to openraft and not yet answered.
     in_flight: usize,
+    /// The remote view the region bridge reports (shared with the admin
+    /// endpoint, memory only).
+    remote: Arc<std::sync::Mutex<RemoteViews>>,
+    /// What each session was last told of regions and policies.
+    regions: RegionsFeed,
+    /// When the sessions' regions messages are next looked at (ms).
+    next_regions_ms: u64,
 }
+
+/// How often every session's regions message is looked at, ms.
+const REGIONS_INTERVAL_MS: u64 = 1_000;
 
 impl Core {
     /// A core over a replica whose Raft node is running.
-    pub fn new(config: ArbiterConfig, replica: Replica, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        config: ArbiterConfig,
+        replica: Replica,
+        metrics: Arc<Metrics>,
+        remote: Arc<std::sync::Mutex<RemoteViews>>,
+    ) -> Self {
         let now = now_ms();
         let d = &config.distribution;
         let dist = Distributor::new(DistParams {
@@ -323,6 +342,9 @@ impl Core {
             done_rx: Some(done_rx),
             queue: Vec::new(),
             in_flight: 0,
+            remote,
+            regions: RegionsFeed::new(),
+            next_regions_ms: now,
         }
     }
 
@@ -377,6 +399,11 @@ impl Core {
                 self.report_heard(now);
                 self.expire_deferred(now);
             }
+            if now >= self.next_regions_ms {
+                self.next_regions_ms = now + REGIONS_INTERVAL_MS;
+                let agents: Vec<AgentId> = self.conns.keys().copied().collect();
+                self.push_regions(&agents, now);
+            }
             self.fire_wakes(now);
             self.answer_waiters(now);
             if !proposals.is_empty() {
@@ -418,6 +445,7 @@ impl Core {
             }
             CoreMsg::Closed { agent } => {
                 self.dist.disconnect(agent);
+                self.regions.forget(agent);
                 if let Some(conn) = self.conns.remove(&agent) {
                     if let Some((node, _)) = conn.session {
                         tracing::info!(node = %node, agent, "agent session closed");
@@ -554,6 +582,7 @@ impl Core {
                     .subscribe(agent, service, have, now, &cat, &mut out);
                 drop(cat);
                 self.carry(out);
+                self.push_regions(&[agent], now);
             }
             (SessionUp::Unsubscribe { service }, Some(_)) => self.dist.unsubscribe(agent, &service),
             (SessionUp::Ack { service, revision }, Some(_)) => {
@@ -1749,6 +1778,30 @@ impl Core {
         self.carry(out);
     }
 
+    /// Sends each of `agents` that holds a session its regions message
+    /// when it is due (R9: policies and other regions' summaries of the
+    /// services it follows).
+    fn push_regions(&mut self, agents: &[AgentId], now: u64) {
+        let cat = self.replica.applied.lock();
+        let remote = self.remote.lock().expect("remote view lock");
+        let mut due = Vec::new();
+        for &agent in agents {
+            if self.conns.get(&agent).is_none_or(|c| c.session.is_none()) {
+                continue;
+            }
+            let update = regions_update(self.dist.subscriptions(agent), &cat, &remote, now);
+            if self.regions.due(agent, &update, now) {
+                due.push((agent, update));
+            }
+        }
+        drop(remote);
+        drop(cat);
+        for (agent, update) in due {
+            self.metrics.regions_sent.inc();
+            self.send(agent, SessionDown::Regions(update));
+        }
+    }
+
     fn carry(&mut self, out: Vec<Output>) {
         for o in out {
             match o {
@@ -1786,6 +1839,31 @@ impl Core {
     fn refresh_metrics(&self) {
         let m = &self.metrics;
         let cat = self.replica.applied.lock();
+        m.policy_revision.clear();
+        let home = cat.policies().map(|p| (p.policy.home_region(), p.revision));
+        let replicated = cat
+            .replicated_policies()
+            .map(|p| (p.remote.policy.home_region(), p.remote.home_revision));
+        for (region, revision) in home.chain(replicated) {
+            let gauge = m.policy_revision.get_or_create(&RegionLabel {
+                region: region.to_string(),
+            });
+            gauge.set(gauge.get().max(revision.get() as i64));
+        }
+        m.remote_view_age.clear();
+        m.remote_view_fresh.clear();
+        let now = now_ms();
+        for held in self.remote.lock().expect("remote view lock").iter() {
+            let label = RegionLabel {
+                region: held.view.region.to_string(),
+            };
+            m.remote_view_age
+                .get_or_create(&label)
+                .set(held.age_ms(now) as f64 / 1000.0);
+            m.remote_view_fresh
+                .get_or_create(&label)
+                .set(i64::from(held.fresh(now)));
+        }
         m.ready.clear();
         for key in cat.services() {
             if let Some(info) = cat.service(&key) {

@@ -97,6 +97,23 @@ pub struct Metrics {
     pub raft_apply_lag: Family<ReplicaLabel, Gauge>,
     /// Raft snapshots this replica built or installed since start.
     pub raft_snapshots: Counter,
+    /// Regions messages (policies and remote summaries) sent to agents.
+    pub regions_sent: Counter,
+    /// Age of the remote view of each other region, seconds (refreshed at
+    /// each scrape).
+    pub remote_view_age: Family<RegionLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Whether each other region's view is within its freshness limit.
+    pub remote_view_fresh: Family<RegionLabel, Gauge>,
+    /// The highest home revision of the policies this catalog holds, per
+    /// home region (this region's own and those replicated from others).
+    pub policy_revision: Family<RegionLabel, Gauge>,
+}
+
+/// A region.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegionLabel {
+    /// Its name.
+    pub region: String,
 }
 
 impl Metrics {
@@ -130,6 +147,10 @@ impl Metrics {
             raft_applied_index: Gauge::default(),
             raft_apply_lag: Family::default(),
             raft_snapshots: Counter::default(),
+            regions_sent: Counter::default(),
+            remote_view_age: Family::default(),
+            remote_view_fresh: Family::default(),
+            policy_revision: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -248,6 +269,26 @@ impl Metrics {
             "raft_snapshots",
             "Raft snapshots built or installed since start",
             m.raft_snapshots.clone(),
+        );
+        registry.register(
+            "regions_sent",
+            "Regions messages (policies, other regions' summaries) sent to agents",
+            m.regions_sent.clone(),
+        );
+        registry.register(
+            "remote_view_age_seconds",
+            "How long ago the region bridge last confirmed each other region's view",
+            m.remote_view_age.clone(),
+        );
+        registry.register(
+            "remote_view_fresh",
+            "1 while a region's view is within the bridge's summary_max_age_ms (a failover target), else 0",
+            m.remote_view_fresh.clone(),
+        );
+        registry.register(
+            "policy_revision",
+            "Highest home revision of the service policies held, per home region",
+            m.policy_revision.clone(),
         );
         #[cfg(feature = "fault-injection")]
         crate::fault::register_metrics(&mut registry);

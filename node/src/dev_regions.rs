@@ -1,0 +1,259 @@
+//! `rollcall dev --regions N`: N regions in one process, for trying
+//! cross-region behaviour (R9) on a laptop. Region k (`r1`, `r2`, …) has its
+//! own throwaway CA, an arbiter, an agent that is also the region's ingress
+//! gateway, and a region bridge dialling every other region's bridge, all
+//! on loopback. Never production: the CAs live only in memory.
+//!
+//! Ports, from the base `B` (the agent HTTP address given with `--http`,
+//! default 127.0.0.1:7070), for region k: agent HTTP `B + 10(k−1)`, arbiter
+//! admin `+1`, agent ingress gateway `+2`, bridge QUIC (UDP) `+3`, agent DNS
+//! `+4` (UDP and TCP); the arbiter's QUIC port is a free one.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use rollcall_config::{AgentConfig, ArbiterConfig, BridgeArbiter, BridgeConfig, BridgePeer};
+use rollcall_leases::identity::Identity;
+use rollcall_leases::server::ArbiterServer;
+use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
+use rollcall_leases::{Label, PrincipalName, Role};
+use rollcall_region_bridge::{Bridge, BridgeTls};
+
+use crate::agent::{Agent, AgentHandle};
+use crate::dev::DevError;
+
+/// Most regions `--regions` starts.
+pub const MAX_REGIONS: u8 = 9;
+
+/// How often the dev bridges read their arbiter, ms (a second, as the
+/// bridge's default).
+const SYNC_INTERVAL_MS: u64 = 1_000;
+
+/// Past this age a dev region's summaries count as unknown, ms.
+const SUMMARY_MAX_AGE_MS: u64 = 10_000;
+
+/// One region of the dev cluster.
+pub struct DevRegion {
+    /// Its name, `r<k>`.
+    pub name: String,
+    /// Its arbiter.
+    pub arbiter: ArbiterServer,
+    /// Its agent (and ingress gateway).
+    pub agent: AgentHandle,
+    /// Its bridge.
+    pub bridge: Bridge,
+    /// The agent's data directory (its token file is `agent.token` there).
+    pub agent_dir: PathBuf,
+}
+
+/// A running multi-region dev cluster.
+pub struct DevRegions {
+    /// The regions, r1 first.
+    pub regions: Vec<DevRegion>,
+}
+
+const NODE: &str = "dev-node";
+
+fn port(base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, DevError> {
+    base.port()
+        .checked_add(10 * u16::from(k) + offset)
+        .map(|p| SocketAddr::new(base.ip(), p))
+        .ok_or_else(|| DevError::Options(format!("--http {base}: the ports of {} regions do not fit below 65536; pick a lower base port", k + 1)))
+}
+
+impl DevRegions {
+    /// Starts `n` regions under `data_dir`, their ports from `base`; the
+    /// `proxies` run on region r1's agent.
+    pub async fn start(
+        n: u8,
+        data_dir: PathBuf,
+        base: SocketAddr,
+        proxies: Vec<rollcall_config::ProxyEntry>,
+    ) -> Result<DevRegions, DevError> {
+        if !(2..=MAX_REGIONS).contains(&n) {
+            return Err(DevError::Options(format!(
+                "--regions {n}: use 2 to {MAX_REGIONS} (one region is plain `rollcall dev`)"
+            )));
+        }
+        if base.port() == 0 {
+            return Err(DevError::Options(
+                "--http with --regions needs a fixed base port: the bridges must know each other's ports before they start".into(),
+            ));
+        }
+        let names: Vec<String> = (1..=n).map(|k| format!("r{k}")).collect();
+        let cas: Vec<Ca> = names
+            .iter()
+            .map(|r| Ca::generate(&Label::new(r).expect("r<k> is a valid label")))
+            .collect::<Result<_, _>>()?;
+        let issue = |k: usize, role: Role, name: &str| -> Result<TlsMaterial, TlsError> {
+            let identity = Identity::new(
+                cas[k].region().clone(),
+                role,
+                PrincipalName::new(name).expect("a valid constant"),
+            );
+            Ok(TlsMaterial::from_issued(
+                &cas[k],
+                &cas[k].issue(&identity, &[], &[])?,
+            ))
+        };
+        let mut regions = Vec::new();
+        for (k, name) in names.iter().enumerate() {
+            let kk = k as u8;
+            let dir = data_dir.join(name);
+            let arbiter_config = ArbiterConfig {
+                name: format!("arbiter-{name}"),
+                region: name.clone(),
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                admin: port(base, kk, 1)?,
+                data_dir: dir.join("arbiter"),
+                ..ArbiterConfig::default()
+            };
+            let arbiter = ArbiterServer::start(
+                arbiter_config,
+                &issue(k, Role::Arbiter, &format!("arbiter-{name}"))?,
+            )
+            .await?;
+            let agent_dir = dir.join("agent");
+            let mut agent_config = AgentConfig {
+                node_id: NODE.into(),
+                region: name.clone(),
+                http_listen: port(base, kk, 0)?,
+                dns_listen: port(base, kk, 4)?,
+                data_dir: agent_dir.clone(),
+                arbiters: vec![arbiter.quic_addr.to_string()],
+                proxy: if k == 0 { proxies.clone() } else { Vec::new() },
+                ..AgentConfig::default()
+            };
+            agent_config.ingress.listen = Some(port(base, kk, 2)?);
+            let agent = Agent::start(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?;
+            let ingress = agent
+                .ingress_addr
+                .map(|a| a.to_string())
+                .into_iter()
+                .collect();
+            let peers = names
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != k)
+                .map(|(j, peer)| {
+                    Ok(BridgePeer {
+                        region: peer.clone(),
+                        address: port(base, j as u8, 3)?.to_string(),
+                        ca: dir.join(format!("{peer}-ca.crt")),
+                    })
+                })
+                .collect::<Result<Vec<_>, DevError>>()?;
+            let bridge_config = BridgeConfig {
+                name: format!("bridge-{name}"),
+                region: name.clone(),
+                listen: port(base, kk, 3)?,
+                peers,
+                ingress,
+                summary_max_age_ms: SUMMARY_MAX_AGE_MS,
+                sync_interval_ms: SYNC_INTERVAL_MS,
+                arbiter: BridgeArbiter {
+                    admin: vec![arbiter.admin_addr.to_string()],
+                    token_file: arbiter.token_file.clone(),
+                },
+                tls: None,
+            };
+            let tls = BridgeTls {
+                material: issue(k, Role::Bridge, &format!("bridge-{name}"))?,
+                peer_cas: names
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != k)
+                    .map(|(j, peer)| {
+                        (
+                            Label::new(peer).expect("r<k> is a valid label"),
+                            cas[j].cert_der().clone(),
+                        )
+                    })
+                    .collect(),
+            };
+            let bridge = Bridge::start(bridge_config, tls)
+                .await
+                .map_err(|e| DevError::Options(format!("region {name}'s bridge: {e}")))?;
+            regions.push(DevRegion {
+                name: name.clone(),
+                arbiter,
+                agent,
+                bridge,
+                agent_dir,
+            });
+        }
+        Ok(DevRegions { regions })
+    }
+
+    /// What `rollcall dev --regions N` prints at start.
+    pub fn banner(&self) -> String {
+        let mut out = format!(
+            "rollcall dev is running {} regions in one process (node {NODE} in each)\n",
+            self.regions.len()
+        );
+        for r in &self.regions {
+            out.push_str(&format!(
+                "  region {name}\n\
+                 \x20   agent HTTP API   http://{http}   (node token: {token})\n\
+                 \x20   arbiter admin    http://{admin}   QUIC {quic}   (operator token: {op})\n\
+                 \x20   ingress gateway  {ingress}\n\
+                 \x20   bridge QUIC      {bridge}\n\
+                 \x20   DNS              {dns}\n{proxies}",
+                name = r.name,
+                http = r.agent.http_addr,
+                token = r.agent_dir.join("agent.token").display(),
+                admin = r.arbiter.admin_addr,
+                quic = r.arbiter.quic_addr,
+                op = r.arbiter.token_file.display(),
+                ingress = r
+                    .agent
+                    .ingress_addr
+                    .map_or("-".to_owned(), |a| a.to_string()),
+                bridge = r.bridge.listen_addr,
+                dns = r.agent.dns_addr,
+                proxies = r
+                    .agent
+                    .proxies
+                    .iter()
+                    .map(|p| format!("    proxy            {} -> {}\n", p.local_addr, p.service))
+                    .collect::<String>(),
+            ));
+        }
+        if let [r1, r2, ..] = self.regions.as_slice() {
+            let a1 = r1.agent.http_addr;
+            let a2 = r2.agent.http_addr;
+            let auth = |r: &DevRegion| {
+                format!(
+                    "-H \"Authorization: Bearer $(cat {})\"",
+                    r.agent_dir.join("agent.token").display()
+                )
+            };
+            let op = format!(
+                "-H \"Authorization: Bearer $(cat {})\"",
+                r1.arbiter.token_file.display()
+            );
+            out.push_str(&format!(
+                "\nTry failover (web in r2 only; r1's policy sends r1's callers there):\n\
+                 \x20 rollcall echo --listen 127.0.0.1:8080 --id web-r2 &\n\
+                 \x20 curl -X PUT {auth2} -d '{{\"service\":\"web\",\"instance_id\":\"web-r2\",\"address\":\"127.0.0.1\",\"port\":8080}}' http://{a2}/v1/agent/instances\n\
+                 \x20 curl -X PUT {op} -H 'Content-Type: application/json' -d '{{\"policy\":[{{\"service\":\"default/web\",\"home_region\":\"r1\",\"cross_region\":true,\"failover_traffic\":\"all\",\"failover_order\":[\"r2\"]}}]}}' http://{admin1}/v1/policies\n\
+                 \x20 curl http://{a1}/v1/endpoints/web      # region r2, failover.ingress (after a sync interval or two)\n\
+                 \x20 curl http://{a1}/v1/regions\n\
+                 \x20 (with {auth1} for r1's agent)\n",
+                auth2 = auth(r2),
+                auth1 = auth(r1),
+                admin1 = r1.arbiter.admin_addr,
+            ));
+        }
+        out
+    }
+
+    /// Stops every bridge, agent and arbiter.
+    pub async fn shutdown(self) {
+        for r in self.regions {
+            r.bridge.shutdown().await;
+            r.agent.shutdown().await;
+            r.arbiter.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! Failover to another region (R9), sans-IO: what the agent holds of
+//! regions (the arbiter's `Regions` messages: policies of the followed
+//! services, other regions' summaries, ingress addresses and ages), and the
+//! decision for one connection whose service has no usable local endpoint.
+//!
+//! A connection moves only when the service's policy allows cross-region
+//! traffic of its kind, and then to the first region of the policy's
+//! `failover_order` that is fresh (its view younger than its limit), has
+//! READY capacity for the service, declared an ingress, and has room under
+//! its capacity limit; otherwise the answer is "no backend" with the
+//! reason. The data boundary is checked again here although a valid policy
+//! never lists a bounded region for failover. No region's instances are
+//! ever marked anything here: a remote region is only ever a summary.
+//!
+//! Capacity limits: `capacity_limits[region]` is the most of the target's
+//! READY capacity (summed weight) this service's region may send there.
+//! Every agent estimates the region's demand the same way, as the highest
+//! READY weight the service had in this region within `DEMAND_WINDOW_MS`,
+//! so each sends the share `limit × target weight ÷ demand` (at most all)
+//! of its failed-over connections to that region and spills the rest to
+//! the next, in a deterministic even spread (golden-ratio sequence). A
+//! service that never had local capacity here has no demand estimate and
+//! is not limited.
+//!
+//! Ages use the agent's clock only: the arbiter says how old each view was
+//! when it sent it, and the agent adds the time since, so a view it stops
+//! hearing about (the arbiter or the bridge cut off) ages out by itself.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rollcall_config::{ConnTraffic, StaleBehaviour, TrafficClass};
+use rollcall_leases::{
+    HeldPolicy, Ingress, Label, PolicyKey, RegionEntry, RegionsUpdate, ServiceKey,
+};
+
+/// How far back the demand estimate looks for the service's highest local
+/// READY weight, ms: longer than a deploy or an incident takes to empty it.
+pub const DEMAND_WINDOW_MS: u64 = 600_000;
+
+/// Why a connection did not move to another region. The labels are the
+/// `reason` of `rollcall_agent_failover_refusals_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// The service has no policy here (the default is no cross-region
+    /// traffic).
+    NoPolicy,
+    /// Its policy does not allow cross-region traffic.
+    CrossRegionOff,
+    /// Its policy moves read-only traffic only, and this is read-write.
+    ReadOnlyPolicy,
+    /// A single-writer service's writes move only to a declared transfer
+    /// target.
+    SingleWriter,
+    /// No region in the failover order is known fresh.
+    Stale,
+    /// The fresh regions have no READY capacity for the service.
+    NoCapacity,
+    /// The regions with capacity are over their capacity limit.
+    CapacityLimit,
+    /// The regions with capacity declared no ingress address.
+    NoIngress,
+    /// A region is in the data boundary.
+    DataBoundary,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoPolicy => "no_policy",
+            Refusal::CrossRegionOff => "cross_region_off",
+            Refusal::ReadOnlyPolicy => "read_only_policy",
+            Refusal::SingleWriter => "single_writer",
+            Refusal::Stale => "stale",
+            Refusal::NoCapacity => "no_capacity",
+            Refusal::CapacityLimit => "capacity_limit",
+            Refusal::NoIngress => "no_ingress",
+            Refusal::DataBoundary => "data_boundary",
+        }
+    }
+
+    /// In words, for logs and API answers.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refusal::NoPolicy => "the service has no policy, so its traffic stays in this region",
+            Refusal::CrossRegionOff => "the service's policy does not allow cross-region traffic",
+            Refusal::ReadOnlyPolicy => "the service's policy moves read-only traffic only",
+            Refusal::SingleWriter => "the service has a single writer and no ownership transfer to a failover region is declared",
+            Refusal::Stale => "no region in the failover order has a fresh summary",
+            Refusal::NoCapacity => "no fresh region in the failover order has READY capacity for the service",
+            Refusal::CapacityLimit => "the regions with capacity are at their capacity limit",
+            Refusal::NoIngress => "the regions with capacity declared no ingress address",
+            Refusal::DataBoundary => "the only candidate regions are inside the data boundary",
+        }
+    }
+}
+
+/// Where a connection goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// To another region's ingress.
+    Remote {
+        /// The region.
+        region: Label,
+        /// Its ingress addresses (at least one).
+        ingress: Vec<Ingress>,
+        /// Its READY instances of the service.
+        ready: u32,
+    },
+    /// Nowhere: "no backend".
+    Refused(Refusal),
+}
+
+/// One region as the agent holds it.
+#[derive(Clone, Debug)]
+struct Held {
+    entry: RegionEntry,
+    /// When it arrived, by the agent's clock (ms).
+    received_at_ms: u64,
+}
+
+impl Held {
+    fn age_ms(&self, now_ms: u64) -> u64 {
+        self.entry
+            .age_ms
+            .saturating_add(now_ms.saturating_sub(self.received_at_ms))
+    }
+
+    fn fresh(&self, now_ms: u64) -> bool {
+        self.age_ms(now_ms) <= self.entry.max_age_ms
+    }
+}
+
+/// What the agent holds of regions, and its failover state.
+#[derive(Debug, Default)]
+pub struct Regions {
+    policies: BTreeMap<PolicyKey, HeldPolicy>,
+    regions: BTreeMap<Label, Held>,
+    /// Per service: the highest local READY weight in the window, and when.
+    demand: HashMap<ServiceKey, (u64, u64)>,
+    /// Per service: failed-over connections decided so far (the spread).
+    sequence: HashMap<ServiceKey, u64>,
+    updates: u64,
+}
+
+/// One region as `GET /v1/regions` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RegionStatus {
+    /// The region.
+    pub region: Label,
+    /// How old its view is now, ms.
+    pub age_ms: u64,
+    /// Past this it counts as unknown, ms.
+    pub max_age_ms: u64,
+    /// Whether it is within that limit (a possible failover target).
+    pub fresh: bool,
+    /// Its catalog revision the view is complete up to.
+    pub version: u64,
+    /// Its edge gateways.
+    pub ingress: Vec<Ingress>,
+    /// Its summaries of the services this agent follows.
+    pub summaries: Vec<rollcall_leases::ServiceSummary>,
+}
+
+impl Regions {
+    /// Nothing known.
+    pub fn new() -> Self {
+        Regions::default()
+    }
+
+    /// The arbiter's message, replacing what was held.
+    pub fn update(&mut self, update: RegionsUpdate, now_ms: u64) {
+        self.updates += 1;
+        self.policies = update
+            .policies
+            .into_iter()
+            .map(|p| (p.policy.key().clone(), p))
+            .collect();
+        self.regions = update
+            .regions
+            .into_iter()
+            .map(|entry| {
+                (
+                    entry.region.clone(),
+                    Held {
+                        entry,
+                        received_at_ms: now_ms,
+                    },
+                )
+            })
+            .collect();
+    }
+
+    /// Regions messages applied since start.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// The policy of `service`, if one is held.
+    pub fn policy(&self, service: &ServiceKey) -> Option<&HeldPolicy> {
+        self.policies.get(&PolicyKey {
+            namespace: service.namespace.clone(),
+            service: service.service.clone(),
+        })
+    }
+
+    /// Every policy held.
+    pub fn policies(&self) -> impl Iterator<Item = &HeldPolicy> {
+        self.policies.values()
+    }
+
+    /// The staleness settings the service's policy overrides, if any.
+    pub fn staleness(&self, service: &ServiceKey) -> (Option<u64>, Option<StaleBehaviour>) {
+        self.policy(service).map_or((None, None), |p| {
+            let d = p.policy.document();
+            (d.max_snapshot_age_ms, d.stale_behaviour)
+        })
+    }
+
+    /// Every region held, with its age at `now_ms`.
+    pub fn status(&self, now_ms: u64) -> Vec<RegionStatus> {
+        self.regions
+            .values()
+            .map(|h| RegionStatus {
+                region: h.entry.region.clone(),
+                age_ms: h.age_ms(now_ms),
+                max_age_ms: h.entry.max_age_ms,
+                fresh: h.fresh(now_ms),
+                version: h.entry.version.get(),
+                ingress: h.entry.ingress.clone(),
+                summaries: h.entry.summaries.clone(),
+            })
+            .collect()
+    }
+
+    /// Notes the service's READY weight in this region now (every lookup
+    /// does), for the demand estimate.
+    pub fn observe_local(&mut self, service: &ServiceKey, ready_weight: u64, now_ms: u64) {
+        if ready_weight == 0 && !self.demand.contains_key(service) {
+            return;
+        }
+        let entry = self.demand.entry(service.clone()).or_insert((0, now_ms));
+        if ready_weight >= entry.0 || now_ms.saturating_sub(entry.1) > DEMAND_WINDOW_MS {
+            *entry = (ready_weight, now_ms);
+        }
+    }
+
+    /// Where a `traffic` connection of `service` goes, its local endpoints
+    /// being unusable, at `now_ms`. Advances the spread when it moves.
+    pub fn decide(&mut self, service: &ServiceKey, traffic: ConnTraffic, now_ms: u64) -> Decision {
+        let Some(held) = self.policy(service) else {
+            return Decision::Refused(Refusal::NoPolicy);
+        };
+        let doc = held.policy.document().clone();
+        if !doc.cross_region {
+            return Decision::Refused(Refusal::CrossRegionOff);
+        }
+        let writes = traffic == ConnTraffic::ReadWrite;
+        if writes && doc.failover_traffic == TrafficClass::ReadOnly {
+            return Decision::Refused(Refusal::ReadOnlyPolicy);
+        }
+        let demand = self
+            .demand
+            .get(service)
+            .filter(|(_, at)| now_ms.saturating_sub(*at) <= DEMAND_WINDOW_MS)
+            .map_or(0, |(w, _)| *w);
+        let n = self.sequence.get(service).copied().unwrap_or(0);
+        // An even spread in [0, 1): the n-th point of the golden-ratio
+        // sequence.
+        let mut u = (n as f64 * 0.618_033_988_749_894_9).fract();
+        let mut best = Refusal::Stale;
+        for name in &doc.failover_order {
+            let refusal = 'region: {
+                if doc.data_boundary.contains(name) {
+                    break 'region Refusal::DataBoundary;
+                }
+                if writes {
+                    let moves = doc
+                        .single_writer
+                        .as_ref()
+                        .is_none_or(|w| w.transfer_to.as_deref() == Some(name.as_str()));
+                    if !moves {
+                        break 'region Refusal::SingleWriter;
+                    }
+                }
+                let Some(region) = Label::new(name).ok().and_then(|l| self.regions.get(&l)) else {
+                    break 'region Refusal::Stale;
+                };
+                if !region.fresh(now_ms) {
+                    break 'region Refusal::Stale;
+                }
+                let Some(summary) = region
+                    .entry
+                    .summaries
+                    .iter()
+                    .find(|s| &s.service == service)
+                    .filter(|s| s.ready > 0 && s.weight > 0)
+                else {
+                    break 'region Refusal::NoCapacity;
+                };
+                if region.entry.ingress.is_empty() {
+                    break 'region Refusal::NoIngress;
+                }
+                let share = if demand == 0 {
+                    1.0
+                } else {
+                    (doc.capacity_limit(name) * summary.weight as f64 / demand as f64).min(1.0)
+                };
+                if u < share {
+                    self.sequence.insert(service.clone(), n + 1);
+                    return Decision::Remote {
+                        region: region.entry.region.clone(),
+                        ingress: region.entry.ingress.clone(),
+                        ready: summary.ready,
+                    };
+                }
+                // This connection spills to the next region, whose own
+                // share applies to what is left.
+                u = if share < 1.0 { (u - share) / (1.0 - share) } else { 0.0 };
+                Refusal::CapacityLimit
+            };
+            best = best.max_by_rank(refusal);
+        }
+        self.sequence.insert(service.clone(), n + 1);
+        Decision::Refused(best)
+    }
+
+    /// Whether this region (`here`) takes `traffic` connections of
+    /// `service` from other regions at its ingress: the service's policy
+    /// must allow them into `here`. `Err` says why not.
+    pub fn admits(
+        &self,
+        service: &ServiceKey,
+        traffic: ConnTraffic,
+        here: &str,
+    ) -> Result<(), Refusal> {
+        let held = self.policy(service).ok_or(Refusal::NoPolicy)?;
+        let doc = held.policy.document();
+        if !doc.cross_region {
+            return Err(Refusal::CrossRegionOff);
+        }
+        if doc.data_boundary.iter().any(|r| r == here)
+            || !doc.failover_order.iter().any(|r| r == here)
+        {
+            return Err(Refusal::DataBoundary);
+        }
+        if traffic == ConnTraffic::ReadWrite {
+            if doc.failover_traffic == TrafficClass::ReadOnly {
+                return Err(Refusal::ReadOnlyPolicy);
+            }
+            if doc
+                .single_writer
+                .as_ref()
+                .is_some_and(|w| w.transfer_to.as_deref() != Some(here))
+            {
+                return Err(Refusal::SingleWriter);
+            }
+        }
+        Ok(())
+    }
+}
+
+trait Rank {
+    fn max_by_rank(self, other: Self) -> Self;
+}
+
+impl Rank for Refusal {
+    /// The more telling of two region refusals: the one closest to
+    /// succeeding (a limit beats no capacity beats stale).
+    fn max_by_rank(self, other: Refusal) -> Refusal {
+        let rank = |r: Refusal| match r {
+            Refusal::CapacityLimit => 5,
+            Refusal::NoIngress => 4,
+            Refusal::NoCapacity => 3,
+            Refusal::SingleWriter => 2,
+            Refusal::Stale => 1,
+            _ => 0,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rollcall_config::{ServicePolicy, SingleWriter};
+    use rollcall_leases::{Policy, Revision, ServiceSummary};
+
+    fn key() -> ServiceKey {
+        "shop/web/http".parse().unwrap()
+    }
+
+    fn policy(edit: impl FnOnce(&mut ServicePolicy)) -> HeldPolicy {
+        let mut doc = ServicePolicy::new("shop/web", "r1");
+        doc.cross_region = true;
+        doc.failover_traffic = TrafficClass::All;
+        doc.failover_order = vec!["r2".into(), "r3".into()];
+        edit(&mut doc);
+        HeldPolicy {
+            policy: Policy::new(doc).unwrap(),
+            home_revision: Revision(4),
+        }
+    }
+
+    fn region(name: &str, ready: u32, age_ms: u64) -> RegionEntry {
+        RegionEntry {
+            region: Label::new(name).unwrap(),
+            age_ms,
+            max_age_ms: 10_000,
+            version: Revision(9),
+            ingress: vec![Ingress::new(&format!("edge.{name}:443")).unwrap()],
+            summaries: vec![ServiceSummary {
+                service: key(),
+                revision: Revision(3),
+                ready,
+                weight: u64::from(ready) * 100,
+                taken_at_ms: 0,
+            }],
+        }
+    }
+
+    fn regions(p: HeldPolicy, rs: Vec<RegionEntry>) -> Regions {
+        let mut r = Regions::new();
+        r.update(
+            RegionsUpdate {
+                policies: vec![p],
+                regions: rs,
+            },
+            1_000,
+        );
+        r
+    }
+
+    fn target(d: &Decision) -> Option<&str> {
+        match d {
+            Decision::Remote { region, .. } => Some(region.as_str()),
+            Decision::Refused(_) => None,
+        }
+    }
+
+    #[test]
+    fn the_first_fresh_region_with_capacity_in_order_is_chosen() {
+        let mut r = regions(policy(|_| {}), vec![region("r2", 3, 0), region("r3", 5, 0)]);
+        let d = r.decide(&key(), ConnTraffic::ReadWrite, 1_000);
+        assert_eq!(target(&d), Some("r2"));
+        // r2 with nothing READY: r3.
+        r.update(
+            RegionsUpdate {
+                policies: vec![policy(|_| {})],
+                regions: vec![region("r2", 0, 0), region("r3", 5, 0)],
+            },
+            2_000,
+        );
+        assert_eq!(
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 2_000)),
+            Some("r3")
+        );
+    }
+
+    #[test]
+    fn a_view_older_than_its_limit_is_never_a_target() {
+        let mut r = regions(policy(|_| {}), vec![region("r2", 3, 4_000)]);
+        assert_eq!(
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 7_000)),
+            Some("r2")
+        );
+        // 4 s old when received at 1 s; past 10 s at 7.001 s of agent time.
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadOnly, 7_001),
+            Decision::Refused(Refusal::Stale)
+        );
+        assert!(!r.status(7_001)[0].fresh);
+    }
+
+    #[test]
+    fn policy_refusals_name_their_reason() {
+        let mut r = Regions::new();
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadOnly, 0),
+            Decision::Refused(Refusal::NoPolicy)
+        );
+        let mut r = regions(policy(|d| d.cross_region = false), vec![region("r2", 3, 0)]);
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadOnly, 1_000),
+            Decision::Refused(Refusal::CrossRegionOff)
+        );
+        let mut r = regions(
+            policy(|d| d.failover_traffic = TrafficClass::ReadOnly),
+            vec![region("r2", 3, 0)],
+        );
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadWrite, 1_000),
+            Decision::Refused(Refusal::ReadOnlyPolicy)
+        );
+        assert_eq!(
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000)),
+            Some("r2")
+        );
+    }
+
+    #[test]
+    fn single_writer_writes_move_only_to_a_declared_transfer() {
+        let owned = |transfer: Option<&str>| {
+            policy(|d| {
+                d.single_writer = Some(SingleWriter {
+                    owner: "r1".into(),
+                    transfer_to: transfer.map(str::to_owned),
+                })
+            })
+        };
+        let mut r = regions(owned(None), vec![region("r2", 3, 0), region("r3", 3, 0)]);
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadWrite, 1_000),
+            Decision::Refused(Refusal::SingleWriter)
+        );
+        assert_eq!(
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000)),
+            Some("r2")
+        );
+        let mut r = regions(
+            owned(Some("r3")),
+            vec![region("r2", 3, 0), region("r3", 3, 0)],
+        );
+        assert_eq!(
+            target(&r.decide(&key(), ConnTraffic::ReadWrite, 1_000)),
+            Some("r3")
+        );
+        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r3").is_ok());
+        assert_eq!(
+            r.admits(&key(), ConnTraffic::ReadWrite, "r2"),
+            Err(Refusal::SingleWriter)
+        );
+    }
+
+    #[test]
+    fn capacity_limits_spread_the_demand_and_spill_in_order() {
+        // Local demand 1000; r2 holds 300 with a limit of 0.5: it takes
+        // 150/1000 = 15% of the moved connections, r3 (limit 1.0, 5000)
+        // the rest.
+        let mut r = regions(
+            policy(|d| {
+                d.capacity_limits.insert("r2".into(), 0.5);
+                d.capacity_limits.insert("r3".into(), 1.0);
+            }),
+            vec![region("r2", 3, 0), region("r3", 50, 0)],
+        );
+        r.observe_local(&key(), 1_000, 500);
+        r.observe_local(&key(), 0, 900);
+        let mut counts = BTreeMap::new();
+        for _ in 0..1_000 {
+            let d = r.decide(&key(), ConnTraffic::ReadOnly, 1_000);
+            *counts.entry(target(&d).map(str::to_owned)).or_insert(0) += 1;
+        }
+        let r2 = counts.get(&Some("r2".to_owned())).copied().unwrap_or(0);
+        let r3 = counts.get(&Some("r3".to_owned())).copied().unwrap_or(0);
+        assert!((145..=155).contains(&r2), "{counts:?}");
+        assert_eq!(r2 + r3, 1_000, "{counts:?}");
+
+        // Only r2, limited: 15% move, the rest are refused for the limit.
+        let mut r = regions(
+            policy(|d| d.failover_order = vec!["r2".into()]),
+            vec![region("r2", 3, 0)],
+        );
+        r.observe_local(&key(), 1_000, 500);
+        let refused = (0..100)
+            .filter(|_| {
+                r.decide(&key(), ConnTraffic::ReadOnly, 1_000)
+                    == Decision::Refused(Refusal::CapacityLimit)
+            })
+            .count();
+        assert!((83..=87).contains(&refused), "{refused}");
+        // The estimate forgets a peak older than its window.
+        let later = 1_000 + DEMAND_WINDOW_MS + 600;
+        r.update(
+            RegionsUpdate {
+                policies: vec![policy(|d| d.failover_order = vec!["r2".into()])],
+                regions: vec![region("r2", 3, 0)],
+            },
+            later,
+        );
+        r.observe_local(&key(), 0, later);
+        assert!((0..20).all(|_| target(&r.decide(&key(), ConnTraffic::ReadOnly, later)) == Some("r2")));
+    }
+
+    #[test]
+    fn the_ingress_admits_only_what_the_policy_lets_into_its_region() {
+        let r = regions(
+            policy(|d| {
+                d.failover_order = vec!["r2".into()];
+                d.data_boundary = vec!["r3".into()];
+            }),
+            vec![],
+        );
+        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r2").is_ok());
+        assert_eq!(
+            r.admits(&key(), ConnTraffic::ReadOnly, "r3"),
+            Err(Refusal::DataBoundary)
+        );
+        assert_eq!(
+            Regions::new().admits(&key(), ConnTraffic::ReadOnly, "r2"),
+            Err(Refusal::NoPolicy)
+        );
+    }
+}

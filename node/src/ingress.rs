@@ -1,0 +1,239 @@
+//! The agent as its region's ingress gateway (R9): other regions' proxies
+//! send connections of a service with no usable endpoint in their region
+//! here, and the gateway forwards each to a READY endpoint of that service
+//! in this region.
+//!
+//! Raw TCP carries no service name, so a failed-over connection opens with
+//! one line, the preamble: `ROLLCALL-INGRESS/1 <namespace/service/port>
+//! <read_only|read_write>\n` (at most [`MAX_PREAMBLE`] bytes). The gateway
+//! reads exactly that line, within `ingress.preamble_timeout_ms`, and
+//! forwards everything after it unchanged. It admits a connection only
+//! when the service's policy lets that traffic into this region (this
+//! region is in its `failover_order`, outside its `data_boundary`, and a
+//! read-write connection is allowed by `failover_traffic` and any single
+//! writer's declared transfer), and it routes only to local endpoints: a
+//! gateway never fails over again, so connections cannot loop between
+//! regions. Anything else closes the connection, counted in
+//! `rollcall_agent_ingress_refused_total{reason}`.
+//!
+//! The ingress listener is not authenticated beyond what the network
+//! allows: expose it only where other regions' agents can reach it (a
+//! private inter-region network), as one would an edge gateway.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_config::ConnTraffic;
+use rollcall_leases::ServiceKey;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::agent::{Agent, Lookup};
+use crate::failover::Refusal;
+use crate::metrics::{RefusalLabel, ServiceLabel};
+use crate::proxy::{connect_local, pipe, ActiveConnections};
+
+/// The first word of the preamble.
+pub const MAGIC: &str = "ROLLCALL-INGRESS/1";
+
+/// Longest preamble, newline included.
+pub const MAX_PREAMBLE: usize = 320;
+
+/// The preamble a proxy sends before a failed-over connection's bytes.
+pub fn preamble(service: &ServiceKey, traffic: ConnTraffic) -> String {
+    format!("{MAGIC} {service} {}\n", traffic.as_str())
+}
+
+/// Why a preamble was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PreambleError {
+    /// Not the expected shape.
+    #[error("the preamble must be \"{MAGIC} <namespace/service/port> <read_only|read_write>\" and a newline, at most {MAX_PREAMBLE} bytes: {0}")]
+    Shape(String),
+}
+
+/// Parses one preamble line (without its newline).
+pub fn parse_preamble(line: &str) -> Result<(ServiceKey, ConnTraffic), PreambleError> {
+    let bad = |what: &str| PreambleError::Shape(what.to_owned());
+    let mut words = line.split(' ');
+    if words.next() != Some(MAGIC) {
+        return Err(bad("it does not start with the magic word"));
+    }
+    let service: ServiceKey = words
+        .next()
+        .ok_or_else(|| bad("the service is missing"))?
+        .parse()
+        .map_err(|e: rollcall_leases::NameError| bad(&e.to_string()))?;
+    let traffic = words
+        .next()
+        .and_then(ConnTraffic::parse)
+        .ok_or_else(|| bad("the traffic class is missing or unknown"))?;
+    if words.next().is_some() {
+        return Err(bad("it has extra words"));
+    }
+    Ok((service, traffic))
+}
+
+/// A running ingress gateway.
+pub struct IngressHandle {
+    /// The address it is bound to.
+    pub local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl IngressHandle {
+    /// Stops accepting and ends every connection it carries.
+    pub async fn shutdown(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `listen` and serves until `IngressHandle::shutdown`.
+pub async fn start(
+    agent: Agent,
+    listen: SocketAddr,
+    active: ActiveConnections,
+) -> std::io::Result<IngressHandle> {
+    let listener = TcpListener::bind(listen).await?;
+    let local_addr = listener.local_addr()?;
+    let agent = Arc::new((agent, active));
+    let task = tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((client, peer)) => {
+                        connections.spawn(serve(agent.clone(), client, peer));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ingress accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+    });
+    tracing::info!(listen = %local_addr, "ingress gateway listening");
+    Ok(IngressHandle { local_addr, task })
+}
+
+/// Reads the preamble line; what the client sent after it stays buffered.
+async fn read_preamble(
+    reader: &mut BufReader<TcpStream>,
+    timeout: Duration,
+) -> Result<String, String> {
+    let mut line = Vec::with_capacity(96);
+    let mut limited = (&mut *reader).take(MAX_PREAMBLE as u64);
+    let read = limited.read_until(b'\n', &mut line);
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => return Err("no preamble within ingress.preamble_timeout_ms".into()),
+        Ok(Err(e)) => return Err(format!("reading the preamble failed: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    if line.pop() != Some(b'\n') {
+        return Err(format!("no newline within {MAX_PREAMBLE} bytes"));
+    }
+    String::from_utf8(line).map_err(|_| "the preamble is not UTF-8".into())
+}
+
+async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer: SocketAddr) {
+    let (agent, active) = &*shared;
+    let refuse = |service: &str, reason: &str, detail: &str| {
+        agent
+            .metrics()
+            .ingress_refused
+            .get_or_create(&RefusalLabel {
+                service: service.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+        tracing::debug!(peer = %peer, service, reason, detail, "ingress connection refused");
+    };
+    let timeout = Duration::from_millis(agent.config().ingress.preamble_timeout_ms);
+    let mut reader = BufReader::with_capacity(4096, client);
+    let parsed = read_preamble(&mut reader, timeout)
+        .await
+        .and_then(|line| parse_preamble(&line).map_err(|e| e.to_string()));
+    let (service, traffic) = match parsed {
+        Ok(p) => p,
+        Err(detail) => return refuse("", "bad_preamble", &detail),
+    };
+    let name = service.to_string();
+    // The first connection of a service makes this agent follow it; its
+    // policy arrives right behind its endpoints.
+    let answer = agent.lookup_wait(&service).await;
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(agent.config().first_resolve_wait_ms);
+    let admitted = loop {
+        match agent.ingress_admits(&service, traffic) {
+            Err(Refusal::NoPolicy) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
+    };
+    if let Err(refusal) = admitted {
+        return refuse(&name, refusal.as_str(), refusal.describe());
+    }
+    let answer = match answer {
+        Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
+        _ => match agent.lookup(&service) {
+            Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
+            _ => return refuse(&name, "no_local_endpoint", "no usable endpoint in this region"),
+        },
+    };
+    let Some(mut upstream) = connect_local(agent, &service, &answer, active).await else {
+        return refuse(
+            &name,
+            "no_local_endpoint",
+            "every endpoint tried failed to connect",
+        );
+    };
+    // Bytes the client sent right behind its preamble go first.
+    let early = reader.buffer().to_vec();
+    let mut client = reader.into_inner();
+    if !early.is_empty() && upstream.stream.write_all(&early).await.is_err() {
+        return;
+    }
+    agent
+        .metrics()
+        .ingress_forwarded
+        .get_or_create(&ServiceLabel {
+            service: name.clone(),
+        })
+        .inc();
+    let result = pipe(&mut client, &mut upstream.stream).await;
+    tracing::debug!(peer = %peer, service = %name, instance = %upstream.record.instance_id, result = ?result, "ingress connection closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preambles_round_trip_and_bad_ones_are_named() {
+        let key: ServiceKey = "shop/web/http".parse().unwrap();
+        let line = preamble(&key, ConnTraffic::ReadOnly);
+        assert_eq!(line, "ROLLCALL-INGRESS/1 shop/web/http read_only\n");
+        assert_eq!(
+            parse_preamble(line.trim_end()).unwrap(),
+            (key, ConnTraffic::ReadOnly)
+        );
+        for bad in [
+            "",
+            "GET / HTTP/1.1",
+            "ROLLCALL-INGRESS/1",
+            "ROLLCALL-INGRESS/1 shop/web/http",
+            "ROLLCALL-INGRESS/1 shop/web/http write",
+            "ROLLCALL-INGRESS/1 Shop/web/http read_only",
+            "ROLLCALL-INGRESS/1 shop/web/http read_only extra",
+            "ROLLCALL-INGRESS/2 shop/web/http read_only",
+        ] {
+            assert!(parse_preamble(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
