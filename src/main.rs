@@ -248,7 +248,8 @@ struct DevArgs {
     /// Run this many regions (r1, r2, …), each with an arbiter, an agent
     /// (also its region's ingress gateway) and a region bridge. Region k's
     /// agent HTTP API is on the `--http` port + 10(k−1), its arbiter admin
-    /// on the next port, ingress +2, bridge +3, DNS +4; `--proxy` listeners
+    /// on the next port, ingress +2, bridge +3, DNS +4, bridge metrics +5;
+    /// `--proxy` listeners
     /// run on r1's agent; `--admin`, `--quic`, `--dns` and `--replicas`
     /// do not apply.
     #[arg(long, value_name = "N")]
@@ -707,9 +708,10 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     check_fault_points()?;
     if let Some(n) = args.regions {
-        let dev =
-            rollcall_node::dev_regions::DevRegions::start(n, args.data_dir, args.http, args.proxy)
-                .await?;
+        let mut options =
+            rollcall_node::dev_regions::RegionsOptions::new(n, args.data_dir, args.http);
+        options.proxies = args.proxy;
+        let dev = rollcall_node::dev_regions::DevRegions::start(options).await?;
         println!("{}", dev.banner());
         stop_signal().await;
         dev.shutdown().await;

@@ -44,6 +44,10 @@ pub struct BridgeConfig {
     /// out as a delta; when nothing did, the peers get a confirmation of a
     /// few bytes. Default 1000; at least 100.
     pub sync_interval_ms: u64,
+    /// Where the bridge serves `GET /metrics` (Prometheus text): summary
+    /// age and sync lag per peer region, policy revisions, bytes sent per
+    /// region pair. Unset (the default): no metrics listener.
+    pub metrics_listen: Option<SocketAddr>,
     /// `[arbiter]`: how to reach this region's arbiter replicas.
     pub arbiter: BridgeArbiter,
     /// `[tls]`: this bridge's mTLS files (a `bridge` certificate of this
@@ -101,6 +105,7 @@ impl Default for BridgeConfig {
             ingress: Vec::new(),
             summary_max_age_ms: 30_000,
             sync_interval_ms: 1_000,
+            metrics_listen: None,
             arbiter: BridgeArbiter::default(),
             tls: None,
         }

@@ -39,8 +39,8 @@ pub use checks::{
     CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
 };
 pub use data_plane::{
-    ConnTraffic, DataPlaneConfig, IngressConfig, DrainConfig, ProbesConfig, ProxyEntry, StaleBehaviour, StalenessConfig,
-    StalenessOverride, WorkloadGrant,
+    ConnTraffic, DataPlaneConfig, DrainConfig, IngressConfig, ProbesConfig, ProxyEntry,
+    StaleBehaviour, StalenessConfig, StalenessOverride, WorkloadGrant,
 };
 pub use error::ConfigError;
 pub use file::ConfigFile;

@@ -242,7 +242,10 @@ impl Distributor {
 
     /// The services `agent` follows.
     pub fn subscriptions(&self, agent: AgentId) -> impl Iterator<Item = &ServiceKey> {
-        self.agents.get(&agent).into_iter().flat_map(|a| a.subs.keys())
+        self.agents
+            .get(&agent)
+            .into_iter()
+            .flat_map(|a| a.subs.keys())
     }
 
     /// The agent stops following `service`.

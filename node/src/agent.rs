@@ -30,11 +30,11 @@ use crate::api_types::{
     RegionsPolicy, RegionsResponse, RegisterResponse, StatusResponse, SubscriptionStatus,
     ValidRegistration,
 };
-use crate::failover::{Decision, Refusal};
 use crate::api_types::{ArbiterStatus, GossipStatus, LeaseStatus};
 use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
+use crate::failover::{Decision, Refusal};
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
 use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel, RegionLabel, ServiceLabel};
 use crate::prober::Prober;
@@ -190,7 +190,9 @@ fn failover_json(decision: Decision) -> FailoverJson {
             ingress,
             ready,
         } => FailoverJson {
-            detail: format!("no usable endpoint in this region; traffic goes to region {region}'s ingress"),
+            detail: format!(
+                "no usable endpoint in this region; traffic goes to region {region}'s ingress"
+            ),
             region: Some(region),
             ingress: ingress.iter().map(|i| i.to_string()).collect(),
             ready,
@@ -201,7 +203,10 @@ fn failover_json(decision: Decision) -> FailoverJson {
             ingress: Vec::new(),
             ready: 0,
             refused: Some(refusal.as_str().to_owned()),
-            detail: format!("no usable endpoint in this region and no failover: {}", refusal.describe()),
+            detail: format!(
+                "no usable endpoint in this region and no failover: {}",
+                refusal.describe()
+            ),
         },
     }
 }
@@ -2154,7 +2159,12 @@ impl Agent {
             Lookup::Serve(answer) => answer,
             Lookup::Unknown => {
                 // The service may live only in another region.
-                if let Decision::Remote { region, ingress, ready } = self.failover(&key, traffic) {
+                if let Decision::Remote {
+                    region,
+                    ingress,
+                    ready,
+                } = self.failover(&key, traffic)
+                {
                     return Ok(EndpointsResponse {
                         service: key.service.clone(),
                         namespace: key.namespace.clone(),
@@ -2166,10 +2176,14 @@ impl Agent {
                         mode: "failover".into(),
                         region: region.clone(),
                         endpoints: Vec::new(),
-                        failover: Some(failover_json(Decision::Remote { region, ingress, ready })),
+                        failover: Some(failover_json(Decision::Remote {
+                            region,
+                            ingress,
+                            ready,
+                        })),
                     });
                 }
-                return Err(ApiError::not_found(format!("service {key} does not exist")))
+                return Err(ApiError::not_found(format!("service {key} does not exist")));
             }
             Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
                 return Err(ApiError::unavailable(reason))

@@ -277,9 +277,7 @@ async fn endpoints(
     let traffic = match q.traffic.as_deref() {
         None => ConnTraffic::ReadWrite,
         Some(t) => ConnTraffic::parse(t).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "traffic: {t:?} is not read_only or read_write"
-            ))
+            ApiError::bad_request(format!("traffic: {t:?} is not read_only or read_write"))
         })?,
     };
     Ok(Json(

@@ -7,7 +7,9 @@
 //! Ports, from the base `B` (the agent HTTP address given with `--http`,
 //! default 127.0.0.1:7070), for region k: agent HTTP `B + 10(k−1)`, arbiter
 //! admin `+1`, agent ingress gateway `+2`, bridge QUIC (UDP) `+3`, agent DNS
-//! `+4` (UDP and TCP); the arbiter's QUIC port is a free one.
+//! `+4` (UDP and TCP), bridge metrics `+5`; the arbiter's QUIC port is a
+//! free one. A base port
+//! of 0 takes free ports for everything (tests do).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,12 +27,37 @@ use crate::dev::DevError;
 /// Most regions `--regions` starts.
 pub const MAX_REGIONS: u8 = 9;
 
-/// How often the dev bridges read their arbiter, ms (a second, as the
-/// bridge's default).
-const SYNC_INTERVAL_MS: u64 = 1_000;
+/// What `DevRegions::start` starts.
+#[derive(Clone, Debug)]
+pub struct RegionsOptions {
+    /// How many regions (2 to [`MAX_REGIONS`]).
+    pub regions: u8,
+    /// Data directory; region k keeps its data under `r<k>/`.
+    pub data_dir: PathBuf,
+    /// The base address (region r1's agent HTTP API); port 0: free ports.
+    pub base: SocketAddr,
+    /// TCP proxy listeners on region r1's agent.
+    pub proxies: Vec<rollcall_config::ProxyEntry>,
+    /// How often each bridge reads its arbiter, ms. Default 1000.
+    pub sync_interval_ms: u64,
+    /// Past this age a region's summaries count as unknown, ms. Default
+    /// 10000.
+    pub summary_max_age_ms: u64,
+}
 
-/// Past this age a dev region's summaries count as unknown, ms.
-const SUMMARY_MAX_AGE_MS: u64 = 10_000;
+impl RegionsOptions {
+    /// `regions` regions under `data_dir` from `base`, the rest default.
+    pub fn new(regions: u8, data_dir: PathBuf, base: SocketAddr) -> Self {
+        RegionsOptions {
+            regions,
+            data_dir,
+            base,
+            proxies: Vec::new(),
+            sync_interval_ms: 1_000,
+            summary_max_age_ms: 10_000,
+        }
+    }
+}
 
 /// One region of the dev cluster.
 pub struct DevRegion {
@@ -40,8 +67,8 @@ pub struct DevRegion {
     pub arbiter: ArbiterServer,
     /// Its agent (and ingress gateway).
     pub agent: AgentHandle,
-    /// Its bridge.
-    pub bridge: Bridge,
+    /// Its bridge; `None` once stopped (`DevRegions::stop_bridge`).
+    pub bridge: Option<Bridge>,
     /// The agent's data directory (its token file is `agent.token` there).
     pub agent_dir: PathBuf,
 }
@@ -55,6 +82,9 @@ pub struct DevRegions {
 const NODE: &str = "dev-node";
 
 fn port(base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, DevError> {
+    if base.port() == 0 {
+        return Ok(base);
+    }
     base.port()
         .checked_add(10 * u16::from(k) + offset)
         .map(|p| SocketAddr::new(base.ip(), p))
@@ -62,24 +92,31 @@ fn port(base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, DevError> {
 }
 
 impl DevRegions {
-    /// Starts `n` regions under `data_dir`, their ports from `base`; the
-    /// `proxies` run on region r1's agent.
-    pub async fn start(
-        n: u8,
-        data_dir: PathBuf,
-        base: SocketAddr,
-        proxies: Vec<rollcall_config::ProxyEntry>,
-    ) -> Result<DevRegions, DevError> {
+    /// Starts the regions `options` asks for.
+    pub async fn start(options: RegionsOptions) -> Result<DevRegions, DevError> {
+        let RegionsOptions {
+            regions: n,
+            data_dir,
+            base,
+            proxies,
+            sync_interval_ms,
+            summary_max_age_ms,
+        } = options;
         if !(2..=MAX_REGIONS).contains(&n) {
             return Err(DevError::Options(format!(
                 "--regions {n}: use 2 to {MAX_REGIONS} (one region is plain `rollcall dev`)"
             )));
         }
-        if base.port() == 0 {
-            return Err(DevError::Options(
-                "--http with --regions needs a fixed base port: the bridges must know each other's ports before they start".into(),
-            ));
-        }
+        // The bridges dial each other, so each must know the others' ports
+        // before any starts: fixed from the base, or free ones found now.
+        let bridge_ports: Vec<SocketAddr> = (0..n)
+            .map(|k| match base.port() {
+                0 => std::net::UdpSocket::bind(SocketAddr::new(base.ip(), 0))
+                    .and_then(|s| s.local_addr())
+                    .map_err(|e| DevError::Options(format!("finding a free UDP port: {e}"))),
+                _ => port(base, k, 3),
+            })
+            .collect::<Result<_, _>>()?;
         let names: Vec<String> = (1..=n).map(|k| format!("r{k}")).collect();
         let cas: Vec<Ca> = names
             .iter()
@@ -138,7 +175,7 @@ impl DevRegions {
                 .map(|(j, peer)| {
                     Ok(BridgePeer {
                         region: peer.clone(),
-                        address: port(base, j as u8, 3)?.to_string(),
+                        address: bridge_ports[j].to_string(),
                         ca: dir.join(format!("{peer}-ca.crt")),
                     })
                 })
@@ -146,11 +183,12 @@ impl DevRegions {
             let bridge_config = BridgeConfig {
                 name: format!("bridge-{name}"),
                 region: name.clone(),
-                listen: port(base, kk, 3)?,
+                listen: bridge_ports[k],
                 peers,
                 ingress,
-                summary_max_age_ms: SUMMARY_MAX_AGE_MS,
-                sync_interval_ms: SYNC_INTERVAL_MS,
+                summary_max_age_ms,
+                sync_interval_ms,
+                metrics_listen: Some(port(base, kk, 5)?),
                 arbiter: BridgeArbiter {
                     admin: vec![arbiter.admin_addr.to_string()],
                     token_file: arbiter.token_file.clone(),
@@ -178,7 +216,7 @@ impl DevRegions {
                 name: name.clone(),
                 arbiter,
                 agent,
-                bridge,
+                bridge: Some(bridge),
                 agent_dir,
             });
         }
@@ -197,7 +235,7 @@ impl DevRegions {
                  \x20   agent HTTP API   http://{http}   (node token: {token})\n\
                  \x20   arbiter admin    http://{admin}   QUIC {quic}   (operator token: {op})\n\
                  \x20   ingress gateway  {ingress}\n\
-                 \x20   bridge QUIC      {bridge}\n\
+                 \x20   bridge QUIC      {bridge}   metrics http://{bridge_metrics}/metrics\n\
                  \x20   DNS              {dns}\n{proxies}",
                 name = r.name,
                 http = r.agent.http_addr,
@@ -209,7 +247,15 @@ impl DevRegions {
                     .agent
                     .ingress_addr
                     .map_or("-".to_owned(), |a| a.to_string()),
-                bridge = r.bridge.listen_addr,
+                bridge = r
+                    .bridge
+                    .as_ref()
+                    .map_or("stopped".to_owned(), |b| b.listen_addr.to_string()),
+                bridge_metrics = r
+                    .bridge
+                    .as_ref()
+                    .and_then(|b| b.metrics_addr)
+                    .map_or("-".to_owned(), |a| a.to_string()),
                 dns = r.agent.dns_addr,
                 proxies = r
                     .agent
@@ -238,20 +284,34 @@ impl DevRegions {
                  \x20 curl -X PUT {auth2} -d '{{\"service\":\"web\",\"instance_id\":\"web-r2\",\"address\":\"127.0.0.1\",\"port\":8080}}' http://{a2}/v1/agent/instances\n\
                  \x20 curl -X PUT {op} -H 'Content-Type: application/json' -d '{{\"policy\":[{{\"service\":\"default/web\",\"home_region\":\"r1\",\"cross_region\":true,\"failover_traffic\":\"all\",\"failover_order\":[\"r2\"]}}]}}' http://{admin1}/v1/policies\n\
                  \x20 curl http://{a1}/v1/endpoints/web      # region r2, failover.ingress (after a sync interval or two)\n\
-                 \x20 curl http://{a1}/v1/regions\n\
-                 \x20 (with {auth1} for r1's agent)\n",
+                 \x20 curl http://{a1}/v1/regions\n{proxy}",
                 auth2 = auth(r2),
-                auth1 = auth(r1),
+                proxy = r1
+                    .agent
+                    .proxies
+                    .first()
+                    .map(|p| format!("  exec 3<>/dev/tcp/{}/{}; head -1 <&3      # {} answers through r2's ingress\n", p.local_addr.ip(), p.local_addr.port(), p.service))
+                    .unwrap_or_default(),
                 admin1 = r1.arbiter.admin_addr,
             ));
         }
         out
     }
 
+    /// Stops region `k`'s bridge (0 is r1): the other regions stop
+    /// hearing from it, as in a partition between bridges.
+    pub async fn stop_bridge(&mut self, k: usize) {
+        if let Some(bridge) = self.regions.get_mut(k).and_then(|r| r.bridge.take()) {
+            bridge.shutdown().await;
+        }
+    }
+
     /// Stops every bridge, agent and arbiter.
     pub async fn shutdown(self) {
         for r in self.regions {
-            r.bridge.shutdown().await;
+            if let Some(bridge) = r.bridge {
+                bridge.shutdown().await;
+            }
             r.agent.shutdown().await;
             r.arbiter.shutdown().await;
         }

@@ -70,8 +70,8 @@ use rollcall_leases::{Ingress, InstanceId, Label, ServiceKey};
 use tokio::net::{TcpListener, UdpSocket};
 
 use crate::agent::{Agent, Lookup};
-use crate::failover::Decision;
 use crate::endpoints::Candidate;
+use crate::failover::Decision;
 
 /// The zone this server answers for.
 pub const ZONE: &str = "svc.rollcall.";
@@ -372,9 +372,8 @@ fn failover_reply(
                 let srv = SRV::new(0, 1, port, target.clone());
                 out.answers
                     .push(Record::from_rdata(owner.clone(), ttl_s, RData::SRV(srv)));
-                out.additionals.extend(
-                    ip.and_then(|ip| address_record(&target, ip, RecordType::ANY, ttl_s)),
-                );
+                out.additionals
+                    .extend(ip.and_then(|ip| address_record(&target, ip, RecordType::ANY, ttl_s)));
             }
             Named::Target(_, asked) if asked == &label => {
                 out.answers
@@ -889,7 +888,11 @@ mod tests {
         let web = key("default", "web", "default");
         let live = [record("w1", v4(1), "z1", 1)];
         // With a local candidate the failover is never asked.
-        let local = ask_failover("web.default.svc.rollcall.", RecordType::A, serve(&web, &live));
+        let local = ask_failover(
+            "web.default.svc.rollcall.",
+            RecordType::A,
+            serve(&web, &live),
+        );
         assert_eq!(local.answers.len(), 1);
         assert!(region_txt(&local).is_empty());
 
@@ -904,11 +907,7 @@ mod tests {
             RecordType::SRV,
             Lookup::Unknown,
         );
-        let targets: Vec<String> = srv
-            .answers
-            .iter()
-            .map(|r| r.data.to_string())
-            .collect();
+        let targets: Vec<String> = srv.answers.iter().map(|r| r.data.to_string()).collect();
         assert_eq!(
             targets,
             vec![
@@ -957,17 +956,47 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         let owner = name("example.com.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
+            reply(
+                &classify(&owner),
+                &owner,
+                a,
+                never,
+                |_| None,
+                &zone,
+                1,
+                &mut rng
+            )
+            .rcode,
             ResponseCode::Refused
         );
         let owner = name("we_b.default.svc.rollcall.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
+            reply(
+                &classify(&owner),
+                &owner,
+                a,
+                never,
+                |_| None,
+                &zone,
+                1,
+                &mut rng
+            )
+            .rcode,
             ResponseCode::NXDomain
         );
         let owner = name("default.svc.rollcall.");
         assert_eq!(
-            reply(&classify(&owner), &owner, a, never, |_| None, &zone, 1, &mut rng).rcode,
+            reply(
+                &classify(&owner),
+                &owner,
+                a,
+                never,
+                |_| None,
+                &zone,
+                1,
+                &mut rng
+            )
+            .rcode,
             ResponseCode::NoError
         );
     }

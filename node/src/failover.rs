@@ -316,7 +316,11 @@ impl Regions {
                 }
                 // This connection spills to the next region, whose own
                 // share applies to what is left.
-                u = if share < 1.0 { (u - share) / (1.0 - share) } else { 0.0 };
+                u = if share < 1.0 {
+                    (u - share) / (1.0 - share)
+                } else {
+                    0.0
+                };
                 Refusal::CapacityLimit
             };
             best = best.max_by_rank(refusal);
@@ -583,7 +587,9 @@ mod tests {
             later,
         );
         r.observe_local(&key(), 0, later);
-        assert!((0..20).all(|_| target(&r.decide(&key(), ConnTraffic::ReadOnly, later)) == Some("r2")));
+        assert!(
+            (0..20).all(|_| target(&r.decide(&key(), ConnTraffic::ReadOnly, later)) == Some("r2"))
+        );
     }
 
     #[test]

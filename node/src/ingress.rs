@@ -166,8 +166,8 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
     // The first connection of a service makes this agent follow it; its
     // policy arrives right behind its endpoints.
     let answer = agent.lookup_wait(&service).await;
-    let deadline = tokio::time::Instant::now()
-        + Duration::from_millis(agent.config().first_resolve_wait_ms);
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(agent.config().first_resolve_wait_ms);
     let admitted = loop {
         match agent.ingress_admits(&service, traffic) {
             Err(Refusal::NoPolicy) if tokio::time::Instant::now() < deadline => {
@@ -183,7 +183,13 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
         Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
         _ => match agent.lookup(&service) {
             Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
-            _ => return refuse(&name, "no_local_endpoint", "no usable endpoint in this region"),
+            _ => {
+                return refuse(
+                    &name,
+                    "no_local_endpoint",
+                    "no usable endpoint in this region",
+                )
+            }
         },
     };
     let Some(mut upstream) = connect_local(agent, &service, &answer, active).await else {

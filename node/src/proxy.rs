@@ -287,7 +287,10 @@ async fn connect_remote(
 
 /// Copies both ways until either side ends. From here on bytes flow:
 /// whatever happens, no retry.
-pub(crate) async fn pipe(client: &mut TcpStream, backend: &mut TcpStream) -> std::io::Result<(u64, u64)> {
+pub(crate) async fn pipe(
+    client: &mut TcpStream,
+    backend: &mut TcpStream,
+) -> std::io::Result<(u64, u64)> {
     let _ = client.set_nodelay(true);
     let _ = backend.set_nodelay(true);
     tokio::io::copy_bidirectional_with_sizes(client, backend, COPY_BUFFER, COPY_BUFFER).await

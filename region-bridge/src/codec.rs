@@ -173,13 +173,20 @@ pub async fn read_hello<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<He
 
 /// Reads one length-prefixed `Update` from a stream.
 pub async fn read_update<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Result<Update, CodecError> {
+    read_update_sized(r).await.map(|(update, _)| update)
+}
+
+/// [`read_update`], also answering the frame's length in bytes.
+pub async fn read_update_sized<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<(Update, usize), CodecError> {
     let bytes = rollcall_leases::codec::read_frame(r, MAX_UPDATE_BYTES)
         .await
         .map_err(|source| CodecError::Frame {
             what: FrameKind::Update.name(),
             source,
         })?;
-    decode_update(&bytes)
+    decode_update(&bytes).map(|update| (update, bytes.len()))
 }
 
 #[cfg(test)]

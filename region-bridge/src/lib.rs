@@ -21,6 +21,7 @@ pub mod arbiter;
 pub mod codec;
 pub mod error;
 pub mod message;
+pub mod metrics;
 pub mod publisher;
 pub mod server;
 pub mod stats;

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::arbiter::{ArbiterApi, ArbiterError};
 use crate::codec::{self, CodecError};
 use crate::error::BridgeError;
+use crate::metrics::{Metrics, RegionLabel, UpdateLabel};
 use crate::publisher::{Publisher, Session};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::subscriber::{Received, Subscriber};
@@ -62,6 +63,7 @@ struct Shared {
     publisher: Mutex<Publisher>,
     published: watch::Sender<u64>,
     stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
     max_age_ms: u64,
     /// The origin of the monotonic ms the subscribers count ages in.
     started: Instant,
@@ -77,7 +79,10 @@ impl Shared {
 pub struct Bridge {
     /// The QUIC address peers dial.
     pub listen_addr: SocketAddr,
+    /// Where `GET /metrics` is served, when `metrics_listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
     endpoint: quinn::Endpoint,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -119,7 +124,9 @@ impl Bridge {
             dials.push((peer.clone(), peer_region, client));
         }
         let stats = Arc::new(Stats::default());
+        let metrics = Arc::new(Metrics::new());
         let shared = Arc::new(Shared {
+            metrics: metrics.clone(),
             check: PeerCheck::new(&tls, region.clone())?,
             api: ArbiterApi::new(config.arbiter.admin.clone(), token, region.clone()),
             publisher: Mutex::new(Publisher::new(region.clone(), ingress)),
@@ -136,6 +143,45 @@ impl Bridge {
             )),
             tokio::spawn(accept_loop(endpoint.clone(), shared.clone())),
         ];
+        let metrics_addr = match config.metrics_listen {
+            Some(listen) => {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .map_err(|source| BridgeError::Io {
+                        what: format!(
+                            "binding the metrics listener {listen} (bridge.metrics_listen)"
+                        ),
+                        source,
+                    })?;
+                let addr = listener.local_addr().map_err(|source| BridgeError::Io {
+                    what: "reading the metrics listener address".to_owned(),
+                    source,
+                })?;
+                let served = metrics.clone();
+                let app = axum::Router::new().route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let metrics = served.clone();
+                        async move {
+                            (
+                                [(
+                                    axum::http::header::CONTENT_TYPE,
+                                    "text/plain; version=0.0.4; charset=utf-8",
+                                )],
+                                metrics.render(),
+                            )
+                        }
+                    }),
+                );
+                tasks.push(tokio::spawn(async move {
+                    if let Err(e) = axum::serve(listener, app).await {
+                        tracing::error!(error = %e, "bridge metrics endpoint stopped");
+                    }
+                }));
+                Some(addr)
+            }
+            None => None,
+        };
         for (peer, peer_region, client) in dials {
             tasks.push(tokio::spawn(dial_loop(
                 endpoint.clone(),
@@ -148,10 +194,17 @@ impl Bridge {
         tracing::info!(region = %region, listen = %listen_addr, peers = config.peers.len(), "bridge serving");
         Ok(Bridge {
             listen_addr,
+            metrics_addr,
             stats,
+            metrics,
             endpoint,
             tasks,
         })
+    }
+
+    /// `GET /metrics`: the Prometheus text exposition.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render()
     }
 
     /// What this bridge has sent and received so far.
@@ -231,6 +284,7 @@ async fn serve_peer(incoming: quinn::Incoming, shared: Arc<Shared>) {
         Err(reason) => {
             tracing::warn!(%remote, %reason, "peer refused");
             shared.stats.refused();
+            shared.metrics.refused_peers.inc();
             close(&conn, close_code::UNAUTHENTICATED, &reason);
             return;
         }
@@ -238,6 +292,7 @@ async fn serve_peer(incoming: quinn::Incoming, shared: Arc<Shared>) {
     let protocol_error = |reason: &str| {
         tracing::warn!(%remote, peer = %identity, %reason, "peer closed for a bad message");
         shared.stats.protocol_error();
+        shared.metrics.protocol_errors.inc();
         close(&conn, close_code::PROTOCOL, reason);
     };
     let (send, mut recv) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, conn.accept_bi()).await {
@@ -257,9 +312,11 @@ async fn serve_peer(incoming: quinn::Incoming, shared: Arc<Shared>) {
         ));
     }
     shared.stats.session();
+    shared.metrics.sessions_active.inc();
     tracing::info!(peer = %identity, have = ?hello.have.map(|r| r.0), "peer subscribed");
     publish(&conn, &shared, &identity, hello.have, send, &mut recv).await;
     shared.stats.session_ended();
+    shared.metrics.sessions_active.dec();
     tracing::info!(peer = %identity, reason = ?conn.close_reason(), "peer left");
 }
 
@@ -287,6 +344,20 @@ async fn publish(
                 break;
             }
             shared.stats.sent(&update, bytes.len());
+            let region = identity.region.to_string();
+            shared
+                .metrics
+                .updates_sent
+                .get_or_create(&UpdateLabel {
+                    region: region.clone(),
+                    kind: if update.full { "full" } else { "delta" },
+                })
+                .inc();
+            shared
+                .metrics
+                .bytes_sent
+                .get_or_create(&RegionLabel { region })
+                .inc_by(bytes.len() as u64);
             tracing::debug!(peer = %identity, full = update.full, version = %update.version, items = update.items(), "update sent");
         }
         tokio::select! {
@@ -303,6 +374,7 @@ async fn publish(
                     let reason = "a subscriber sends nothing after its hello";
                     tracing::warn!(peer = %identity, reason, "peer closed for a bad message");
                     shared.stats.protocol_error();
+                    shared.metrics.protocol_errors.inc();
                     close(conn, close_code::PROTOCOL, reason);
                 }
                 break;
@@ -361,6 +433,7 @@ async fn sync_once(
     };
     if let Err(reason) = tls::dialed(&conn, region) {
         shared.stats.refused();
+        shared.metrics.refused_peers.inc();
         close(&conn, close_code::UNAUTHENTICATED, &reason);
         return reason;
     }
@@ -374,8 +447,8 @@ async fn sync_once(
     }
     tracing::info!(peer = %region, have = ?hello.have.map(|r| r.0), "subscribed");
     loop {
-        let update = match codec::read_update(&mut recv).await {
-            Ok(update) => update,
+        let (update, size) = match codec::read_update_sized(&mut recv).await {
+            Ok(read) => read,
             Err(CodecError::Frame {
                 source: FrameError::Closed | FrameError::Io(_),
                 ..
@@ -388,16 +461,41 @@ async fn sync_once(
             Err(e) => return refuse(&conn, shared, e.to_string()),
         };
         let now = shared.now_ms();
+        let as_of_ms = update.as_of_ms;
         let received = match subscriber.receive(update, now) {
             Ok(received) => received,
             Err(e) => return refuse(&conn, shared, e.to_string()),
         };
         shared.stats.received(received.full, received.items);
+        let m = &shared.metrics;
+        let label = RegionLabel {
+            region: region.to_string(),
+        };
+        m.updates_received
+            .get_or_create(&UpdateLabel {
+                region: label.region.clone(),
+                kind: if received.full { "full" } else { "delta" },
+            })
+            .inc();
+        m.bytes_received.get_or_create(&label).inc_by(size as u64);
+        if let Some(top) = received
+            .upserted
+            .iter()
+            .map(|p| p.home_revision.get())
+            .max()
+        {
+            let gauge = m.policy_revision.get_or_create(&label);
+            gauge.set(gauge.get().max(top as i64));
+        }
         if let Err(e) = carry(shared, region, &subscriber, received, pending, now).await {
             let reason = format!("this region's arbiter: {e}");
             close(&conn, close_code::DONE, &reason);
             return reason;
         }
+        m.heard(region);
+        m.sync_lag
+            .get_or_create(&label)
+            .set(wall_ms().saturating_sub(as_of_ms) as f64 / 1000.0);
     }
 }
 
@@ -405,6 +503,7 @@ async fn sync_once(
 fn refuse(conn: &quinn::Connection, shared: &Shared, reason: String) -> String {
     tracing::warn!(remote = %conn.remote_address(), %reason, "peer closed for a bad message");
     shared.stats.protocol_error();
+    shared.metrics.protocol_errors.inc();
     close(conn, close_code::PROTOCOL, &reason);
     reason
 }

@@ -210,6 +210,7 @@ fn bridge_config(
         ingress: vec![format!("edge.{region}.example:443")],
         summary_max_age_ms: 5_000,
         sync_interval_ms: 100,
+        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         arbiter: BridgeArbiter {
             admin: vec![arbiter.admin_addr.to_string()],
             token_file: arbiter.token_file.clone(),
@@ -367,6 +368,27 @@ async fn policies_and_summaries_cross_regions_and_a_restarted_bridge_resumes_by_
     assert_eq!(resumed.full_received, 0, "{resumed:?}");
     assert_eq!(resumed.items_received, 1, "{resumed:?}");
     assert!(version_before < cart_revision);
+
+    // The metrics, over real HTTP: r2's bridge names r1's policy
+    // revision, summary age and sync lag; r1's counts the bytes it sent.
+    let scrape = |bridge: &Bridge| {
+        let url = format!("http://{}/metrics", bridge.metrics_addr.unwrap());
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let m2 = scrape(&b2).await;
+    for needle in [
+        format!("rollcall_bridge_policy_revision{{region=\"r1\"}} {cart_revision}"),
+        "rollcall_bridge_summary_age_seconds{region=\"r1\"}".to_owned(),
+        "rollcall_bridge_sync_lag_seconds{region=\"r1\"}".to_owned(),
+        "rollcall_bridge_updates_received_total{region=\"r1\",kind=\"delta\"}".to_owned(),
+    ] {
+        assert!(m2.contains(&needle), "{needle} missing from\n{m2}");
+    }
+    let m1 = scrape(&b1).await;
+    assert!(
+        m1.contains("rollcall_bridge_sent_bytes_total{region=\"r2\"}"),
+        "{m1}"
+    );
 
     // Deleted at home, dropped here.
     let (status, body) = call(&a1, reqwest::Method::DELETE, "/v1/policies/shop/cart", None).await;

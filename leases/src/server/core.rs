@@ -38,13 +38,13 @@ use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
 use crate::ids::{AgentEpoch, Revision};
 use crate::name::{Label, NodeId, PrincipalName, ServiceKey};
-use crate::regions::{regions_update, RegionsFeed};
-use crate::remote::RemoteViews;
 use crate::protocol::{
     Heard, NodeInstance, PeerRequest, PeerResponse, RejectKind, Request, Response, ServiceUpdate,
     SessionDown, SessionUp,
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
+use crate::regions::{regions_update, RegionsFeed};
+use crate::remote::RemoteViews;
 use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
 };
@@ -581,8 +581,10 @@ impl Core {
                 self.dist
                     .subscribe(agent, service, have, now, &cat, &mut out);
                 drop(cat);
-                self.carry(out);
+                // The service's policy goes ahead of its endpoints, so an
+                // agent never routes a newly followed service without it.
                 self.push_regions(&[agent], now);
+                self.carry(out);
             }
             (SessionUp::Unsubscribe { service }, Some(_)) => self.dist.unsubscribe(agent, &service),
             (SessionUp::Ack { service, revision }, Some(_)) => {

@@ -1,0 +1,323 @@
+//! Issue 8, failover between regions (R9), with three real regions in one
+//! process (`rollcall dev --regions 3`'s code): per region an arbiter, an
+//! agent that is also the region's ingress gateway, and a region bridge,
+//! the bridges talking QUIC with mutual TLS on loopback. Backends are real
+//! TCP listeners; callers connect through r1's proxy or ask its resolve
+//! API. Waits poll with a generous deadline and assert what happens, never
+//! how fast.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{eventually, Http};
+use rollcall_config::{ConnTraffic, ProxyEntry};
+use rollcall_node::dev_regions::{DevRegions, RegionsOptions};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+/// A backend that writes `name` and a newline to every connection; abort
+/// the handle to kill it (its port then refuses connections).
+async fn backend(name: &'static str) -> (u16, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = conn.write_all(format!("{name}\n").as_bytes()).await;
+                let mut sink = [0u8; 64];
+                let _ = conn.read(&mut sink).await;
+            });
+        }
+    });
+    (port, task)
+}
+
+/// Reads one line, or `None` when the connection closes first.
+async fn line(conn: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while conn.read(&mut byte).await.ok()? == 1 {
+        if byte[0] == b'\n' {
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
+        line.push(byte[0]);
+    }
+    None
+}
+
+/// Connects through `proxy`: the name of the backend that answered, or
+/// `None` when the proxy closed the connection (no backend).
+async fn through(proxy: SocketAddr) -> Option<String> {
+    let mut conn = tokio::net::TcpStream::connect(proxy).await.ok()?;
+    line(&mut conn).await
+}
+
+/// One admin call to a region's arbiter with its operator token.
+async fn admin(
+    dev: &DevRegions,
+    k: usize,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let arbiter = &dev.regions[k].arbiter;
+    let token = std::fs::read_to_string(&arbiter.token_file).unwrap();
+    let mut request = reqwest::Client::new()
+        .request(method, format!("http://{}{path}", arbiter.admin_addr))
+        .bearer_auth(token.trim());
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn apply(dev: &DevRegions, k: usize, policies: Value) -> (u16, Value) {
+    admin(
+        dev,
+        k,
+        reqwest::Method::PUT,
+        "/v1/policies",
+        Some(json!({ "policy": policies })),
+    )
+    .await
+}
+
+/// The resolve answer of `service` on r1's agent with `traffic`.
+async fn resolve(r1: &Http, service: &str, traffic: ConnTraffic) -> Value {
+    let (status, body) = r1
+        .send(
+            reqwest::Method::GET,
+            &format!(
+                "/v1/endpoints/{service}?namespace=shop&traffic={}",
+                traffic.as_str()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Waits until r1's answer for `service` fails over to `region` (or, with
+/// `None`, is refused), and returns it.
+async fn wait_failover(
+    r1: &Http,
+    service: &str,
+    traffic: ConnTraffic,
+    region: Option<&str>,
+) -> Value {
+    eventually(
+        &format!("{service} ({traffic:?}) failing over to {region:?}"),
+        || async {
+            let body = resolve(r1, service, traffic).await;
+            let f = &body["failover"];
+            let matches = match region {
+                Some(r) => f["region"] == r && body["region"] == r,
+                None => f.is_object() && f["region"].is_null(),
+            };
+            matches.then_some(body)
+        },
+    )
+    .await
+}
+
+fn register(service: &str, id: &str, port: u16) -> Value {
+    json!({"service": service, "namespace": "shop", "instance_id": id, "address": "127.0.0.1", "port": port})
+}
+
+async fn put_instance(agent: &Http, body: Value) {
+    let (status, answer) = agent
+        .send(reqwest::Method::PUT, "/v1/agent/instances", Some(body))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options =
+        RegionsOptions::new(3, dir.path().to_path_buf(), "127.0.0.1:0".parse().unwrap());
+    options.sync_interval_ms = 200;
+    options.summary_max_age_ms = 3_000;
+    options.proxies = vec![ProxyEntry {
+        service: "shop/web/default".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        traffic: ConnTraffic::ReadWrite,
+    }];
+    let mut dev = DevRegions::start(options).await.unwrap();
+    let agents: Vec<Http> = dev.regions.iter().map(|r| Http::of(&r.agent)).collect();
+    for a in &agents {
+        a.wait_connected().await;
+    }
+    let (r1, r2, r3) = (&agents[0], &agents[1], &agents[2]);
+    let proxy = dev.regions[0].agent.proxies[0].local_addr;
+
+    // Instances: web everywhere, search and ledger in r1 and r2, vault in
+    // r1 and r3 only.
+    let (web1, web1_task) = backend("web-r1").await;
+    let (web2, _t) = backend("web-r2").await;
+    let (web3, _t) = backend("web-r3").await;
+    let (other, _t) = backend("other").await;
+    put_instance(r1, register("web", "web-r1", web1)).await;
+    put_instance(r2, register("web", "web-r2", web2)).await;
+    put_instance(r3, register("web", "web-r3", web3)).await;
+    for (agent, id) in [(r1, "search-r1"), (r2, "search-r2")] {
+        put_instance(agent, register("search", id, other)).await;
+    }
+    for (agent, id) in [(r1, "ledger-r1"), (r2, "ledger-r2")] {
+        put_instance(agent, register("ledger", id, other)).await;
+    }
+    for (agent, id) in [(r1, "vault-r1"), (r3, "vault-r3")] {
+        put_instance(agent, register("vault", id, other)).await;
+    }
+
+    // Policies, all homed in r1.
+    let web = json!({"service": "shop/web", "home_region": "r1", "cross_region": true,
+        "failover_traffic": "all", "failover_order": ["r2", "r3"],
+        // Each region can take all of r1's load (the default is half).
+        "capacity_limits": {"r2": 1.0, "r3": 1.0}});
+    let search = json!({"service": "shop/search", "home_region": "r1", "cross_region": false});
+    let vault = json!({"service": "shop/vault", "home_region": "r1", "cross_region": true,
+        "failover_traffic": "all", "failover_order": ["r2"], "data_boundary": ["r3"]});
+    let ledger = json!({"service": "shop/ledger", "home_region": "r1", "cross_region": true,
+        "failover_traffic": "all", "failover_order": ["r2"],
+        "single_writer": {"owner": "r1"}});
+    let (status, body) = apply(&dev, 0, json!([web, search, vault, ledger])).await;
+    assert_eq!(status, 200, "{body}");
+    let web_revision = body["policies"][0]["revision"].as_u64().unwrap();
+
+    // A change attempted outside the home region is refused there.
+    let (status, body) = apply(&dev, 1, json!([web])).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"], "not_home_region");
+
+    // The policy reaches the other regions' agents (those following web).
+    for (agent, region) in [(r2, "r2"), (r3, "r3")] {
+        assert_eq!(agent.resolve("web?namespace=shop").await.0, 200);
+        eventually(&format!("web's policy at {region}'s agent"), || async {
+            let (_, body) = agent.send(reqwest::Method::GET, "/v1/regions", None).await;
+            body["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["policy"]["service"] == "shop/web" && p["home_revision"] == web_revision)
+                .then_some(())
+        })
+        .await;
+    }
+
+    // Served locally while web-r1 is there.
+    assert_eq!(through(proxy).await.as_deref(), Some("web-r1"));
+    let body = resolve(r1, "web", ConnTraffic::ReadWrite).await;
+    assert_eq!(body["region"], "r1");
+    assert!(body.get("failover").is_none(), "{body}");
+
+    // Drained: new connections fail over to r2's ingress, and come back
+    // as soon as a local instance is READY again.
+    let (status, body) = r1.drain("web-r1", "").await;
+    assert_eq!(status, 200, "{body}");
+    let body = wait_failover(r1, "web", ConnTraffic::ReadWrite, Some("r2")).await;
+    assert_eq!(
+        body["failover"]["ingress"][0],
+        dev.regions[1].agent.ingress_addr.unwrap().to_string()
+    );
+    assert_eq!(through(proxy).await.as_deref(), Some("web-r2"));
+    put_instance(r1, register("web", "web-r1b", web1)).await;
+    eventually("web back on r1", || async {
+        (through(proxy).await.as_deref() == Some("web-r1")).then_some(())
+    })
+    .await;
+
+    // Killed (still READY in the catalog, its port refusing): the
+    // connection fails over once every local connect failed.
+    web1_task.abort();
+    let _ = web1_task.await;
+    eventually("a connection to a killed web-r1b failing over", || async {
+        (through(proxy).await.as_deref() == Some("web-r2")).then_some(())
+    })
+    .await;
+
+    // No failover when the policy forbids cross-region traffic.
+    r1.drain("search-r1", "").await;
+    let body = wait_failover(r1, "search", ConnTraffic::ReadOnly, None).await;
+    assert_eq!(body["failover"]["refused"], "cross_region_off", "{body}");
+
+    // No failover into the data boundary: r3 has vault, r2 does not.
+    r1.drain("vault-r1", "").await;
+    let body = wait_failover(r1, "vault", ConnTraffic::ReadOnly, None).await;
+    assert_eq!(body["failover"]["refused"], "no_capacity", "{body}");
+
+    // A single writer's writes never move without a declared transfer;
+    // its reads do. r2's gateway refuses a write sent there anyway.
+    r1.drain("ledger-r1", "").await;
+    wait_failover(r1, "ledger", ConnTraffic::ReadOnly, Some("r2")).await;
+    let body = wait_failover(r1, "ledger", ConnTraffic::ReadWrite, None).await;
+    assert_eq!(body["failover"]["refused"], "single_writer", "{body}");
+    let ingress2 = dev.regions[1].agent.ingress_addr.unwrap();
+    let gateway = |traffic: ConnTraffic| async move {
+        let mut conn = tokio::net::TcpStream::connect(ingress2).await.unwrap();
+        let preamble = format!(
+            "ROLLCALL-INGRESS/1 shop/ledger/default {}\n",
+            traffic.as_str()
+        );
+        conn.write_all(preamble.as_bytes()).await.unwrap();
+        line(&mut conn).await
+    };
+    assert_eq!(gateway(ConnTraffic::ReadWrite).await, None);
+    assert_eq!(
+        gateway(ConnTraffic::ReadOnly).await.as_deref(),
+        Some("other")
+    );
+    let mut transfer = ledger.clone();
+    transfer["single_writer"]["transfer_to"] = json!("r2");
+    assert_eq!(apply(&dev, 0, json!([transfer])).await.0, 200);
+    wait_failover(r1, "ledger", ConnTraffic::ReadWrite, Some("r2")).await;
+    eventually(
+        "r2's gateway taking ledger writes after the transfer",
+        || async {
+            (gateway(ConnTraffic::ReadWrite).await.as_deref() == Some("other")).then_some(())
+        },
+    )
+    .await;
+
+    // A partition between bridges: r2's summaries age past their limit at
+    // r1 and r2 is never a target; web moves on to r3, then nowhere.
+    // (web-r1b, killed without a health check, stays READY until removed.)
+    let (status, body) = r1.deregister("web-r1b", "").await;
+    assert_eq!(status, 200, "{body}");
+    wait_failover(r1, "web", ConnTraffic::ReadWrite, Some("r2")).await;
+    dev.stop_bridge(1).await;
+    wait_failover(r1, "web", ConnTraffic::ReadWrite, Some("r3")).await;
+    assert_eq!(through(proxy).await.as_deref(), Some("web-r3"));
+    dev.stop_bridge(2).await;
+    let body = wait_failover(r1, "web", ConnTraffic::ReadWrite, None).await;
+    assert_eq!(body["failover"]["refused"], "stale", "{body}");
+    assert_eq!(through(proxy).await, None);
+    let (_, regions) = r1.send(reqwest::Method::GET, "/v1/regions", None).await;
+    assert!(
+        regions["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["fresh"] == false),
+        "{regions}"
+    );
+
+    // Decisions and refusals are counted by reason.
+    let (_, metrics) = r1.send(reqwest::Method::GET, "/metrics", None).await;
+    let metrics = metrics.as_str().unwrap().to_owned();
+    for needle in [
+        "rollcall_agent_failover_decisions_total{service=\"shop/web/default\",region=\"r2\"}",
+        "rollcall_agent_failover_decisions_total{service=\"shop/web/default\",region=\"r3\"}",
+        "rollcall_agent_failover_refusals_total{service=\"shop/web/default\",reason=\"stale\"}",
+        "rollcall_agent_failover_refusals_total{service=\"shop/ledger/default\",reason=\"single_writer\"}",
+        "rollcall_agent_policy_revision{region=\"r1\"}",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
+    }
+    dev.shutdown().await;
+}
