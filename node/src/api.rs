@@ -6,7 +6,9 @@
 //!   UNHEALTHY at once ("process exited")
 //! - `PUT /v1/agent/instances/{id}/drain?generation=N[&wait=committed|propagated]`
 //! - `DELETE /v1/agent/instances/{id}?generation=N`
-//! - `GET /v1/endpoints/{service}[?namespace=&port_name=&zone=&all=true]`
+//! - `GET /v1/endpoints/{service}[?namespace=&port_name=&zone=&all=true&traffic=read_only|read_write]`
+//!   — with `region` and, when nothing here is usable, `failover`
+//! - `GET /v1/regions` — other regions and policies this agent holds (R9)
 //! - `GET /v1/status`
 //! - `GET /metrics` (Prometheus text)
 //!

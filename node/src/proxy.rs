@@ -8,8 +8,10 @@
 //! both ways. It must never retry once a byte of the client's has been
 //! forwarded (a backend that accepted and stalled must never see a
 //! duplicate elsewhere), and never send a caller anywhere the view did not
-//! offer: with no endpoint the connection is closed and counted as
-//! "no backend".
+//! offer. With no usable local endpoint, the service's policy alone may
+//! send the connection to another region's ingress (`failover::decide`,
+//! opened with the `ingress` preamble); otherwise the connection is closed
+//! and counted as "no backend".
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
