@@ -160,8 +160,7 @@ fn malformed(what: &'static str, detail: impl ToString) -> CodecError {
 }
 
 fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
-    postcard::to_extend(value, vec![FORMAT_VERSION, kind as u8])
-        .expect("in-memory values always encode")
+    frame_as(kind as u8, value)
 }
 
 fn unframe<T: DeserializeOwned>(
@@ -169,7 +168,24 @@ fn unframe<T: DeserializeOwned>(
     kind: FrameKind,
     limit: usize,
 ) -> Result<T, CodecError> {
-    let what = kind.name();
+    unframe_as(bytes, kind as u8, kind.name(), limit)
+}
+
+/// A frame `[FORMAT_VERSION][kind][postcard body]` for a protocol of
+/// another crate (the region bridge's), whose kinds are its own.
+pub fn frame_as<T: Serialize>(kind: u8, value: &T) -> Vec<u8> {
+    postcard::to_extend(value, vec![FORMAT_VERSION, kind]).expect("in-memory values always encode")
+}
+
+/// Decodes a frame written by [`frame_as`]: the size is checked before
+/// anything is decoded, then the version, the kind (`what` names it in
+/// errors) and that the body is one value with nothing after it.
+pub fn unframe_as<T: DeserializeOwned>(
+    bytes: &[u8],
+    kind: u8,
+    what: &'static str,
+    limit: usize,
+) -> Result<T, CodecError> {
     if bytes.len() > limit {
         return Err(CodecError::TooLarge {
             what,
@@ -186,7 +202,7 @@ fn unframe<T: DeserializeOwned>(
             got: *version,
         });
     }
-    if *got != kind as u8 {
+    if *got != kind {
         return Err(CodecError::WrongKind { what, got: *got });
     }
     let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| malformed(what, e))?;

@@ -723,8 +723,19 @@ impl TlsMaterial {
 /// `MAX_IDLE_TIMEOUT`. 0-RTT is off: replayable early data has no place in
 /// a control plane.
 pub fn server_config(material: &TlsMaterial) -> Result<quinn::ServerConfig, TlsError> {
+    server_config_with(material, roots(material)?, ALPN)
+}
+
+/// [`server_config`] for another protocol on the same settings (the region
+/// bridge's): clients must present a certificate signed by one of `roots`,
+/// and `alpn` is the only protocol negotiated.
+pub fn server_config_with(
+    material: &TlsMaterial,
+    roots: RootCertStore,
+    alpn: &[u8],
+) -> Result<quinn::ServerConfig, TlsError> {
     install_crypto_provider();
-    let verifier = WebPkiClientVerifier::builder(Arc::new(roots(material)?))
+    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
         .build()
         .map_err(TlsError::Verifier)?;
     let mut tls = rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
@@ -734,7 +745,7 @@ pub fn server_config(material: &TlsMaterial) -> Result<quinn::ServerConfig, TlsE
             what: "certificate and key",
             reason,
         })?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     let quic = QuicServerConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(transport());
@@ -746,15 +757,25 @@ pub fn server_config(material: &TlsMaterial) -> Result<quinn::ServerConfig, TlsE
 /// certificate, negotiates `ALPN` over TLS 1.3, with the same transport
 /// settings as `server_config`.
 pub fn client_config(material: &TlsMaterial) -> Result<quinn::ClientConfig, TlsError> {
+    client_config_with(material, roots(material)?, ALPN)
+}
+
+/// [`client_config`] for another protocol on the same settings: only
+/// `roots` vouch for servers, and `alpn` is the only protocol offered.
+pub fn client_config_with(
+    material: &TlsMaterial,
+    roots: RootCertStore,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, TlsError> {
     install_crypto_provider();
     let mut tls = rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-        .with_root_certificates(roots(material)?)
+        .with_root_certificates(roots)
         .with_client_auth_cert(material.cert_chain.clone(), material.key.clone_key())
         .map_err(|reason| TlsError::Rustls {
             what: "certificate and key",
             reason,
         })?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     let quic = QuicClientConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(transport());

@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use crate::message::{Hello, Update};
 
-/// The format version written in the first byte of every frame.
-pub const FORMAT_VERSION: u8 = 1;
+/// The format version written in the first byte of every frame (the
+/// one of every rollcall frame).
+pub use rollcall_leases::codec::FORMAT_VERSION;
 
 /// Largest `Hello` frame: a region name and a revision fit in far less.
 pub const MAX_HELLO_BYTES: usize = 1024;
@@ -53,51 +54,14 @@ pub enum CodecError {
         /// What went wrong reading it.
         source: FrameError,
     },
-    /// Over the size limit.
-    #[error("{what} frame of {len} bytes exceeds the {limit}-byte limit")]
-    TooLarge {
-        /// What was expected.
-        what: &'static str,
-        /// Its size.
-        len: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// Too short to hold the version and kind bytes.
-    #[error("empty {what} frame")]
-    Empty {
-        /// What was expected.
-        what: &'static str,
-    },
-    /// Written by another format version.
-    #[error("{what} frame has format version {got}; this bridge reads version {FORMAT_VERSION}")]
-    Version {
-        /// What was expected.
-        what: &'static str,
-        /// The version found.
-        got: u8,
-    },
-    /// Another kind of frame.
-    #[error("expected a {what} frame, got frame kind {got}")]
-    WrongKind {
-        /// What was expected.
-        what: &'static str,
-        /// The kind byte found.
-        got: u8,
-    },
-    /// The body does not decode, or holds an invalid value.
-    #[error("malformed {what}: {detail}")]
-    Malformed {
-        /// What was expected.
-        what: &'static str,
-        /// What is wrong.
-        detail: String,
-    },
+    /// The frame is over its limit, of another version or kind, or its
+    /// body does not decode (the same checks as every rollcall frame).
+    #[error(transparent)]
+    Decode(#[from] rollcall_leases::codec::CodecError),
 }
 
 fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
-    postcard::to_extend(value, vec![FORMAT_VERSION, kind as u8])
-        .expect("in-memory values always encode")
+    rollcall_leases::codec::frame_as(kind as u8, value)
 }
 
 fn unframe<T: DeserializeOwned>(
@@ -105,38 +69,12 @@ fn unframe<T: DeserializeOwned>(
     kind: FrameKind,
     limit: usize,
 ) -> Result<T, CodecError> {
-    let what = kind.name();
-    if bytes.len() > limit {
-        return Err(CodecError::TooLarge {
-            what,
-            len: bytes.len(),
-            limit,
-        });
-    }
-    let [version, got, body @ ..] = bytes else {
-        return Err(CodecError::Empty { what });
-    };
-    if *version != FORMAT_VERSION {
-        return Err(CodecError::Version {
-            what,
-            got: *version,
-        });
-    }
-    if *got != kind as u8 {
-        return Err(CodecError::WrongKind { what, got: *got });
-    }
-    let (value, rest) =
-        postcard::take_from_bytes::<T>(body).map_err(|e| CodecError::Malformed {
-            what,
-            detail: e.to_string(),
-        })?;
-    if !rest.is_empty() {
-        return Err(CodecError::Malformed {
-            what,
-            detail: format!("{} trailing bytes", rest.len()),
-        });
-    }
-    Ok(value)
+    Ok(rollcall_leases::codec::unframe_as(
+        bytes,
+        kind as u8,
+        kind.name(),
+        limit,
+    )?)
 }
 
 /// Encodes a `Hello`.
@@ -193,6 +131,7 @@ pub async fn read_update_sized<R: tokio::io::AsyncRead + Unpin>(
 mod tests {
     use super::*;
     use rollcall_config::ServicePolicy;
+    use rollcall_leases::codec::CodecError as LeasesCodecError;
     use rollcall_leases::{Ingress, Label, Policy, RemotePolicy, Revision, ServiceSummary};
 
     fn update() -> Update {
@@ -235,22 +174,26 @@ mod tests {
     #[test]
     fn every_damaged_frame_is_an_error() {
         let bytes = encode_update(&update());
-        assert!(matches!(decode_update(&[]), Err(CodecError::Empty { .. })));
+        assert!(matches!(
+            decode_update(&[]),
+            Err(CodecError::Decode(LeasesCodecError::Empty { .. }))
+        ));
         let mut version = bytes.clone();
         version[0] = 9;
         assert!(matches!(
             decode_update(&version),
-            Err(CodecError::Version { got: 9, .. })
+            Err(CodecError::Decode(LeasesCodecError::Version { got: 9, .. }))
         ));
         assert!(matches!(
             decode_hello(&bytes),
-            Err(CodecError::TooLarge { .. }) | Err(CodecError::WrongKind { .. })
+            Err(CodecError::Decode(LeasesCodecError::TooLarge { .. }))
+                | Err(CodecError::Decode(LeasesCodecError::WrongKind { .. }))
         ));
         let mut trailing = bytes.clone();
         trailing.push(0);
         assert!(matches!(
             decode_update(&trailing),
-            Err(CodecError::Malformed { .. })
+            Err(CodecError::Decode(LeasesCodecError::Malformed { .. }))
         ));
         for cut in [3, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode_update(&bytes[..cut]).is_err(), "cut at {cut}");
@@ -258,7 +201,7 @@ mod tests {
         let big = vec![0u8; MAX_HELLO_BYTES + 1];
         assert!(matches!(
             decode_hello(&big),
-            Err(CodecError::TooLarge { .. })
+            Err(CodecError::Decode(LeasesCodecError::TooLarge { .. }))
         ));
     }
 
@@ -284,7 +227,7 @@ mod tests {
             postcard::to_extend(&body, vec![FORMAT_VERSION, FrameKind::Update as u8]).unwrap();
         assert!(matches!(
             decode_update(&bytes),
-            Err(CodecError::Malformed { .. })
+            Err(CodecError::Decode(LeasesCodecError::Malformed { .. }))
         ));
         // An ingress address without a port.
         let body = (
@@ -303,7 +246,7 @@ mod tests {
             postcard::to_extend(&body, vec![FORMAT_VERSION, FrameKind::Update as u8]).unwrap();
         assert!(matches!(
             decode_update(&bytes),
-            Err(CodecError::Malformed { .. })
+            Err(CodecError::Decode(LeasesCodecError::Malformed { .. }))
         ));
     }
 }

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::Arc;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rollcall_config::{BridgeConfig, TlsPaths};
 use rollcall_leases::identity::{identity_from_cert_der, Identity};
 use rollcall_leases::tls::{self as leases_tls, TlsError, TlsFiles, TlsMaterial};
@@ -104,55 +103,24 @@ impl BridgeTls {
     /// certificate signed by this region's CA or a peer region's CA (who
     /// may then speak is `PeerCheck::accepted`'s decision).
     pub fn server_config(&self) -> Result<quinn::ServerConfig, BridgeError> {
-        leases_tls::install_crypto_provider();
         let mut roots = roots(&self.material.ca_der)?;
         for ca in self.peer_cas.values() {
             add_root(&mut roots, ca)?;
         }
-        let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-            .build()
-            .map_err(TlsError::Verifier)?;
-        let mut tls =
-            rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-                .with_client_cert_verifier(verifier)
-                .with_single_cert(
-                    self.material.cert_chain.clone(),
-                    self.material.key.clone_key(),
-                )
-                .map_err(|reason| TlsError::Rustls {
-                    what: "certificate and key",
-                    reason,
-                })?;
-        tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = QuicServerConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
-        let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        config.transport_config(transport());
-        Ok(config)
+        Ok(leases_tls::server_config_with(&self.material, roots, ALPN)?)
     }
 
     /// The QUIC client configuration for dialling `region`'s bridge: that
     /// region's CA is the only one trusted to vouch for the server.
     pub fn client_config(&self, region: &Label) -> Result<quinn::ClientConfig, BridgeError> {
-        leases_tls::install_crypto_provider();
         let ca = self.peer_cas.get(region).ok_or_else(|| {
             BridgeError::Config(format!("no CA is configured for peer region {region}"))
         })?;
-        let mut tls =
-            rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-                .with_root_certificates(roots(ca)?)
-                .with_client_auth_cert(
-                    self.material.cert_chain.clone(),
-                    self.material.key.clone_key(),
-                )
-                .map_err(|reason| TlsError::Rustls {
-                    what: "certificate and key",
-                    reason,
-                })?;
-        tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = QuicClientConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
-        let mut config = quinn::ClientConfig::new(Arc::new(quic));
-        config.transport_config(transport());
-        Ok(config)
+        Ok(leases_tls::client_config_with(
+            &self.material,
+            roots(ca)?,
+            ALPN,
+        )?)
     }
 }
 
@@ -245,16 +213,4 @@ fn add_root(roots: &mut RootCertStore, ca: &CertificateDer<'static>) -> Result<(
             reason,
         })
     })
-}
-
-/// Keep-alives and idle timeout as on every rollcall control-plane link.
-fn transport() -> Arc<quinn::TransportConfig> {
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(leases_tls::KEEP_ALIVE_INTERVAL));
-    transport.max_idle_timeout(Some(
-        leases_tls::MAX_IDLE_TIMEOUT
-            .try_into()
-            .expect("the idle timeout fits QUIC's"),
-    ));
-    Arc::new(transport)
 }
