@@ -105,6 +105,8 @@ struct Inner {
     started_ms: u64,
     token: String,
     cache: ServiceCache,
+    /// When the regions message last written to the cache arrived (ms).
+    regions_saved: Arc<Mutex<u64>>,
     state: Mutex<Shared>,
     changed: Notify,
 }
@@ -349,6 +351,16 @@ impl Agent {
         for view in report.views {
             sync.load_cached(view);
         }
+        let mut regions = crate::failover::Regions::new();
+        match cache.load_regions() {
+            Ok(Some((update, received_at_ms))) => {
+                regions.update(update, received_at_ms);
+            }
+            Ok(None) => {}
+            Err(reason) => {
+                tracing::warn!(reason = %reason, "regions file discarded; policies arrive with the arbiter's next message")
+            }
+        }
         let mut ignored = Vec::new();
         for service in &config.services {
             let key: ServiceKey = service
@@ -380,7 +392,7 @@ impl Agent {
             gossip_down: std::collections::BTreeMap::new(),
             gossip_alive: None,
             down_settled: BTreeSet::new(),
-            regions: crate::failover::Regions::new(),
+            regions,
         };
         let agent = Agent {
             inner: Arc::new(Inner {
@@ -396,6 +408,7 @@ impl Agent {
                 started_ms: now_ms(),
                 token,
                 cache,
+                regions_saved: Arc::new(Mutex::new(0)),
                 state: Mutex::new(state),
                 changed: Notify::new(),
                 config,
@@ -652,9 +665,27 @@ impl Agent {
                     Some(Ok(SessionDown::Refused { reason })) => return Err(ClientError::Connection(format!("arbiter refused the session: {reason}"))),
                     Some(Ok(SessionDown::Welcome { .. })) => {}
                     Some(Ok(SessionDown::Regions(update))) => {
+                        let now = now_ms();
                         let mut state = self.lock();
-                        state.last_contact_ms = Some(now_ms());
-                        state.regions.update(update, now_ms());
+                        state.last_contact_ms = Some(now);
+                        if state.regions.update(update.clone(), now) {
+                            drop(state);
+                            let cache = self.inner.cache.clone();
+                            let saved = self.inner.regions_saved.clone();
+                            // Off the session task: an fsync may take a while.
+                            // Writes are serialized; an older one never lands
+                            // after a newer.
+                            tokio::task::spawn_blocking(move || {
+                                let mut last = saved.lock().unwrap_or_else(|p| p.into_inner());
+                                if *last > now {
+                                    return;
+                                }
+                                *last = now;
+                                if let Err(e) = cache.store_regions(&update, now) {
+                                    tracing::warn!(error = %e, "saving the regions message failed; a restart waits for the arbiter's");
+                                }
+                            });
+                        }
                     }
                     Some(Err(e)) => return Err(e),
                     None => return Err(ClientError::Connection("session closed".into())),

@@ -12,6 +12,13 @@
 //! digest, view construction, or a name that does not match the service
 //! inside) is deleted and reported, never served: the agent refetches that
 //! service. This module does not decide staleness or talk to the arbiter.
+//!
+//! Beside them, `regions.rcr` keeps the arbiter's last regions message (the
+//! followed services' policies and the other regions' summaries, R9) with
+//! the time it arrived, so a restarted agent applies its services'
+//! policies (staleness, failover) before the arbiter answers; the remote
+//! views in it keep ageing from that time, so they are only fresh if the
+//! restart was quick.
 
 use std::fs;
 use std::io;
@@ -24,6 +31,16 @@ use crate::durable::{self, DurableError};
 
 /// The extension of cache files.
 const EXTENSION: &str = "snap";
+
+/// The file of the last regions message.
+const REGIONS_FILE: &str = "regions.rcr";
+
+/// The frame kind of a regions file (the agent's own kind; the leases
+/// codec's frame checks apply).
+const REGIONS_KIND: u8 = 0x40;
+
+/// Largest regions file.
+const MAX_REGIONS_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why the cache could not be opened or changed.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +111,44 @@ impl ServiceCache {
         let bytes = codec::encode_service_snapshot(&view.to_snapshot());
         durable::write_atomic(&self.path_of(view.service()), &bytes)?;
         Ok(())
+    }
+
+    /// Persists the last regions message and when it arrived (ms since the
+    /// Unix epoch).
+    pub fn store_regions(
+        &self,
+        update: &rollcall_leases::RegionsUpdate,
+        received_at_ms: u64,
+    ) -> Result<(), CacheError> {
+        let bytes = codec::frame_as(REGIONS_KIND, &(received_at_ms, update));
+        durable::write_atomic(&self.dir.join(REGIONS_FILE), &bytes)?;
+        Ok(())
+    }
+
+    /// The persisted regions message and when it arrived; `None` when there
+    /// is none. A damaged file is deleted and reported as the error.
+    pub fn load_regions(&self) -> Result<Option<(rollcall_leases::RegionsUpdate, u64)>, String> {
+        let path = self.dir.join(REGIONS_FILE);
+        let bytes = match durable::read_verified(&path, MAX_REGIONS_BYTES as u64) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let _ = durable::remove(&path);
+                return Err(e.to_string());
+            }
+        };
+        match codec::unframe_as::<(u64, rollcall_leases::RegionsUpdate)>(
+            &bytes,
+            REGIONS_KIND,
+            "regions file",
+            MAX_REGIONS_BYTES,
+        ) {
+            Ok((at, update)) => Ok(Some((update, at))),
+            Err(e) => {
+                let _ = durable::remove(&path);
+                Err(e.to_string())
+            }
+        }
     }
 
     /// Forgets `service` (no longer subscribed, or deleted). Removing a
@@ -222,6 +277,43 @@ mod tests {
 
     fn key(service: &str) -> ServiceKey {
         ServiceKey::new("shop", service, "http").unwrap()
+    }
+
+    #[test]
+    fn the_regions_message_survives_a_restart_and_a_damaged_one_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(dir.path()).unwrap();
+        assert_eq!(cache.load_regions(), Ok(None));
+        let mut doc = rollcall_config::ServicePolicy::new("shop/web", "r1");
+        doc.cross_region = true;
+        doc.failover_order = vec!["r2".into()];
+        let update = rollcall_leases::RegionsUpdate {
+            policies: vec![rollcall_leases::HeldPolicy {
+                policy: rollcall_leases::Policy::new(doc).unwrap(),
+                home_revision: rollcall_leases::Revision(7),
+            }],
+            regions: vec![rollcall_leases::RegionEntry {
+                region: Label::new("r2").unwrap(),
+                age_ms: 300,
+                max_age_ms: 10_000,
+                version: rollcall_leases::Revision(9),
+                ingress: vec![rollcall_leases::Ingress::new("10.0.0.9:7443").unwrap()],
+                summaries: Vec::new(),
+            }],
+        };
+        cache.store_regions(&update, 123_456).unwrap();
+        // Not a service snapshot: the service cache does not see it.
+        assert!(cache.load_all().views.is_empty());
+        assert_eq!(cache.load_regions(), Ok(Some((update, 123_456))));
+
+        let path = dir.path().join("cache").join(REGIONS_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        assert!(cache.load_regions().is_err());
+        assert!(!path.exists(), "a damaged regions file is deleted");
+        assert_eq!(cache.load_regions(), Ok(None));
     }
 
     /// A catalog with one node lease and two instances in each service.

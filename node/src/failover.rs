@@ -141,6 +141,8 @@ pub struct Regions {
     /// Per service: failed-over connections decided so far (the spread).
     sequence: HashMap<ServiceKey, u64>,
     updates: u64,
+    /// The last message with its ages zeroed (what "changed" compares).
+    last: Option<RegionsUpdate>,
 }
 
 /// One region as `GET /v1/regions` shows it.
@@ -168,8 +170,19 @@ impl Regions {
         Regions::default()
     }
 
-    /// The arbiter's message, replacing what was held.
-    pub fn update(&mut self, update: RegionsUpdate, now_ms: u64) {
+    /// The arbiter's message, replacing what was held. Answers whether
+    /// anything but the ages changed (what the agent persists).
+    pub fn update(&mut self, update: RegionsUpdate, now_ms: u64) -> bool {
+        let unaged = |u: &RegionsUpdate| {
+            let mut u = u.clone();
+            u.regions.iter_mut().for_each(|r| r.age_ms = 0);
+            u
+        };
+        let changed = self
+            .last
+            .as_ref()
+            .is_none_or(|last| *last != unaged(&update));
+        self.last = Some(unaged(&update));
         self.updates += 1;
         self.policies = update
             .policies
@@ -189,6 +202,7 @@ impl Regions {
                 )
             })
             .collect();
+        changed
     }
 
     /// Regions messages applied since start.
