@@ -306,7 +306,16 @@ mod tests {
         topology.set_link(1, false).unwrap();
         assert!(!connect(1), "a crashed node's link drops its packets");
         topology.set_link(1, true).unwrap();
-        assert!(connect(1));
+        // A link set up again may take a moment to forward (the bridge port
+        // and the neighbour entry come back); a bounded wait, not a sleep.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !connect(1) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a node whose link is up again reaches the host"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
 
         topology.teardown();
         assert!(!exists(&["netns", "list"], "rct1-0"));
