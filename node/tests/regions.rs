@@ -125,6 +125,49 @@ async fn wait_failover(
     .await
 }
 
+/// Asks `server` for the A records of `name` over UDP: the addresses
+/// answered and the TXT records of the additional section.
+async fn dns_a(server: SocketAddr, name: &str) -> (Vec<std::net::IpAddr>, Vec<String>) {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let mut query = Message::query();
+    query.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    query.metadata.recursion_desired = false;
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket
+        .send_to(&query.to_vec().unwrap(), server)
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (len, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        socket.recv_from(&mut buf),
+    )
+    .await
+    .expect("a DNS answer within 5 s")
+    .unwrap();
+    let answer = Message::from_vec(&buf[..len]).unwrap();
+    let ips = answer
+        .answers
+        .iter()
+        .filter_map(|r| r.data.ip_addr())
+        .collect();
+    let txt = answer
+        .additionals
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::TXT(t) => Some(t.to_string()),
+            _ => None,
+        })
+        .collect();
+    (ips, txt)
+}
+
+/// The IP of region `k`'s ingress gateway.
+fn ingress_ip(dev: &DevRegions, k: usize) -> std::net::IpAddr {
+    dev.regions[k].agent.ingress_addr.unwrap().ip()
+}
+
 fn register(service: &str, id: &str, port: u16) -> Value {
     json!({"service": service, "namespace": "shop", "instance_id": id, "address": "127.0.0.1", "port": port})
 }
@@ -226,6 +269,10 @@ async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
         dev.regions[1].agent.ingress_addr.unwrap().to_string()
     );
     assert_eq!(through(proxy).await.as_deref(), Some("web-r2"));
+    // Real DNS on r1's agent: r2's ingress, and a TXT record naming r2.
+    let (ips, regions) = dns_a(dev.regions[0].agent.dns_addr, "web.shop.svc.rollcall.").await;
+    assert_eq!(ips, vec![ingress_ip(&dev, 1)], "{regions:?}");
+    assert_eq!(regions, vec!["rollcall-region=r2".to_owned()]);
     put_instance(r1, register("web", "web-r1b", web1)).await;
     eventually("web back on r1", || async {
         (through(proxy).await.as_deref() == Some("web-r1")).then_some(())
