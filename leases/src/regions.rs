@@ -132,10 +132,47 @@ pub fn regions_update<'a>(
     RegionsUpdate { policies, regions }
 }
 
+/// What decides whether an agent's message may have changed, besides the
+/// agent's own subscriptions: the remote views' generation and the policy
+/// set (count and highest revision, home and replicated).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionsEpoch {
+    /// `RemoteViews::generation`.
+    pub views: u64,
+    /// How many policies the catalog holds.
+    pub policies: usize,
+    /// The highest revision that stored one.
+    pub policy_revision: Revision,
+}
+
+impl RegionsEpoch {
+    /// The epoch of `catalog` and `remote` now.
+    pub fn of(catalog: &Catalog, remote: &RemoteViews) -> RegionsEpoch {
+        let home = catalog.policies().map(|p| p.revision);
+        let replicated = catalog.replicated_policies().map(|p| p.revision);
+        let (count, top) = home
+            .chain(replicated)
+            .fold((0, Revision(0)), |(n, top), r| (n + 1, top.max(r)));
+        RegionsEpoch {
+            views: remote.generation(),
+            policies: count,
+            policy_revision: top,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sent {
+    fingerprint: u64,
+    at_ms: u64,
+    refresh_ms: Option<u64>,
+    epoch: RegionsEpoch,
+}
+
 /// Each session's last regions message.
 #[derive(Debug, Default)]
 pub struct RegionsFeed {
-    sent: HashMap<AgentId, (u64, u64)>,
+    sent: HashMap<AgentId, Sent>,
 }
 
 /// Shortest and longest re-send interval of an unchanged update, ms.
@@ -147,27 +184,64 @@ impl RegionsFeed {
         RegionsFeed::default()
     }
 
-    /// Whether `update` must go to `agent` now; if so it is recorded as
-    /// sent. An empty update goes out only to replace a non-empty one.
-    pub fn due(&mut self, agent: AgentId, update: &RegionsUpdate, now_ms: u64) -> bool {
+    /// Whether `agent`'s message cannot have changed since it was last
+    /// looked at under `epoch` (its subscriptions unchanged), and no
+    /// refresh of its ages is due: then it need not even be built.
+    pub fn unchanged(&self, agent: AgentId, epoch: RegionsEpoch, now_ms: u64) -> bool {
+        self.sent
+            .get(&agent)
+            .is_some_and(|s| s.epoch == epoch && s.refresh_ms.is_none_or(|r| now_ms < s.at_ms + r))
+    }
+
+    /// Whether `update`, built under `epoch`, must go to `agent` now; if so
+    /// it is recorded as sent. An empty update goes out only to replace a
+    /// non-empty one.
+    pub fn due(
+        &mut self,
+        agent: AgentId,
+        update: &RegionsUpdate,
+        epoch: RegionsEpoch,
+        now_ms: u64,
+    ) -> bool {
         let fingerprint = update.fingerprint();
-        let refresh = update
+        let refresh_ms = update
             .regions
             .iter()
             .map(|r| r.max_age_ms / 4)
             .min()
-            .unwrap_or(REFRESH_BOUNDS_MS.1)
-            .clamp(REFRESH_BOUNDS_MS.0, REFRESH_BOUNDS_MS.1);
+            .map(|r| r.clamp(REFRESH_BOUNDS_MS.0, REFRESH_BOUNDS_MS.1));
         let due = match self.sent.get(&agent) {
             None => !update.is_empty(),
-            Some(&(last, at)) => {
-                last != fingerprint || (!update.regions.is_empty() && now_ms >= at + refresh)
+            Some(s) => {
+                s.fingerprint != fingerprint || s.refresh_ms.is_some_and(|r| now_ms >= s.at_ms + r)
             }
         };
-        if due {
-            self.sent.insert(agent, (fingerprint, now_ms));
+        match self.sent.get_mut(&agent) {
+            Some(s) if !due => s.epoch = epoch,
+            _ => {
+                self.sent.insert(
+                    agent,
+                    Sent {
+                        fingerprint,
+                        at_ms: now_ms,
+                        refresh_ms,
+                        epoch,
+                    },
+                );
+            }
         }
         due
+    }
+
+    /// The agent's subscriptions changed: build its message at the next
+    /// look.
+    pub fn touch(&mut self, agent: AgentId) {
+        if let Some(s) = self.sent.get_mut(&agent) {
+            s.epoch = RegionsEpoch {
+                views: u64::MAX,
+                ..s.epoch
+            };
+        }
     }
 
     /// The session is gone (a new one starts from nothing).
@@ -180,6 +254,44 @@ impl RegionsFeed {
 mod tests {
     use super::*;
     use crate::remote::RegionView;
+
+    const E: RegionsEpoch = RegionsEpoch {
+        views: 0,
+        policies: 0,
+        policy_revision: Revision(0),
+    };
+
+    #[test]
+    fn an_agent_is_not_looked_at_again_until_the_epoch_moves_or_a_refresh_is_due() {
+        let catalog = Catalog::new(crate::CatalogParams::with_region(label("r1")));
+        let mut remote = RemoteViews::new(label("r1"));
+        let web: ServiceKey = "shop/web/http".parse().unwrap();
+        let mut feed = RegionsFeed::new();
+        assert!(!feed.unchanged(1, E, 0), "never looked at");
+        let epoch0 = RegionsEpoch::of(&catalog, &remote);
+        assert!(!feed.due(1, &regions_update([&web], &catalog, &remote, 0), epoch0, 0));
+        assert!(
+            feed.unchanged(1, epoch0, 5_000),
+            "nothing to say, nothing moved"
+        );
+        remote.put(view(5, 2), 0, 8_000, 10).unwrap();
+        let epoch1 = RegionsEpoch::of(&catalog, &remote);
+        assert_ne!(epoch0, epoch1);
+        assert!(!feed.unchanged(1, epoch1, 20));
+        assert!(feed.due(
+            1,
+            &regions_update([&web], &catalog, &remote, 20),
+            epoch1,
+            20
+        ));
+        assert!(feed.unchanged(1, epoch1, 1_000));
+        assert!(
+            !feed.unchanged(1, epoch1, 2_020),
+            "a refresh is due after 8 s / 4"
+        );
+        feed.touch(1);
+        assert!(!feed.unchanged(1, epoch1, 30), "its subscriptions changed");
+    }
 
     fn label(s: &str) -> Label {
         Label::new(s).unwrap()
@@ -223,22 +335,22 @@ mod tests {
         assert_eq!(update.regions[0].summaries[0].ready, 2);
 
         let mut feed = RegionsFeed::new();
-        assert!(feed.due(1, &update, 10_500));
+        assert!(feed.due(1, &update, E, 10_500));
         // Only older: not again until a quarter of the 8 s limit passed.
         let later = regions_update([&web], &catalog, &remote, 11_000);
-        assert!(!feed.due(1, &later, 11_000));
+        assert!(!feed.due(1, &later, E, 11_000));
         let later = regions_update([&web], &catalog, &remote, 12_500);
-        assert!(feed.due(1, &later, 12_500));
+        assert!(feed.due(1, &later, E, 12_500));
         // A change goes out at once.
         remote.put(view(6, 0), 0, 8_000, 12_600).unwrap();
         let changed = regions_update([&web], &catalog, &remote, 12_600);
-        assert!(feed.due(1, &changed, 12_600));
+        assert!(feed.due(1, &changed, E, 12_600));
         // A change to a service the agent does not follow is not news.
         let mut other = view(6, 0);
         other.summaries[0].ready = 1;
         remote.put(other, 0, 8_000, 12_700).unwrap();
         let same = regions_update([&web], &catalog, &remote, 12_700);
-        assert!(!feed.due(1, &same, 12_700));
+        assert!(!feed.due(1, &same, E, 12_700));
     }
 
     #[test]
@@ -246,14 +358,14 @@ mod tests {
         let catalog = Catalog::new(crate::CatalogParams::with_region(label("r1")));
         let mut feed = RegionsFeed::new();
         let empty = RegionsUpdate::default();
-        assert!(!feed.due(7, &empty, 0));
+        assert!(!feed.due(7, &empty, E, 0));
         let mut remote = RemoteViews::new(label("r1"));
         remote.put(view(5, 2), 0, 8_000, 0).unwrap();
         let web: ServiceKey = "shop/web/http".parse().unwrap();
-        assert!(feed.due(7, &regions_update([&web], &catalog, &remote, 0), 0));
-        assert!(feed.due(7, &empty, 1));
-        assert!(!feed.due(7, &empty, 2));
+        assert!(feed.due(7, &regions_update([&web], &catalog, &remote, 0), E, 0));
+        assert!(feed.due(7, &empty, E, 1));
+        assert!(!feed.due(7, &empty, E, 2));
         feed.forget(7);
-        assert!(!feed.due(7, &empty, 3));
+        assert!(!feed.due(7, &empty, E, 3));
     }
 }

@@ -257,6 +257,7 @@ impl HeldView {
 pub struct RemoteViews {
     here: Label,
     views: BTreeMap<Label, HeldView>,
+    generation: u64,
 }
 
 impl RemoteViews {
@@ -265,6 +266,7 @@ impl RemoteViews {
         RemoteViews {
             here,
             views: BTreeMap::new(),
+            generation: 0,
         }
     }
 
@@ -284,6 +286,7 @@ impl RemoteViews {
             });
         }
         view.validate()?;
+        self.generation += 1;
         self.views.insert(
             view.region.clone(),
             HeldView {
@@ -315,6 +318,12 @@ impl RemoteViews {
             }
             _ => false,
         }
+    }
+
+    /// Counts the views put so far: it changes whenever any view's content
+    /// may have (a confirmation only refreshes ages and leaves it).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The view of one region.

@@ -43,7 +43,7 @@ use crate::protocol::{
     SessionDown, SessionUp,
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
-use crate::regions::{regions_update, RegionsFeed};
+use crate::regions::{regions_update, RegionsEpoch, RegionsFeed};
 use crate::remote::RemoteViews;
 use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
@@ -583,10 +583,14 @@ impl Core {
                 drop(cat);
                 // The service's policy goes ahead of its endpoints, so an
                 // agent never routes a newly followed service without it.
+                self.regions.touch(agent);
                 self.push_regions(&[agent], now);
                 self.carry(out);
             }
-            (SessionUp::Unsubscribe { service }, Some(_)) => self.dist.unsubscribe(agent, &service),
+            (SessionUp::Unsubscribe { service }, Some(_)) => {
+                self.dist.unsubscribe(agent, &service);
+                self.regions.touch(agent);
+            }
             (SessionUp::Ack { service, revision }, Some(_)) => {
                 self.dist.ack(agent, &service, revision);
                 self.answer_waiters(now);
@@ -1786,13 +1790,16 @@ impl Core {
     fn push_regions(&mut self, agents: &[AgentId], now: u64) {
         let cat = self.replica.applied.lock();
         let remote = self.remote.lock().expect("remote view lock");
+        let epoch = RegionsEpoch::of(&cat, &remote);
         let mut due = Vec::new();
         for &agent in agents {
-            if self.conns.get(&agent).is_none_or(|c| c.session.is_none()) {
+            if self.conns.get(&agent).is_none_or(|c| c.session.is_none())
+                || self.regions.unchanged(agent, epoch, now)
+            {
                 continue;
             }
             let update = regions_update(self.dist.subscriptions(agent), &cat, &remote, now);
-            if self.regions.due(agent, &update, now) {
+            if self.regions.due(agent, &update, epoch, now) {
                 due.push((agent, update));
             }
         }
