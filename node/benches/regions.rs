@@ -7,7 +7,9 @@
 //! (b) summary traffic between r1 and r2 in bytes/s with 2,000 services in
 //!     r1: the full sync, the steady state, and under churn;
 //! (c) the last local endpoint of a service deregistered in r1 → the first
-//!     connection through r1's proxy answered in r2, p50/p99.
+//!     connection through r1's proxy answered in r2, p50/p99: with the
+//!     instance on the caller's own node, and on another node of r1 (the
+//!     deregistration then reaches the caller's agent through the arbiter).
 //!
 //! Run: `cargo bench -p rollcall-node --bench regions` (env ROUNDS,
 //! default 40; SERVICES, default 2000; WINDOW_S, default 20). Everything
@@ -200,11 +202,30 @@ fn main() {
         report("(a) policy committed in r1 -> visible in r2's agent", visible);
 
         // (c) Last local endpoint gone → first connection answered in r2.
-        let r1_api = format!("http://{}", dev.regions[0].agent.http_addr);
+        let other = dev.start_agent(0, "node-b").await.unwrap();
+        for (label, api_addr, token) in [
+            (
+                "(c) instance on the caller's node: deregistered",
+                dev.regions[0].agent.http_addr,
+                agent_token(&dev, 0),
+            ),
+            (
+                "(c) instance on another node of r1: deregistered",
+                other.http_addr,
+                other.agent.token().to_owned(),
+            ),
+        ] {
+        let r1_api = format!("http://{api_addr}");
         let mut failover = Vec::new();
         for round in 0..rounds {
             let id = format!("web-r1-{round}");
-            register(&api, &dev, 0, "shop/web", &id, web1).await;
+            let url = format!("{r1_api}/v1/agent/instances");
+            let body = json!({"namespace": "shop", "service": "web", "instance_id": id,
+                "address": "127.0.0.1", "port": web1});
+            let (status, answer) = api
+                .call(reqwest::Method::PUT, url, &token, Some(body))
+                .await;
+            assert_eq!(status, 200, "{answer}");
             let deadline = Instant::now() + Duration::from_secs(30);
             while through(proxy).await.as_deref() != Some("web-r1") {
                 assert!(Instant::now() < deadline, "web-r1 never served locally");
@@ -212,9 +233,7 @@ fn main() {
             }
             let url = format!("{r1_api}/v1/agent/instances/{id}");
             let started = Instant::now();
-            let (status, body) = api
-                .call(reqwest::Method::DELETE, url, &agent_token(&dev, 0), None)
-                .await;
+            let (status, body) = api.call(reqwest::Method::DELETE, url, &token, None).await;
             assert_eq!(status, 200, "{body}");
             loop {
                 if through(proxy).await.as_deref() == Some("web-r2") {
@@ -226,9 +245,11 @@ fn main() {
             failover.push(started.elapsed().as_secs_f64() * 1000.0);
         }
         report(
-            "(c) last local endpoint deregistered -> first connection answered in r2",
+            &format!("{label} -> first connection answered in r2"),
             failover,
         );
+        }
+        other.shutdown().await;
 
         // (b) Summary traffic r1 -> r2 with SERVICES services in r1.
         let before = sent_bytes(&dev, 0, "r2");

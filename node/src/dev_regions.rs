@@ -77,6 +77,8 @@ pub struct DevRegion {
 pub struct DevRegions {
     /// The regions, r1 first.
     pub regions: Vec<DevRegion>,
+    cas: Vec<Ca>,
+    data_dir: PathBuf,
 }
 
 const NODE: &str = "dev-node";
@@ -220,7 +222,11 @@ impl DevRegions {
                 agent_dir,
             });
         }
-        Ok(DevRegions { regions })
+        Ok(DevRegions {
+            regions,
+            cas,
+            data_dir,
+        })
     }
 
     /// What `rollcall dev --regions N` prints at start.
@@ -296,6 +302,30 @@ impl DevRegions {
             ));
         }
         out
+    }
+
+    /// Starts one more agent, node `node`, in region `k` (0 is r1), on
+    /// free loopback ports, connected to that region's arbiter (tests and
+    /// benchmarks: a caller and an instance on different nodes).
+    pub async fn start_agent(&self, k: usize, node: &str) -> Result<AgentHandle, DevError> {
+        let region = &self.regions[k];
+        let identity = Identity::new(
+            self.cas[k].region().clone(),
+            Role::Agent,
+            PrincipalName::new(node).map_err(|e| DevError::Options(e.to_string()))?,
+        );
+        let tls = TlsMaterial::from_issued(&self.cas[k], &self.cas[k].issue(&identity, &[], &[])?);
+        let free = SocketAddr::from(([127, 0, 0, 1], 0));
+        let config = AgentConfig {
+            node_id: node.into(),
+            region: region.name.clone(),
+            http_listen: free,
+            dns_listen: free,
+            data_dir: self.data_dir.join(&region.name).join(node),
+            arbiters: vec![region.arbiter.quic_addr.to_string()],
+            ..AgentConfig::default()
+        };
+        Ok(Agent::start(config, Some(&tls)).await?)
     }
 
     /// Stops region `k`'s bridge (0 is r1): the other regions stop
