@@ -112,8 +112,11 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
     std::fs::write(d.join("zone.key"), &key.stdout).unwrap();
 
     let (quic, admin) = (free_udp(), free_tcp());
+    // A lease outlives the gossip path by far (a 30 s TTL), so on a loaded
+    // machine the node lease never removes the instance before gossip and
+    // the arbiter's silence do: that path is what this test is about.
     let arbiter_toml = format!(
-        "listen = \"127.0.0.1:{quic}\"\nadmin = \"127.0.0.1:{admin}\"\ndata_dir = \"{}\"\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
+        "listen = \"127.0.0.1:{quic}\"\nadmin = \"127.0.0.1:{admin}\"\ndata_dir = \"{}\"\n[lease]\nttl_ms = 30000\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
         d.join("arbiter").display(),
         c = certs.display()
     );
