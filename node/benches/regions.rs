@@ -251,6 +251,10 @@ fn main() {
         }
         other.shutdown().await;
 
+        if services == 0 {
+            dev.shutdown().await;
+            return;
+        }
         // (b) Summary traffic r1 -> r2 with SERVICES services in r1.
         let before = sent_bytes(&dev, 0, "r2");
         let started = Instant::now();
