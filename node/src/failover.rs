@@ -606,6 +606,93 @@ mod tests {
         );
     }
 
+    mod invariants {
+        use super::*;
+        use proptest::prelude::*;
+
+        const REGIONS: [&str; 4] = ["r2", "r3", "r4", "r5"];
+
+        prop_compose! {
+            /// A valid policy over r2–r5 and what each region looks like.
+            fn world()(
+                order in proptest::sample::subsequence(REGIONS.to_vec(), 0..=4).prop_shuffle(),
+                bounded in proptest::sample::subsequence(REGIONS.to_vec(), 0..=2),
+                cross in any::<bool>(),
+                all in any::<bool>(),
+                writer in proptest::option::of(proptest::option::of(0usize..4)),
+                limits in proptest::collection::vec(0.0f64..=1.0, 4),
+                ready in proptest::collection::vec(0u32..4, 4),
+                ages in proptest::collection::vec(0u64..20_000, 4),
+                demand in 0u64..2_000,
+                now in 1_000u64..30_000,
+            ) -> (HeldPolicy, Vec<RegionEntry>, u64, u64) {
+                let order: Vec<String> = order
+                    .into_iter()
+                    .filter(|r| !bounded.contains(r))
+                    .map(str::to_owned)
+                    .collect();
+                let policy = policy(|d| {
+                    d.cross_region = cross;
+                    d.failover_traffic = if all { TrafficClass::All } else { TrafficClass::ReadOnly };
+                    d.data_boundary = bounded.iter().map(|r| (*r).to_owned()).collect();
+                    d.capacity_limits = order
+                        .iter()
+                        .zip(&limits)
+                        .map(|(r, l)| (r.clone(), *l))
+                        .collect();
+                    d.failover_order = order.clone();
+                    d.single_writer = writer.map(|transfer| SingleWriter {
+                        owner: "r1".into(),
+                        transfer_to: transfer
+                            .map(|i| REGIONS[i])
+                            .filter(|r| !bounded.contains(r))
+                            .map(str::to_owned),
+                    });
+                });
+                let regions = REGIONS
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| region(r, ready[i], ages[i]))
+                    .collect();
+                (policy, regions, demand, now)
+            }
+        }
+
+        proptest! {
+            /// Whatever the policy and the regions, a connection only ever
+            /// moves where every rule allows it.
+            #[test]
+            fn a_connection_moves_only_where_every_rule_allows(
+                (held, entries, demand, now) in world(),
+                writes in any::<bool>(),
+                tries in 1usize..20,
+            ) {
+                let doc = held.policy.document().clone();
+                let mut r = Regions::new();
+                r.update(RegionsUpdate { policies: vec![held], regions: entries.clone() }, 1_000);
+                r.observe_local(&key(), demand, 1_000);
+                let traffic = if writes { ConnTraffic::ReadWrite } else { ConnTraffic::ReadOnly };
+                for _ in 0..tries {
+                    if let Decision::Remote { region, ingress, ready } = r.decide(&key(), traffic, now) {
+                        let name = region.as_str();
+                        prop_assert!(doc.cross_region);
+                        prop_assert!(doc.failover_order.iter().any(|o| o == name));
+                        prop_assert!(!doc.data_boundary.iter().any(|b| b == name));
+                        let entry = entries.iter().find(|e| e.region == region).unwrap();
+                        prop_assert!(entry.age_ms + (now - 1_000) <= entry.max_age_ms, "stale {name}");
+                        prop_assert!(ready > 0 && !ingress.is_empty());
+                        if writes {
+                            prop_assert_eq!(doc.failover_traffic, TrafficClass::All);
+                            if let Some(w) = &doc.single_writer {
+                                prop_assert_eq!(w.transfer_to.as_deref(), Some(name));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_ingress_admits_only_what_the_policy_lets_into_its_region() {
         let r = regions(
