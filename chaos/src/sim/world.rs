@@ -240,6 +240,10 @@ struct Agent {
     /// Full snapshots received since the last outage ended.
     snapshots_since_outage: u32,
     reconnected_after_outage: bool,
+    /// When the last message on the session stream arrives, each way
+    /// (µs): the stream is ordered.
+    down_last: Time,
+    up_last: Time,
 }
 
 struct PendingDown {
@@ -455,6 +459,8 @@ impl World {
                 next_renew_ms: 0,
                 snapshots_since_outage: 0,
                 reconnected_after_outage: false,
+                down_last: 0,
+                up_last: 0,
             });
         }
         // Services, sized by a Zipf-like law; instances spread at random.
@@ -687,6 +693,24 @@ impl World {
 
     fn after(&mut self, us: Time, ev: Ev) {
         self.at(self.now + us, ev);
+    }
+
+    /// When a message the arbiter sends now on agent `a`'s session stream
+    /// after `delay` arrives: never before the one sent ahead of it (the
+    /// stream is ordered).
+    fn down_arrival(&mut self, a: u32, delay: Time) -> Time {
+        let agent = &mut self.agents[a as usize];
+        let at = (self.now + delay).max(agent.down_last + 1);
+        agent.down_last = at;
+        at
+    }
+
+    /// Likewise for what agent `a` sends on its session stream.
+    fn up_arrival(&mut self, a: u32, delay: Time) -> Time {
+        let agent = &mut self.agents[a as usize];
+        let at = (self.now + delay).max(agent.up_last + 1);
+        agent.up_last = at;
+        at
     }
 
     fn arbiter_latency(&mut self) -> Time {
@@ -1420,7 +1444,8 @@ impl World {
         };
         if self.link_up(a) {
             let latency = self.arbiter_latency();
-            self.after(latency, Ev::Subscribe { session, subs });
+            let at = self.up_arrival(a, latency);
+            self.at(at, Ev::Subscribe { session, subs });
         }
     }
 
@@ -1936,7 +1961,8 @@ impl World {
                 Then::Welcome { agent, session } => {
                     let latency = self.arbiter_latency();
                     if result.is_ok() && self.link_up(agent) {
-                        self.after(latency, Ev::Welcome { agent, session });
+                        let at = self.down_arrival(agent, latency);
+                        self.at(at, Ev::Welcome { agent, session });
                     } else {
                         self.drop_session(session);
                         self.after(latency, Ev::Closed { agent, session });
@@ -2058,8 +2084,9 @@ impl World {
                         // Written to the connection: the send completes.
                         self.after(transfer.max(10), Ev::SendDone { session });
                         let latency = self.arbiter_latency();
-                        self.after(
-                            transfer + latency,
+                        let at = self.down_arrival(a, transfer + latency);
+                        self.at(
+                            at,
                             Ev::Update {
                                 agent: a,
                                 session,
