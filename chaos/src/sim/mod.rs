@@ -12,6 +12,10 @@
 //! per killed node). Every figure except those under `wall` is the same for
 //! the same seed and flags; `digest` hashes the simulated history.
 
+mod agent;
+mod arbiter;
+mod fleet;
+mod measure;
 pub mod plot;
 pub mod scenario;
 pub mod world;

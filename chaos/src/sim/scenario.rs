@@ -292,7 +292,7 @@ impl SimScenario {
                 "must be (min, max) with 1 ≤ min ≤ max",
             ));
         }
-        if !(self.duration_s > 0.0) {
+        if self.duration_s.is_nan() || self.duration_s <= 0.0 {
             return Err(invalid("duration_s", self.duration_s, "must be positive"));
         }
         if preset(&self.gossip_preset).is_none() {
@@ -368,7 +368,7 @@ impl SimScenario {
         if short {
             wanted = s.short.agents;
             if let Some(scale) = s.short.time_scale {
-                if !(scale > 0.0) {
+                if scale.is_nan() || scale <= 0.0 {
                     return Err(invalid("short.time_scale", scale, "must be positive"));
                 }
                 s.duration_s *= scale;
