@@ -18,7 +18,7 @@ mod fleet;
 mod measure;
 pub mod plot;
 pub mod scenario;
-pub mod world;
+mod world;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

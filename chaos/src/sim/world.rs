@@ -1,5 +1,8 @@
-//! The simulated region: one discrete-event loop over a virtual clock and
-//! one seeded RNG, driving the real state machines.
+//! The simulated region's state and its discrete-event loop: one queue of
+//! timed events over a virtual clock (µs) and one seeded RNG, the scenario's
+//! steps, and the types the other modules share (`fleet` builds the region,
+//! `agent` and `arbiter` handle their sides' events, `measure` times leaves
+//! and crashes and checks the end state). What runs:
 //!
 //! - Gossip: one [`rollcall_gossip::sim::Sim`] per zone (the real foca
 //!   `Membership` of every agent over a simulated network), stepped in
@@ -13,9 +16,10 @@
 //!   expiries, the lease extension after a restart.
 //! - Agents: the real [`Sync`] (subscriptions, delta and snapshot checks,
 //!   acks), [`InstanceHealth`] per instance (readiness probes at their
-//!   configured interval), [`ServiceMemory`] and [`selector::choose`] for
-//!   the sampled connections, local gossip ejection while cut off (R7), and
-//!   the reconnect loop with exponential backoff and full jitter.
+//!   configured interval), [`ServiceMemory`] for
+//!   the sampled connections (`rollcall_node::selector::choose`), local
+//!   gossip ejection while cut off (R7), and the reconnect loop with
+//!   exponential backoff and full jitter.
 //!
 //! The driver is the only code here that is not the binaries' own: it
 //! moves messages with latencies and transfer times, fires timers, and
