@@ -289,13 +289,14 @@ pub fn simulate_scenario(sc: SimScenario, seed: u64, progress: bool) -> SimRun {
     }
     world.seal();
     let run_s = run_started.elapsed().as_secs_f64();
+    let seconds = end_ms.div_ceil(1_000) as usize;
     SimRun {
         report: report_of(&world, seed, setup_s, run_s),
         series: Series {
             leave_ms: world.leave_samples.clone(),
             crash_ms: world.crash_samples.clone(),
-            commits_per_s: world.counters.commits_per_s.clone(),
-            deliveries_per_s: world.counters.deliveries_per_s.clone(),
+            commits_per_s: per_second(&world.counters.commits_per_s, seconds),
+            deliveries_per_s: per_second(&world.counters.deliveries_per_s, seconds),
         },
     }
 }
@@ -498,6 +499,13 @@ fn judge(sc: &SimScenario, r: &Report, f: &SimFigures) -> Vec<String> {
         }
     }
     failures
+}
+
+/// `counts` (one per second that had any) padded with zeros to `seconds`.
+fn per_second(counts: &[u32], seconds: usize) -> Vec<u32> {
+    let mut all = counts.to_vec();
+    all.resize(seconds.max(all.len()), 0);
+    all
 }
 
 fn round2(v: f64) -> f64 {
