@@ -10,8 +10,11 @@
 //! (`relay`), the test backend (`echo`), the open-loop traffic generator
 //! (`traffic`), the runner that builds a cluster and drives a scenario's
 //! steps (`runner`), the run's records (`timeline`), and the report and
-//! plots computed from them (`report`, `plot`). The fleet-scale simulation
-//! (issue 9) is still to come.
+//! plots computed from them (`report`, `plot`).
+//!
+//! The fleet-scale simulation (issue 9, `rollcall chaos sim`): `sim`, one
+//! deterministic process driving the real state machines of a whole region
+//! on a virtual clock, with its scenarios in `chaos/scenarios/sim/`.
 
 pub mod echo;
 pub mod netns;
@@ -20,6 +23,7 @@ pub mod relay;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod sim;
 pub mod timeline;
 pub mod traffic;
 

@@ -18,7 +18,7 @@ use std::num::{NonZeroU32, NonZeroU8, NonZeroUsize};
 use std::time::Duration;
 
 use foca::{Codec, Config, Foca, Message, NoCustomBroadcast, Notification, PeriodicParams};
-use foca::{PostcardCodec, Runtime, State, Timer};
+use foca::{Member, PostcardCodec, Runtime, State, Timer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rollcall_config::SwimSettings;
@@ -209,6 +209,17 @@ impl Membership {
             let result = self.foca.announce(placeholder, gateway);
             log_local_error("announce", result);
         }
+    }
+
+    /// Learns these members as alive without telling anyone (foca's
+    /// `apply_many` without broadcast), as if a feed had brought them:
+    /// for simulations that start from a zone that has run for a while.
+    /// The probe cycle starts when the first member is known.
+    pub fn preload(&mut self, members: Vec<MemberId>) {
+        let gateway = Gateway::new(&mut self.outbox, None);
+        let updates = members.into_iter().map(Member::alive);
+        let result = self.foca.apply_many(updates, false, gateway);
+        log_local_error("preload", result);
     }
 
     /// Feeds one received datagram. Refused datagrams are counted and

@@ -42,6 +42,13 @@ pub struct SimConfig {
     /// The foca 2.0.0 stale-TurnUndead workaround; off only in its
     /// regression test.
     pub stale_undead_fix: bool,
+    /// Start every member already knowing the whole zone (as an agent
+    /// restarting on a zone that has run for a while would after its first
+    /// feed), with its probe cycle starting at a random point of the first
+    /// probe period, instead of joining through the seeds. The fleet
+    /// simulator uses it: a cold join of 1,666 members at once is a storm
+    /// no real zone sees.
+    pub warm_start: bool,
 }
 
 impl SimConfig {
@@ -55,6 +62,7 @@ impl SimConfig {
             pause_buffer: 1_024,
             seeds: 3,
             stale_undead_fix: true,
+            warm_start: false,
         }
     }
 }
@@ -88,31 +96,32 @@ enum Action {
     Deliver { from: SocketAddr, bytes: Vec<u8> },
     Timer(Timer<MemberId>),
     Join,
+    Preload,
     Resume,
 }
 
 struct Scheduled {
     due_us: u64,
-    seq: u64,
     member: usize,
     action: Action,
 }
 
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.due_us, self.seq) == (other.due_us, other.seq)
-    }
+/// The queue's key: the action itself waits in a slot of `Sim::slots`, so
+/// the heap moves 24 bytes instead of whole actions.
+#[derive(PartialEq, Eq)]
+struct Key {
+    due_us: u64,
+    seq: u64,
+    slot: usize,
 }
 
-impl Eq for Scheduled {}
-
-impl PartialOrd for Scheduled {
+impl PartialOrd for Key {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Scheduled {
+impl Ord for Key {
     /// Reversed, so the `BinaryHeap` pops the earliest (then first
     /// scheduled) action.
     fn cmp(&self, other: &Self) -> Ordering {
@@ -144,6 +153,8 @@ pub struct NetStats {
     pub to_dead: u64,
     /// Datagrams a member refused.
     pub refused: u64,
+    /// Bytes of the datagrams handed to the network.
+    pub bytes: u64,
 }
 
 /// A simulated zone of members; see the module comment.
@@ -152,7 +163,9 @@ pub struct Sim {
     now_us: u64,
     rng: StdRng,
     seq: u64,
-    queue: BinaryHeap<Scheduled>,
+    queue: BinaryHeap<Key>,
+    slots: Vec<Option<Scheduled>>,
+    free: Vec<usize>,
     nodes: Vec<Node>,
     by_addr: HashMap<SocketAddr, usize>,
     events: Vec<Recorded>,
@@ -174,11 +187,20 @@ impl Sim {
     /// `members` members, member `i` joining at `i` ms by announcing to the
     /// first `config.seeds` members.
     pub fn new(members: usize, config: SimConfig) -> Self {
+        let names = (0..members)
+            .map(|index| NodeId::new(&format!("node-{index}")).expect("valid node id"))
+            .collect();
+        Self::with_names(names, config)
+    }
+
+    /// Like [`Sim::new`] with one member per node id given (member `i`
+    /// is `names[i]`), so several zones can share one namespace of nodes.
+    pub fn with_names(names: Vec<NodeId>, config: SimConfig) -> Self {
+        let members = names.len();
         let mut nodes = Vec::with_capacity(members);
         let mut by_addr = HashMap::with_capacity(members);
-        for index in 0..members {
+        for (index, node) in names.into_iter().enumerate() {
             let addr = sim_addr(index);
-            let node = NodeId::new(&format!("node-{index}")).expect("valid node id");
             let id = MemberId::new(node, addr, AgentEpoch(1));
             let member_seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let sealer = Sealer::new(sim_key(), None, member_seed.rotate_left(17));
@@ -202,15 +224,65 @@ impl Sim {
             now_us: 0,
             seq: 0,
             queue: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
             nodes,
             by_addr,
             events: Vec::new(),
             stats: NetStats::default(),
         };
-        for index in 0..members {
-            sim.schedule(index as u64 * 1_000, index, Action::Join);
+        if sim.config.warm_start {
+            let period_us = sim.config.settings.probe_period_ms.max(1) * 1_000;
+            for index in 0..members {
+                let offset = sim.rng.random_range(0..period_us);
+                sim.schedule(offset, index, Action::Preload);
+            }
+        } else {
+            for index in 0..members {
+                sim.schedule(index as u64 * 1_000, index, Action::Join);
+            }
         }
         sim
+    }
+
+    /// When the next action is due, in µs; `None` when nothing is queued.
+    pub fn next_due_us(&self) -> Option<u64> {
+        self.queue.peek().map(|key| key.due_us)
+    }
+
+    /// Runs every action due up to `us` (virtual), then sets the clock
+    /// there.
+    pub fn run_until_us(&mut self, end_us: u64) {
+        while self.queue.peek().is_some_and(|next| next.due_us <= end_us) {
+            let Some(key) = self.queue.pop() else { break };
+            let next = self.slots[key.slot]
+                .take()
+                .expect("a queued slot holds its action");
+            self.free.push(key.slot);
+            self.now_us = next.due_us;
+            self.dispatch(next);
+        }
+        self.now_us = self.now_us.max(end_us);
+    }
+
+    /// Takes the membership events recorded since the last call (or the
+    /// start), in order.
+    pub fn take_events(&mut self) -> Vec<Recorded> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Sets the probability that a datagram is lost, from now on.
+    pub fn set_loss(&mut self, loss: f64) {
+        self.config.loss = loss;
+    }
+
+    /// Whether member `index` holds the node of member `other` down.
+    pub fn holds_down(&self, index: usize, other: usize) -> bool {
+        let addr = self.nodes[other].addr;
+        self.nodes[index]
+            .membership
+            .down_members()
+            .any(|id| id.addr == addr)
     }
 
     /// Virtual time now, in ms.
@@ -261,13 +333,7 @@ impl Sim {
     /// Runs every action due up to `ms` (virtual), then sets the clock
     /// there.
     pub fn run_until(&mut self, ms: u64) {
-        let end_us = ms * 1_000;
-        while self.queue.peek().is_some_and(|next| next.due_us <= end_us) {
-            let Some(next) = self.queue.pop() else { break };
-            self.now_us = next.due_us;
-            self.dispatch(next);
-        }
-        self.now_us = self.now_us.max(end_us);
+        self.run_until_us(ms * 1_000);
     }
 
     /// Runs for `ms` more virtual milliseconds.
@@ -338,11 +404,26 @@ impl Sim {
 
     fn schedule(&mut self, after_us: u64, member: usize, action: Action) {
         self.seq += 1;
-        self.queue.push(Scheduled {
-            due_us: self.now_us + after_us,
-            seq: self.seq,
+        let due_us = self.now_us + after_us;
+        let scheduled = Scheduled {
+            due_us,
             member,
             action,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(scheduled);
+                slot
+            }
+            None => {
+                self.slots.push(Some(scheduled));
+                self.slots.len() - 1
+            }
+        };
+        self.queue.push(Key {
+            due_us,
+            seq: self.seq,
+            slot,
         });
     }
 
@@ -386,6 +467,16 @@ impl Sim {
                 }
             }
             Action::Timer(timer) => node.membership.handle_timer(timer),
+            Action::Preload => {
+                let zone: Vec<MemberId> = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(other, _)| *other != index)
+                    .map(|(_, other)| other.membership.id().clone())
+                    .collect();
+                self.nodes[index].membership.preload(zone);
+            }
             Action::Join => {
                 let seeds: Vec<SocketAddr> = (0..self.config.seeds.min(self.nodes.len()))
                     .map(sim_addr)
@@ -429,6 +520,7 @@ impl Sim {
 
     fn send(&mut self, from: usize, to: SocketAddr, bytes: Vec<u8>) {
         self.stats.sent += 1;
+        self.stats.bytes += bytes.len() as u64;
         let Some(&target) = self.by_addr.get(&to) else {
             self.stats.to_dead += 1;
             return;

@@ -1,0 +1,332 @@
+//! Building the simulated region at time 0: services sized by a Zipf-like
+//! law, instances spread over the nodes, each agent following 20–50
+//! services skewed towards popular ones. The catalog is filled through
+//! real commands (lease grants, registrations); each agent starts from a
+//! warm cache of its followed services (the state an agent restarting on
+//! its disk cache serves) and each zone's membership from a zone that has
+//! run for a while, so the run measures the scenario, not a cold start.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
+use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
+use rollcall_leases::distribution::{DistParams, Distributor};
+use rollcall_leases::{
+    AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, InstanceId, Label, NodeId,
+    Registration, Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
+};
+use rollcall_node::api_types::{Check, CheckKind, ValidChecks};
+use rollcall_node::health::{InstanceHealth, Which};
+use rollcall_node::sync::Sync;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::scenario::SimScenario;
+use super::world::*;
+
+impl World {
+    /// Builds the region at time 0: the catalog with every lease and
+    /// instance (through real commands), each agent's views as a warm cache
+    /// and its zone's membership as a zone that has run for a while.
+    pub fn new(sc: SimScenario, seed: u64) -> World {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let agent_config = AgentConfig::default();
+        let arbiter_config = ArbiterConfig {
+            name: "sim-arbiter".into(),
+            ..ArbiterConfig::default()
+        };
+        let params = CatalogParams::from_config(&arbiter_config, ShardId(0))
+            .expect("the default arbiter config is valid");
+        let mut catalog = Catalog::new(params);
+        let n = sc.agents as usize;
+        let zones = sc.zones as usize;
+        let zone_labels: Vec<Label> = (0..zones)
+            .map(|z| Label::new(&format!("z{}", z + 1)).expect("valid"))
+            .collect();
+        let operator = principal(Role::Operator, "sim-bootstrap");
+        let apply = |catalog: &mut Catalog, command: Command| {
+            catalog
+                .apply(&Envelope {
+                    at_ms: 0,
+                    actor: operator.clone(),
+                    command,
+                })
+                .expect("bootstrap commands apply")
+        };
+        let mut zone_members: Vec<Vec<u32>> = vec![Vec::new(); zones];
+        let mut agents = Vec::with_capacity(n);
+        for a in 0..n {
+            let zone = (a * zones / n) as u32;
+            let node = NodeId::new(&format!("n{a:05}")).expect("valid");
+            let zone_index = zone_members[zone as usize].len();
+            zone_members[zone as usize].push(a as u32);
+            apply(
+                &mut catalog,
+                Command::GrantLease {
+                    node: node.clone(),
+                    epoch: AgentEpoch(1),
+                    zone: zone_labels[zone as usize].clone(),
+                    ttl_ms: arbiter_config.lease.ttl_ms,
+                },
+            );
+            agents.push(Agent {
+                node,
+                zone,
+                zone_index,
+                epoch: AgentEpoch(1),
+                sync: Sync::new(ShardId(0)),
+                follows: Vec::new(),
+                instances: Vec::new(),
+                connecting: None,
+                session: None,
+                session_since_ms: 0,
+                failures: 0,
+                dead: false,
+                paused_until: 0,
+                writes: VecDeque::new(),
+                writes_sent: 0,
+                reports: Vec::new(),
+                gossip_down: BTreeMap::new(),
+                memory: BTreeMap::new(),
+                next_keepalive_ms: 0,
+                next_renew_ms: 0,
+                snapshots_since_outage: 0,
+                reconnected_after_outage: false,
+                down_last: 0,
+                up_last: 0,
+            });
+        }
+        // Services, sized by a Zipf-like law; instances spread at random.
+        let services: Vec<ServiceKey> = (0..sc.services)
+            .map(|k| key("sim", format!("s{k:04}"), "http"))
+            .collect();
+        let service_index = services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), i as u32))
+            .collect();
+        let sizes = service_sizes(sc.services, sc.instances, sc.size_skew);
+        let checks = ValidChecks {
+            startup: None,
+            readiness: Some(Check {
+                kind: CheckKind::Tcp,
+                timing: CheckTiming::READINESS,
+                port: None,
+            }),
+            liveness: None,
+        };
+        let mut insts = Vec::with_capacity(sc.instances as usize);
+        let v1 = Version::new("v1").expect("valid");
+        for (s, &size) in sizes.iter().enumerate() {
+            for _ in 0..size {
+                let agent = rng.random_range(0..n) as u32;
+                let k = insts.len() as u32;
+                let port = 20_000 + agents[agent as usize].instances.len() as u16;
+                let target = SocketAddr::new(agent_ip(agent), port);
+                let mut health = InstanceHealth::new(Some(&checks), target, 0, &mut rng);
+                let due = health.next_due_ms().unwrap_or(0);
+                health.due(due, &mut rng);
+                health.result(Which::Readiness, true, "", due, &mut rng);
+                agents[agent as usize].instances.push(k);
+                insts.push(Inst {
+                    id: InstanceId::new(&format!("i{k:07}")).expect("valid"),
+                    service: s as u32,
+                    agent,
+                    generation: None,
+                    health,
+                    alive: true,
+                    leaving: false,
+                    ready_pending: false,
+                    ever_ready: true,
+                    version: v1.clone(),
+                    port,
+                    left_at_ms: None,
+                });
+            }
+        }
+        for (k, inst) in insts.iter_mut().enumerate() {
+            let a = &agents[inst.agent as usize];
+            let applied = apply(
+                &mut catalog,
+                Command::Register(Registration {
+                    instance_id: inst.id.clone(),
+                    service: services[inst.service as usize].clone(),
+                    node: a.node.clone(),
+                    epoch: a.epoch,
+                    address: agent_ip(inst.agent),
+                    port: inst.port,
+                    zone: Some(zone_labels[a.zone as usize].clone()),
+                    version: inst.version.clone(),
+                    weight: Weight::DEFAULT,
+                    labels: Vec::new(),
+                    initial: State::Ready,
+                }),
+            );
+            let Effect::Registered { generation, .. } = applied.effect else {
+                panic!("bootstrap registration {k} did not register");
+            };
+            inst.generation = Some(generation);
+        }
+        // Who follows what: 20–50 services per agent, skewed to popular ones.
+        let weights: Vec<f64> = (1..=sc.services)
+            .map(|k| f64::from(k).powf(-sc.follow_skew))
+            .collect();
+        let mut cumulative = Vec::with_capacity(weights.len());
+        let mut total = 0.0;
+        for w in &weights {
+            total += w;
+            cumulative.push(total);
+        }
+        let mut followers: Vec<Vec<u32>> = vec![Vec::new(); sc.services as usize];
+        let views: Vec<ServiceView> = services
+            .iter()
+            .map(|s| {
+                let snap = catalog.service_snapshot(s).expect("registered above");
+                ServiceView::from_snapshot(&snap).expect("a fresh snapshot checks")
+            })
+            .collect();
+        for (a, agent) in agents.iter_mut().enumerate() {
+            let count = rng.random_range(sc.follows.0..=sc.follows.1) as usize;
+            let mut chosen = BTreeSet::new();
+            let mut tries = 0;
+            while chosen.len() < count && tries < count * 50 {
+                tries += 1;
+                let x = rng.random_range(0.0..total);
+                let k = cumulative.partition_point(|c| *c <= x);
+                chosen.insert(k.min(weights.len() - 1) as u32);
+            }
+            for &s in &chosen {
+                agent.sync.load_cached(views[s as usize].clone());
+                followers[s as usize].push(a as u32);
+            }
+            agent.follows = chosen.into_iter().collect();
+        }
+        drop(views);
+        // Gossip: one membership per zone.
+        let preset = super::scenario::preset(&sc.gossip_preset).expect("validated");
+        let settings: SwimSettings = preset.settings();
+        let zone_sims: Vec<ZoneSim> = zone_members
+            .iter()
+            .enumerate()
+            .map(|(z, members)| {
+                let names = members
+                    .iter()
+                    .map(|&a| agents[a as usize].node.clone())
+                    .collect();
+                let config = SimConfig {
+                    settings,
+                    seed: seed ^ (0x5151_0000 + z as u64),
+                    latency_us: sc.network.gossip_latency_us,
+                    loss: sc.network.loss,
+                    warm_start: true,
+                    ..SimConfig::lan(0)
+                };
+                ZoneSim::with_names(names, config)
+            })
+            .collect();
+        let d = &arbiter_config.distribution;
+        let dist_params = DistParams {
+            coalesce_window_ms: d.coalesce_window_ms,
+            max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
+            stall_timeout_ms: d.stall_timeout_ms,
+            snapshot_retry_ms: d.snapshot_retry_ms,
+            resend_after_ms: d.resend_after_ms,
+        };
+        let arb = Arbiter {
+            up: true,
+            catalog,
+            dist: Distributor::new(dist_params.clone()),
+            dist_params,
+            sessions: BTreeMap::new(),
+            last_heard: vec![None; n],
+            leader_since: 0,
+            pending_downs: BTreeMap::new(),
+            expiring: BTreeMap::new(),
+            queue: Vec::new(),
+            committing: false,
+            next_purge_ms: arbiter_config.store.purge_interval_ms,
+            me: principal(Role::Arbiter, "sim-arbiter"),
+            max_snapshots_seen: 0,
+        };
+        let mut world = World {
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            rng,
+            zones: zone_sims,
+            zone_members,
+            zone_labels,
+            cut_zones: BTreeSet::new(),
+            services,
+            service_index,
+            followers,
+            insts,
+            agents,
+            arb,
+            agent_config,
+            arbiter_config,
+            checks,
+            next_session: 0,
+            leaves: BTreeMap::new(),
+            crashes: BTreeMap::new(),
+            crash_last: BTreeMap::new(),
+            delta_sizes: HashMap::new(),
+            hasher: Xxh3::new(),
+            leave_samples: Vec::new(),
+            crash_samples: Vec::new(),
+            counters: Counters::default(),
+            outage: None,
+            last_recovery_ms: None,
+            converged_at_ms: None,
+            phases: vec![("start".into(), 0, 0, 0)],
+            gossip_packets: 0,
+            gossip_bytes: 0,
+            gossip_lost: 0,
+            deploy_seq: 0,
+            sc,
+        };
+        // Agents connect over the first two seconds; timers start spread.
+        for a in 0..n as u32 {
+            let at = world.rng.random_range(0..2_000_000);
+            world.at(at, Ev::Connect(a));
+            let tick = world.rng.random_range(0..TICK_MS * 1_000);
+            world.at(tick, Ev::AgentTick(a));
+        }
+        world.at(250_000, Ev::ArbiterTick);
+        for i in 0..world.sc.steps.len() {
+            let at = (world.sc.steps[i].at_s * 1e6) as Time;
+            world.at(at, Ev::Step(i));
+        }
+        if world.sc.conns_per_s > 0.0 {
+            world.at(1_000_000, Ev::Traffic);
+        }
+        world
+    }
+}
+
+fn key(ns: &str, s: String, p: &str) -> ServiceKey {
+    ServiceKey::new(ns, &s, p).expect("simulated names are valid")
+}
+
+fn service_sizes(services: u32, instances: u32, skew: f64) -> Vec<u32> {
+    let weights: Vec<f64> = (1..=services).map(|k| (f64::from(k)).powf(-skew)).collect();
+    let total: f64 = weights.iter().sum();
+    let spare = f64::from(instances - services);
+    let mut sizes: Vec<u32> = weights
+        .iter()
+        .map(|w| 1 + (spare * w / total).floor() as u32)
+        .collect();
+    let mut left = instances - sizes.iter().sum::<u32>();
+    let mut k = 0;
+    let len = sizes.len();
+    while left > 0 {
+        sizes[k % len] += 1;
+        left -= 1;
+        k += 1;
+    }
+    sizes
+}

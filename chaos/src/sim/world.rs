@@ -1,0 +1,723 @@
+//! The simulated region's state and its discrete-event loop: one queue of
+//! timed events over a virtual clock (µs) and one seeded RNG, the scenario's
+//! steps, and the types the other modules share (`fleet` builds the region,
+//! `agent` and `arbiter` handle their sides' events, `measure` times leaves
+//! and crashes and checks the end state). What runs:
+//!
+//! - Gossip: one [`rollcall_gossip::sim::Sim`] per zone (the real foca
+//!   `Membership` of every agent over a simulated network), stepped in
+//!   lockstep with this loop so every membership event lands at its time.
+//! - Arbiter: the real [`Catalog`] (commands, leases, mass-expiry guard,
+//!   delta log) fed by an ordered log that commits a batch of proposals
+//!   `commit_latency_ms` after it starts (the Raft group), and the real
+//!   [`Distributor`]. Around them, the leader's memory as the arbiter's core
+//!   keeps it (`leases/src/server/core.rs`): renewals and session silence,
+//!   the two-signal rule for gossip down reports, `silent_in_zone` for
+//!   expiries, the lease extension after a restart.
+//! - Agents: the real [`Sync`] (subscriptions, delta and snapshot checks,
+//!   acks), [`InstanceHealth`] per instance (readiness probes at their
+//!   configured interval), [`ServiceMemory`] for
+//!   the sampled connections (`rollcall_node::selector::choose`), local
+//!   gossip ejection while cut off (R7), and the reconnect loop with
+//!   exponential backoff and full jitter.
+//!
+//! The driver is the only code here that is not the binaries' own: it
+//! moves messages with latencies and transfer times, fires timers, and
+//! records what the report needs. Everything random comes from the
+//! scenario seed, and nothing iterates a randomly seeded map, so a seed
+//! replays exactly; [`World::digest`] hashes the history to prove it.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+
+use rand::rngs::StdRng;
+use rand::RngExt;
+use rollcall_config::{AgentConfig, ArbiterConfig};
+use rollcall_gossip::sim::Sim as ZoneSim;
+use rollcall_leases::distribution::{DistParams, Distributor};
+use rollcall_leases::protocol::ServiceUpdate;
+use rollcall_leases::{
+    AgentEpoch, Catalog, Command, Envelope, Generation, InstanceId, Label, NodeId, Principal,
+    PrincipalName, Revision, Role, ServiceKey, Version,
+};
+use rollcall_node::api_types::ValidChecks;
+use rollcall_node::endpoints::ServiceMemory;
+use rollcall_node::health::InstanceHealth;
+use rollcall_node::sync::Sync;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::scenario::{Action, SimScenario, Step};
+
+/// How often each agent's probe scheduler runs, in ms (a probe is at most
+/// this late: the scheduler's own jitter).
+pub(super) const TICK_MS: u64 = 100;
+/// QUIC idle timeout of an agent's session (leases/src/client.rs), ms.
+pub(super) const IDLE_TIMEOUT_MS: u64 = 10_000;
+/// How often convergence is checked after the last recovery, ms.
+pub(super) const CONVERGE_CHECK_MS: u64 = 500;
+/// How often a QUIC handshake's packets are sent again while lost, ms.
+pub(super) const HANDSHAKE_RETRY_MS: u64 = 1_000;
+/// A session that lasted this long resets the agent's reconnect backoff.
+pub(super) const BACKOFF_RESET_MS: u64 = 10_000;
+
+pub(super) type Time = u64; // µs
+
+pub(super) fn ms(us: Time) -> u64 {
+    us / 1_000
+}
+
+/// One agent's write to the arbiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WriteKind {
+    Register,
+    Ready,
+    Drain,
+    Deregister,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Write {
+    pub(super) inst: u32,
+    pub(super) kind: WriteKind,
+}
+
+pub(super) enum Ev {
+    Step(usize),
+    AgentTick(u32),
+    Connect(u32),
+    ConnectFailed(u32),
+    Handshake {
+        agent: u32,
+        deadline: Time,
+    },
+    Hello {
+        agent: u32,
+        session: u64,
+    },
+    Welcome {
+        agent: u32,
+        session: u64,
+    },
+    Subscribe {
+        session: u64,
+        subs: Vec<(u32, Option<Revision>)>,
+    },
+    Update {
+        agent: u32,
+        session: u64,
+        updates: Vec<ServiceUpdate>,
+    },
+    SendDone {
+        session: u64,
+    },
+    Wake {
+        session: u64,
+    },
+    WriteArrive {
+        agent: u32,
+        session: u64,
+        write: Write,
+    },
+    WriteReply {
+        agent: u32,
+        write: Write,
+        result: Result<Option<Generation>, ()>,
+    },
+    ReportDown {
+        reporter: u32,
+        node: u32,
+        epoch: AgentEpoch,
+    },
+    Closed {
+        agent: u32,
+        session: u64,
+    },
+    IdleCheck {
+        agent: u32,
+        session: u64,
+    },
+    Commit,
+    ArbiterTick,
+    Retry {
+        agent: u32,
+        service: u32,
+    },
+    Replace {
+        inst: u32,
+        drain_ms: u64,
+    },
+    StopOld {
+        inst: u32,
+    },
+    Pause {
+        agent: u32,
+        ms: u64,
+    },
+    Traffic,
+    ArbiterStart,
+    Heal(u32),
+    ConvergeCheck,
+}
+
+impl Ev {
+    /// The agent this event happens on, if it runs in an agent (a paused
+    /// agent runs nothing: its events wait for the resume).
+    pub(super) fn on_agent(&self) -> Option<u32> {
+        match self {
+            Ev::AgentTick(a)
+            | Ev::Connect(a)
+            | Ev::ConnectFailed(a)
+            | Ev::Handshake { agent: a, .. }
+            | Ev::Welcome { agent: a, .. }
+            | Ev::Update { agent: a, .. }
+            | Ev::WriteReply { agent: a, .. }
+            | Ev::Closed { agent: a, .. }
+            | Ev::Retry { agent: a, .. } => Some(*a),
+            _ => None,
+        }
+    }
+}
+
+#[derive(PartialEq, Eq)]
+pub(super) struct Key {
+    pub(super) due: Time,
+    pub(super) seq: u64,
+    pub(super) slot: usize,
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.due, other.seq).cmp(&(self.due, self.seq))
+    }
+}
+
+pub(super) struct Inst {
+    pub(super) id: InstanceId,
+    pub(super) service: u32,
+    pub(super) agent: u32,
+    pub(super) generation: Option<Generation>,
+    pub(super) health: InstanceHealth,
+    pub(super) alive: bool,
+    pub(super) leaving: bool,
+    pub(super) ready_pending: bool,
+    pub(super) ever_ready: bool,
+    pub(super) version: Version,
+    pub(super) port: u16,
+    pub(super) left_at_ms: Option<u64>,
+}
+
+pub(super) struct Agent {
+    pub(super) node: NodeId,
+    pub(super) zone: u32,
+    pub(super) zone_index: usize,
+    pub(super) epoch: AgentEpoch,
+    pub(super) sync: Sync,
+    pub(super) follows: Vec<u32>,
+    pub(super) instances: Vec<u32>,
+    /// Hello sent under this session number.
+    pub(super) connecting: Option<u64>,
+    /// Welcomed under this session number.
+    pub(super) session: Option<u64>,
+    pub(super) session_since_ms: u64,
+    pub(super) failures: u32,
+    pub(super) dead: bool,
+    pub(super) paused_until: Time,
+    /// Writes not answered yet (sent or waiting for a session), in order.
+    pub(super) writes: VecDeque<Write>,
+    /// Writes sent in the current session.
+    pub(super) writes_sent: usize,
+    pub(super) reports: Vec<(u32, AgentEpoch)>,
+    pub(super) gossip_down: BTreeMap<u32, AgentEpoch>,
+    pub(super) memory: BTreeMap<u32, ServiceMemory>,
+    pub(super) next_keepalive_ms: u64,
+    pub(super) next_renew_ms: u64,
+    /// Full snapshots received since the last outage ended.
+    pub(super) snapshots_since_outage: u32,
+    pub(super) reconnected_after_outage: bool,
+    /// When the last message on the session stream arrives, each way
+    /// (µs): the stream is ordered.
+    pub(super) down_last: Time,
+    pub(super) up_last: Time,
+}
+
+pub(super) struct PendingDown {
+    pub(super) epoch: AgentEpoch,
+    pub(super) reporters: Vec<NodeId>,
+    pub(super) reported_at: u64,
+}
+
+pub(super) enum Then {
+    Welcome { agent: u32, session: u64 },
+    Reply { agent: u32, write: Write },
+    Nothing,
+}
+
+pub(super) struct Arbiter {
+    pub(super) up: bool,
+    pub(super) catalog: Catalog,
+    pub(super) dist: Distributor,
+    pub(super) dist_params: DistParams,
+    pub(super) sessions: BTreeMap<u64, u32>,
+    pub(super) last_heard: Vec<Option<u64>>,
+    pub(super) leader_since: u64,
+    pub(super) pending_downs: BTreeMap<u32, PendingDown>,
+    pub(super) expiring: BTreeMap<u32, u64>,
+    pub(super) queue: Vec<(Envelope, Then)>,
+    pub(super) committing: bool,
+    pub(super) next_purge_ms: u64,
+    pub(super) me: Principal,
+    pub(super) max_snapshots_seen: usize,
+}
+
+/// A change whose arrival at every subscribed agent is being timed.
+pub(super) struct Tracked {
+    pub(super) revision: Option<Revision>,
+    pub(super) start: Time,
+    pub(super) outstanding: Vec<u64>,
+    pub(super) count: u32,
+}
+
+/// The figures the run produces; see `super::SimFigures` for meanings.
+#[derive(Default, Debug, Clone)]
+pub struct Counters {
+    pub commits: u64,
+    pub commits_per_s: Vec<u32>,
+    pub update_messages: u64,
+    pub updates: u64,
+    pub deliveries_per_s: Vec<u32>,
+    pub bytes: u64,
+    pub rejected_writes: u64,
+    pub renewals: u64,
+    pub keepalives: u64,
+    pub expiry_held: u64,
+    pub held_max: usize,
+    pub leases_expired: u64,
+    pub node_downs: u64,
+    pub down_reports: u64,
+    pub down_reports_ignored: u64,
+    pub false_removals: u64,
+    pub gossip_down_events: u64,
+    pub gossip_false_downs: u64,
+    pub conns: u64,
+    pub failed_conns: u64,
+    pub failed_attempts: u64,
+    pub failed_conns_in_outage: u64,
+    pub new_conns_to_drained: u64,
+    pub new_conns_to_not_ready: u64,
+    pub probes: u64,
+    pub pauses: u64,
+    pub nodes_killed: u64,
+    pub replaced: u64,
+    pub reconnects: u64,
+    pub snapshots_applied: u64,
+    pub events: u64,
+}
+
+/// The simulated region.
+pub struct World {
+    pub(super) sc: SimScenario,
+    pub(super) now: Time,
+    pub(super) seq: u64,
+    pub(super) queue: BinaryHeap<Key>,
+    pub(super) slots: Vec<Option<(Time, Ev)>>,
+    pub(super) free: Vec<usize>,
+    pub(super) rng: StdRng,
+    pub(super) zones: Vec<ZoneSim>,
+    pub(super) zone_members: Vec<Vec<u32>>,
+    pub(super) zone_labels: Vec<Label>,
+    pub(super) cut_zones: BTreeSet<u32>,
+    pub(super) services: Vec<ServiceKey>,
+    pub(super) service_index: HashMap<ServiceKey, u32>,
+    pub(super) followers: Vec<Vec<u32>>,
+    pub(super) insts: Vec<Inst>,
+    pub(super) agents: Vec<Agent>,
+    pub(super) arb: Arbiter,
+    pub(super) agent_config: AgentConfig,
+    pub(super) arbiter_config: ArbiterConfig,
+    pub(super) checks: ValidChecks,
+    pub(super) next_session: u64,
+    pub(super) leaves: BTreeMap<u32, Vec<Tracked>>,
+    pub(super) crashes: BTreeMap<u32, Vec<(u32, Tracked)>>,
+    pub(super) crash_last: BTreeMap<u32, (Time, Time, u32)>,
+    pub(super) delta_sizes: HashMap<(u64, Revision), u32>,
+    pub(super) hasher: Xxh3,
+    /// Samples, ms.
+    pub leave_samples: Vec<u64>,
+    pub crash_samples: Vec<u64>,
+    pub counters: Counters,
+    /// (start, end) of the arbiter outage, ms.
+    pub outage: Option<(u64, u64)>,
+    pub last_recovery_ms: Option<u64>,
+    pub converged_at_ms: Option<u64>,
+    /// Phases: (name, start ms, conns, failed).
+    pub phases: Vec<(String, u64, u64, u64)>,
+    pub gossip_packets: u64,
+    pub gossip_bytes: u64,
+    pub gossip_lost: u64,
+    pub(super) deploy_seq: u32,
+}
+
+pub(super) fn principal(role: Role, name: &str) -> Principal {
+    Principal {
+        role,
+        name: PrincipalName::new(name).expect("simulated names are valid"),
+    }
+}
+
+impl World {
+    pub(super) fn at(&mut self, due: Time, ev: Ev) {
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some((due, ev));
+                slot
+            }
+            None => {
+                self.slots.push(Some((due, ev)));
+                self.slots.len() - 1
+            }
+        };
+        self.queue.push(Key {
+            due,
+            seq: self.seq,
+            slot,
+        });
+    }
+
+    pub(super) fn after(&mut self, us: Time, ev: Ev) {
+        self.at(self.now + us, ev);
+    }
+
+    /// When a message the arbiter sends now on agent `a`'s session stream
+    /// after `delay` arrives: never before the one sent ahead of it (the
+    /// stream is ordered).
+    pub(super) fn down_arrival(&mut self, a: u32, delay: Time) -> Time {
+        let agent = &mut self.agents[a as usize];
+        let at = (self.now + delay).max(agent.down_last + 1);
+        agent.down_last = at;
+        at
+    }
+
+    /// Likewise for what agent `a` sends on its session stream.
+    pub(super) fn up_arrival(&mut self, a: u32, delay: Time) -> Time {
+        let agent = &mut self.agents[a as usize];
+        let at = (self.now + delay).max(agent.up_last + 1);
+        agent.up_last = at;
+        at
+    }
+
+    pub(super) fn arbiter_latency(&mut self) -> Time {
+        let (lo, hi) = self.sc.network.arbiter_latency_us;
+        self.rng.random_range(lo..=hi.max(lo))
+    }
+
+    pub(super) fn hash(&mut self, words: &[u64]) {
+        for w in words {
+            self.hasher.update(&w.to_le_bytes());
+        }
+    }
+
+    /// The hash of the simulated history so far (commits, applies,
+    /// membership events, measurements).
+    pub fn digest(&self) -> String {
+        format!("{:032x}", self.hasher.clone().digest128())
+    }
+
+    /// Virtual time now, ms.
+    pub fn now_ms(&self) -> u64 {
+        ms(self.now)
+    }
+
+    /// Runs until `end_ms` of virtual time.
+    pub fn run(&mut self, end_ms: u64, mut progress: impl FnMut(u64)) {
+        let end = end_ms * 1_000;
+        let mut next_progress = 0;
+        loop {
+            let world_next = self.queue.peek().map(|k| k.due);
+            let mut zone_next: Option<(Time, usize)> = None;
+            for (z, sim) in self.zones.iter().enumerate() {
+                if let Some(t) = sim.next_due_us() {
+                    if zone_next.is_none_or(|(best, _)| t < best) {
+                        zone_next = Some((t, z));
+                    }
+                }
+            }
+            let next = match (world_next, zone_next) {
+                (Some(w), Some((g, _))) => w.min(g),
+                (Some(w), None) => w,
+                (None, Some((g, _))) => g,
+                (None, None) => break,
+            };
+            if next > end {
+                break;
+            }
+            if ms(next) >= next_progress {
+                progress(ms(next));
+                next_progress = ms(next) + 1_000;
+            }
+            match zone_next {
+                Some((g, z)) if world_next.is_none_or(|w| g < w) => {
+                    self.zones[z].run_until_us(g);
+                    self.now = self.now.max(g);
+                    let events = self.zones[z].take_events();
+                    for e in events {
+                        self.gossip_event(z, e.observer, e.event);
+                    }
+                }
+                _ => {
+                    let key = self.queue.pop().expect("peeked");
+                    let (due, ev) = self.slots[key.slot].take().expect("queued");
+                    self.free.push(key.slot);
+                    self.now = due;
+                    self.counters.events += 1;
+                    self.dispatch(ev);
+                }
+            }
+        }
+        self.now = self.now.max(end);
+        for sim in &mut self.zones {
+            sim.run_until_us(end);
+        }
+        let (mut packets, mut bytes, mut lost) = (0, 0, 0);
+        for sim in &self.zones {
+            let s = sim.stats();
+            packets += s.sent;
+            bytes += s.bytes;
+            lost += s.lost;
+        }
+        self.gossip_packets = packets;
+        self.gossip_bytes = bytes;
+        self.gossip_lost = lost;
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        if let Some(a) = ev.on_agent() {
+            let agent = &self.agents[a as usize];
+            if agent.dead {
+                return;
+            }
+            if agent.paused_until > self.now {
+                let until = agent.paused_until;
+                self.at(until, ev);
+                return;
+            }
+        }
+        match ev {
+            Ev::Step(i) => self.step(i),
+            Ev::AgentTick(a) => self.agent_tick(a),
+            Ev::Connect(a) => self.connect(a),
+            Ev::ConnectFailed(a) => self.reconnect_later(a),
+            Ev::Handshake { agent, deadline } => self.handshake(agent, deadline),
+            Ev::Hello { agent, session } => self.hello(agent, session),
+            Ev::Welcome { agent, session } => self.welcome(agent, session),
+            Ev::Subscribe { session, subs } => self.subscribe(session, subs),
+            Ev::Update {
+                agent,
+                session,
+                updates,
+            } => self.update(agent, session, updates),
+            Ev::SendDone { session } => {
+                if self.arb.up && self.arb.sessions.contains_key(&session) {
+                    let mut out = Vec::new();
+                    self.arb
+                        .dist
+                        .sent(session, self.now_ms(), &self.arb.catalog, &mut out);
+                    self.carry(out);
+                }
+            }
+            Ev::Wake { session } => {
+                if self.arb.up && self.arb.sessions.contains_key(&session) {
+                    let mut out = Vec::new();
+                    self.arb
+                        .dist
+                        .wake(session, self.now_ms(), &self.arb.catalog, &mut out);
+                    self.carry(out);
+                }
+            }
+            Ev::WriteArrive {
+                agent,
+                session,
+                write,
+            } => self.write_arrive(agent, session, write),
+            Ev::WriteReply {
+                agent,
+                write,
+                result,
+            } => self.write_reply(agent, write, result),
+            Ev::ReportDown {
+                reporter,
+                node,
+                epoch,
+            } => self.report_down(reporter, node, epoch),
+            Ev::Closed { agent, session } => {
+                let a = &self.agents[agent as usize];
+                if a.session == Some(session) || a.connecting == Some(session) {
+                    self.disconnected(agent);
+                }
+            }
+            Ev::IdleCheck { agent, session } => self.idle_check(agent, session),
+            Ev::Commit => self.commit(),
+            Ev::ArbiterTick => self.arbiter_tick(),
+            Ev::Retry { agent, service } => {
+                let key = self.services[service as usize].clone();
+                let mut out = Vec::new();
+                self.agents[agent as usize].sync.retry(&key, &mut out);
+                self.sync_out(agent, out);
+            }
+            Ev::Replace { inst, drain_ms } => self.replace(inst, drain_ms),
+            Ev::StopOld { inst } => {
+                let agent = self.insts[inst as usize].agent;
+                if !self.agents[agent as usize].dead {
+                    self.insts[inst as usize].alive = false;
+                    self.agents[agent as usize].instances.retain(|&i| i != inst);
+                    self.write(
+                        agent,
+                        Write {
+                            inst,
+                            kind: WriteKind::Deregister,
+                        },
+                    );
+                }
+            }
+            Ev::Pause { agent, ms } => self.pause(agent, ms),
+            Ev::Traffic => self.traffic(),
+            Ev::ArbiterStart => self.arbiter_start(),
+            Ev::Heal(zone) => {
+                self.cut_zones.remove(&zone);
+                self.last_recovery_ms = Some(self.now_ms());
+                self.converged_at_ms = None;
+                self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);
+            }
+            Ev::ConvergeCheck => {
+                if self.converged_at_ms.is_none() {
+                    if self.converged() {
+                        self.converged_at_ms = Some(self.now_ms());
+                    } else {
+                        self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);
+                    }
+                }
+            }
+        }
+    }
+
+    // ----- scenario steps -----
+
+    fn step(&mut self, i: usize) {
+        let step: Step = self.sc.steps[i].clone();
+        let now_ms = self.now_ms();
+        self.hash(&[0x57, i as u64, now_ms]);
+        let over_us = (step.over_s.unwrap_or(0.0) * 1e6) as Time;
+        match step.action {
+            Action::Phase => {
+                let name = step.name.clone().unwrap_or_else(|| format!("step-{i}"));
+                self.phases.push((name, now_ms, 0, 0));
+            }
+            Action::Deploy | Action::Churn => {
+                let drain_ms = match step.action {
+                    Action::Deploy => (step.drain_s.unwrap_or(5.0) * 1e3) as u64,
+                    _ => (step.drain_s.unwrap_or(0.0) * 1e3) as u64,
+                };
+                let mut live: Vec<u32> = (0..self.insts.len() as u32)
+                    .filter(|&k| {
+                        let inst = &self.insts[k as usize];
+                        inst.alive && !inst.leaving && !self.agents[inst.agent as usize].dead
+                    })
+                    .collect();
+                let count = ((live.len() as f64) * step.share.unwrap_or(0.0)).round() as usize;
+                // A partial Fisher–Yates shuffle picks `count` at random.
+                for j in 0..count.min(live.len()) {
+                    let k = self.rng.random_range(j..live.len());
+                    live.swap(j, k);
+                }
+                for (j, &inst) in live.iter().take(count).enumerate() {
+                    let at = self.now + over_us * j as u64 / count.max(1) as u64;
+                    self.at(at, Ev::Replace { inst, drain_ms });
+                }
+            }
+            Action::Pauses => {
+                let rate = step.rate_per_s.unwrap_or(0.0);
+                let count = (rate * step.over_s.unwrap_or(0.0)).round() as u64;
+                let pause_ms = step.pause_ms.unwrap_or(1_000);
+                for _ in 0..count {
+                    let at = self.now + self.rng.random_range(0..over_us.max(1));
+                    let agent = self.rng.random_range(0..self.agents.len()) as u32;
+                    self.at(
+                        at,
+                        Ev::Pause {
+                            agent,
+                            ms: pause_ms,
+                        },
+                    );
+                }
+            }
+            Action::CrashNodes => {
+                let mut live: Vec<u32> = (0..self.agents.len() as u32)
+                    .filter(|&a| !self.agents[a as usize].dead)
+                    .collect();
+                let count = ((self.agents.len() as f64) * step.share.unwrap_or(0.0))
+                    .round()
+                    .max(1.0) as usize;
+                for j in 0..count.min(live.len()) {
+                    let k = self.rng.random_range(j..live.len());
+                    live.swap(j, k);
+                }
+                let mut chosen: Vec<u32> = live.into_iter().take(count).collect();
+                chosen.sort_unstable();
+                for a in chosen {
+                    self.crash(a);
+                }
+            }
+            Action::PartitionZone => {
+                let zone = step.zone.unwrap_or(1) - 1;
+                self.cut_zones.insert(zone);
+                // Both ends notice after the idle timeout.
+                let members = self.zone_members[zone as usize].clone();
+                for a in members {
+                    if let Some(session) = self.agents[a as usize].session {
+                        self.after(IDLE_TIMEOUT_MS * 1_000, Ev::IdleCheck { agent: a, session });
+                    }
+                }
+                self.after(over_us, Ev::Heal(zone));
+            }
+            Action::StopArbiter => {
+                self.arbiter_stop();
+                self.outage = Some((now_ms, now_ms + over_us / 1_000));
+                self.after(over_us, Ev::ArbiterStart);
+            }
+        }
+    }
+
+    /// The scenario being run.
+    pub fn scenario(&self) -> &SimScenario {
+        &self.sc
+    }
+}
+
+pub(super) fn bump(series: &mut Vec<u32>, i: usize, by: u32) {
+    if series.len() <= i {
+        series.resize(i + 1, 0);
+    }
+    series[i] += by;
+}
+
+pub(super) fn kind_code(c: &Command) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(c.kind().as_bytes())
+}
+
+pub(super) fn agent_ip(a: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(0x0a40_0000 + a))
+}
+
+pub(super) fn parse_node(name: &str) -> Option<u32> {
+    name.strip_prefix('n')?.parse().ok()
+}
+
+pub(super) fn parse_inst(name: &str) -> Option<u32> {
+    name.strip_prefix('i')?.parse().ok()
+}
