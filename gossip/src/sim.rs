@@ -271,20 +271,6 @@ impl Sim {
         std::mem::take(&mut self.events)
     }
 
-    /// Sets the probability that a datagram is lost, from now on.
-    pub fn set_loss(&mut self, loss: f64) {
-        self.config.loss = loss;
-    }
-
-    /// Whether member `index` holds the node of member `other` down.
-    pub fn holds_down(&self, index: usize, other: usize) -> bool {
-        let addr = self.nodes[other].addr;
-        self.nodes[index]
-            .membership
-            .down_members()
-            .any(|id| id.addr == addr)
-    }
-
     /// Virtual time now, in ms.
     pub fn now_ms(&self) -> u64 {
         self.now_us / 1_000
