@@ -93,6 +93,11 @@ impl LeaseTable {
         self.leases.is_empty()
     }
 
+    /// All leases, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
     /// All leases, in node order.
     pub fn sorted(&self) -> Vec<&Lease> {
         let mut all: Vec<&Lease> = self.leases.values().collect();

@@ -36,6 +36,7 @@ pub mod fault;
 pub mod guard;
 pub mod identity;
 pub mod ids;
+pub mod leader;
 pub mod lease;
 pub mod name;
 pub mod params;

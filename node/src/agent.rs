@@ -36,6 +36,7 @@ use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
 use crate::failover::{Decision, Refusal};
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
+use crate::link::{renew_after_ms, Backoff, DownVerdicts};
 use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel, RegionLabel, ServiceLabel};
 use crate::prober::Prober;
 use crate::proxy::{ActiveConnections, ProxyHandle};
@@ -135,17 +136,13 @@ struct Shared {
     /// wants in the catalog, until the arbiter has it.
     desired: HashMap<InstanceId, (State, Reason)>,
     /// Nodes of this zone the agent's gossip holds down, with the agent
-    /// run it saw.
-    gossip_down: std::collections::BTreeMap<NodeId, AgentEpoch>,
+    /// run it saw, and which of those the arbiter answered in this session
+    /// (until it has, their endpoints stay ejected here even with a
+    /// session up).
+    downs: DownVerdicts,
     /// Zone peers gossip has seen alive (this node excluded); `None` while
     /// gossip is off.
     gossip_alive: Option<BTreeSet<NodeId>>,
-    /// Of those, the nodes whose down report the arbiter answered in this
-    /// session (committed, or refused because it still hears the node).
-    /// Until it has, their endpoints stay ejected here even with a session
-    /// up: right after an outage the catalog has not caught up with a crash
-    /// gossip saw during it.
-    down_settled: BTreeSet<NodeId>,
     /// Policies of the followed services and the other regions' summaries
     /// (R9), as the arbiter last sent them.
     regions: crate::failover::Regions,
@@ -389,9 +386,8 @@ impl Agent {
             reported: crate::sync::SyncStats::default(),
             health: HashMap::new(),
             desired: HashMap::new(),
-            gossip_down: std::collections::BTreeMap::new(),
+            downs: DownVerdicts::default(),
             gossip_alive: None,
-            down_settled: BTreeSet::new(),
             regions,
         };
         let agent = Agent {
@@ -522,9 +518,10 @@ impl Agent {
 
     async fn link_loop(self, client: ArbiterClient) {
         let arbiters = self.inner.config.arbiters.clone();
-        let min = self.inner.config.reconnect_min_ms;
-        let max = self.inner.config.reconnect_max_ms;
-        let mut failures: u32 = 0;
+        let mut backoff = Backoff::new(
+            self.inner.config.reconnect_min_ms,
+            self.inner.config.reconnect_max_ms,
+        );
         // Agents spread over the replicas (any replica serves watches),
         // each starting at a place fixed by its node id, then trying the
         // next after a failure.
@@ -538,13 +535,8 @@ impl Agent {
                 Err(e) => tracing::warn!(arbiter = %address, error = %e, "arbiter session ended"),
             }
             self.on_disconnected();
-            // A session that lasted resets the backoff.
-            if now_ms().saturating_sub(started) > 10_000 {
-                failures = 0;
-            }
-            let cap = max.min(min.saturating_mul(1 << failures.min(20)));
-            failures = failures.saturating_add(1);
-            let wait = rand::random_range(0..=cap);
+            let lasted = now_ms().saturating_sub(started);
+            let wait = backoff.next_wait(lasted, &mut rand::rng());
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
     }
@@ -554,7 +546,7 @@ impl Agent {
         state.link = None;
         state.session = None;
         state.lease = None;
-        state.down_settled.clear();
+        state.downs.disconnected();
         state.sync.disconnected(now_ms());
     }
 
@@ -645,9 +637,7 @@ impl Agent {
         tokio::spawn(self.clone().reconcile(conn.clone()));
         let mut keepalive =
             tokio::time::interval(Duration::from_millis(self.inner.config.keepalive_ms));
-        let renew_every = |ttl: u64| {
-            Duration::from_millis((ttl / 3).saturating_sub(rand::random_range(0..=ttl / 30)))
-        };
+        let renew_every = |ttl: u64| Duration::from_millis(renew_after_ms(ttl, &mut rand::rng()));
         let mut next_renew = tokio::time::Instant::now() + renew_every(ttl_ms);
         loop {
             tokio::select! {
@@ -986,12 +976,7 @@ impl Agent {
         }
         // Down verdicts reached while the arbiter was away (the arbiter
         // still checks its own silence).
-        let downs: Vec<(NodeId, AgentEpoch)> = self
-            .lock()
-            .gossip_down
-            .iter()
-            .map(|(n, e)| (n.clone(), *e))
-            .collect();
+        let downs = self.lock().downs.to_report();
         for (node, epoch) in downs {
             self.report_down(node, epoch).await;
         }
@@ -1379,7 +1364,7 @@ impl Agent {
         tracing::warn!(node = %node, epoch = %epoch, "gossip: peer down");
         {
             let mut state = self.lock();
-            state.gossip_down.insert(node.clone(), epoch);
+            state.downs.down(node.clone(), epoch);
             if let Some(alive) = state.gossip_alive.as_mut() {
                 alive.remove(&node);
             }
@@ -1391,12 +1376,11 @@ impl Agent {
     /// The zone's gossip sees a peer (again).
     pub fn peer_up(&self, node: &NodeId) {
         let mut state = self.lock();
-        state.down_settled.remove(node);
         state
             .gossip_alive
             .get_or_insert_with(BTreeSet::new)
             .insert(node.clone());
-        if state.gossip_down.remove(node).is_some() {
+        if state.downs.up(node) {
             tracing::info!(node = %node, "gossip: peer up again");
             // The path to the node is back: the connect failures that
             // ejected its endpoints here were the partition's, so those
@@ -1438,11 +1422,11 @@ impl Agent {
         {
             Ok(Response::Committed { .. }) => {
                 tracing::info!(node = %node, "down verdict committed");
-                self.lock().down_settled.insert(node);
+                self.lock().downs.settled(node);
             }
             Ok(Response::Rejected { message, .. }) => {
                 tracing::info!(node = %node, reason = %message, "down report not acted on");
-                self.lock().down_settled.insert(node);
+                self.lock().downs.settled(node);
             }
             Ok(other) => tracing::warn!(answer = ?other, "unexpected answer to a down report"),
             Err(e) => tracing::warn!(node = %node, error = %e, "down report not sent"),
@@ -1979,12 +1963,7 @@ impl Agent {
         // verdicts need two signals; when cut off it trusts its own gossip
         // view (R7), and after a reconnect it keeps doing so for each node
         // until the arbiter has answered that node's down report.
-        let down: BTreeSet<NodeId> = state
-            .gossip_down
-            .keys()
-            .filter(|n| state.session.is_none() || !state.down_settled.contains(*n))
-            .cloned()
-            .collect();
+        let down = state.downs.excluded(state.session.is_some());
         let memory = state.memory.entry(key.clone()).or_default();
         let selection = memory.select(
             &records,
@@ -2318,7 +2297,7 @@ impl Agent {
             pending_writes: state.regs.pending().len() as u32,
             gossip: state.gossip_alive.as_ref().map(|alive| GossipStatus {
                 alive: alive.iter().cloned().collect(),
-                down: state.gossip_down.keys().cloned().collect(),
+                down: state.downs.nodes().cloned().collect(),
             }),
         }
     }

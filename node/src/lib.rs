@@ -18,6 +18,7 @@ pub mod endpoints;
 pub mod failover;
 pub mod health;
 pub mod ingress;
+pub mod link;
 pub mod metrics;
 pub mod prober;
 pub mod proxy;

@@ -14,9 +14,11 @@ use std::net::SocketAddr;
 
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
+use rollcall_leases::leader::agent_principal;
 use rollcall_leases::protocol::ServiceUpdate;
-use rollcall_leases::{AgentEpoch, Command, Envelope, Generation, InstanceId, Role, Version};
+use rollcall_leases::{AgentEpoch, Generation, InstanceId, Version};
 use rollcall_node::health::{HealthEvent, InstanceHealth};
+use rollcall_node::link::renew_after_ms;
 use rollcall_node::sync::SyncOut;
 
 use super::world::*;
@@ -156,39 +158,30 @@ impl World {
             agent.next_keepalive_ms = now_ms + self.agent_config.keepalive_ms;
         }
         if renew {
-            let third = self.arbiter_config.lease.ttl_ms / 3;
-            let jitter = self.rng.random_range(0..=third / 10);
-            self.agents[a as usize].next_renew_ms = now_ms + third - third / 20 + jitter;
+            let after = renew_after_ms(self.arbiter_config.lease.ttl_ms, &mut self.rng);
+            self.agents[a as usize].next_renew_ms = now_ms + after;
         }
         if (keepalive || renew) && self.link_up(a) {
             // Heard on arrival; recorded now, the latency is far below
             // any silence threshold.
             let arrive = now_ms + 1;
-            self.arb.last_heard[a as usize] = Some(arrive);
+            let agent = &self.agents[a as usize];
+            self.arb.leader.heard(&agent.node, arrive);
             self.counters.keepalives += u64::from(keepalive);
             if renew {
                 self.counters.renewals += 1;
-                let agent = &self.agents[a as usize];
-                let renewal = self
-                    .arb
-                    .catalog
-                    .leases_mut()
-                    .renew(&agent.node, agent.epoch, arrive);
-                if let Ok(r) = renewal {
-                    if r.held {
-                        let zone = self.zone_labels[agent.zone as usize].clone();
-                        let env = Envelope {
-                            at_ms: arrive,
-                            actor: principal(Role::Agent, agent.node.as_str()),
-                            command: Command::GrantLease {
-                                node: agent.node.clone(),
-                                epoch: agent.epoch,
-                                zone,
-                                ttl_ms: self.arbiter_config.lease.ttl_ms,
-                            },
-                        };
-                        self.propose(env, Then::Nothing);
-                    }
+                // The core's renewal: the leader memory renews the lease,
+                // and reinstates one the guard holds.
+                let arb = &mut self.arb;
+                let renewal = arb.leader.renew(
+                    arb.catalog.leases_mut(),
+                    &agent.node,
+                    agent.epoch,
+                    arrive,
+                    &agent_principal(&agent.node),
+                );
+                if let Ok(Some(reinstate)) = renewal {
+                    self.propose(reinstate, Then::Nothing);
                 }
             }
         }
@@ -250,37 +243,36 @@ impl World {
         if agent.session.is_some() {
             return;
         }
-        let min = self.agent_config.reconnect_min_ms;
-        let max = self.agent_config.reconnect_max_ms;
-        let cap = max.min(min.saturating_mul(1 << agent.failures.min(20)));
-        agent.failures = agent.failures.saturating_add(1);
-        let wait = self.rng.random_range(0..=cap);
+        // The agent's own backoff: an attempt that got no session.
+        let wait = agent.backoff.next_wait(0, &mut self.rng);
         self.after(wait * 1_000, Ev::Connect(a));
     }
 
     pub(super) fn disconnected(&mut self, a: u32) {
         let now_ms = self.now_ms();
         let agent = &mut self.agents[a as usize];
-        let lasted = agent.session.is_some()
-            && now_ms.saturating_sub(agent.session_since_ms) > BACKOFF_RESET_MS;
-        if lasted {
-            agent.failures = 0;
-        }
+        let lasted = if agent.session.is_some() {
+            now_ms.saturating_sub(agent.session_since_ms)
+        } else {
+            0
+        };
         agent.session = None;
         agent.connecting = None;
         agent.writes_sent = 0;
         agent.sync.disconnected(now_ms);
+        agent.downs.disconnected();
         // Cut off: this agent's gossip verdicts now count for its routing.
-        let down: Vec<u32> = agent.gossip_down.keys().copied().collect();
+        let down: Vec<u32> = agent
+            .downs
+            .excluded(false)
+            .iter()
+            .filter_map(|n| parse_node(n.as_str()))
+            .collect();
         for node in down {
             self.eject(node, a, None);
         }
-        let min = self.agent_config.reconnect_min_ms;
-        let max = self.agent_config.reconnect_max_ms;
         let agent = &mut self.agents[a as usize];
-        let cap = max.min(min.saturating_mul(1 << agent.failures.min(20)));
-        agent.failures = agent.failures.saturating_add(1);
-        let wait = self.rng.random_range(0..=cap);
+        let wait = agent.backoff.next_wait(lasted, &mut self.rng);
         self.after(wait * 1_000, Ev::Connect(a));
     }
 
@@ -294,7 +286,8 @@ impl World {
         agent.session = Some(session);
         agent.session_since_ms = now_ms;
         agent.next_keepalive_ms = now_ms + self.agent_config.keepalive_ms;
-        agent.next_renew_ms = now_ms + self.arbiter_config.lease.ttl_ms / 3;
+        agent.next_renew_ms =
+            now_ms + renew_after_ms(self.arbiter_config.lease.ttl_ms, &mut self.rng);
         if self.outage.is_some_and(|(_, end)| now_ms >= end) && !agent.reconnected_after_outage {
             agent.reconnected_after_outage = true;
             agent.snapshots_since_outage = 0;
@@ -303,11 +296,13 @@ impl World {
         let mut out = Vec::new();
         agent.sync.connected(&mut out);
         self.sync_out(a, out);
-        // Pending writes and down reports go out now.
+        // Pending writes, then every down verdict held (as the agent's
+        // reconciliation does after a reconnect).
         self.flush_writes(a);
-        let reports = std::mem::take(&mut self.agents[a as usize].reports);
-        for (node, epoch) in reports {
-            self.send_report(a, node, epoch);
+        for (node, epoch) in self.agents[a as usize].downs.to_report() {
+            if let Some(node) = parse_node(node.as_str()) {
+                self.send_report(a, node, epoch);
+            }
         }
     }
 
@@ -323,6 +318,7 @@ impl World {
                     self.applied(a, s, revision);
                     if let Some(session) = self.agents[a as usize].session {
                         if self.link_up(a) && self.arb.sessions.contains_key(&session) {
+                            self.heard(a);
                             self.arb.dist.ack(session, &service, revision);
                         }
                     }
@@ -475,36 +471,51 @@ impl World {
                 if agent.dead {
                     return;
                 }
-                agent.gossip_down.insert(node, id.epoch);
-                if agent.session.is_none() {
+                // The agent's own verdict: out of its routing until the
+                // arbiter answers the report (at once while cut off), and
+                // reported now or after the next reconnect.
+                agent.downs.down(id.node.clone(), id.epoch);
+                let connected = agent.session.is_some();
+                if agent.downs.excluded(connected).contains(&id.node) {
                     self.eject(node, a, None);
                 }
-                if self.agents[a as usize].session.is_some() {
+                if connected {
                     self.send_report(a, node, id.epoch);
-                } else {
-                    self.agents[a as usize].reports.push((node, id.epoch));
                 }
             }
             MembershipEvent::Up(id) | MembershipEvent::Rejoined(id) => {
-                if let Some(node) = parse_node(id.node.as_str()) {
-                    self.agents[a as usize].gossip_down.remove(&node);
-                }
+                self.agents[a as usize].downs.up(&id.node);
             }
             _ => {}
         }
     }
 
     pub(super) fn send_report(&mut self, a: u32, node: u32, epoch: AgentEpoch) {
+        let Some(session) = self.agents[a as usize].session else {
+            return;
+        };
         if self.link_up(a) {
             let latency = self.arbiter_latency();
             self.after(
                 latency,
                 Ev::ReportDown {
                     reporter: a,
+                    session,
                     node,
                     epoch,
                 },
             );
         }
+    }
+
+    /// The arbiter answered agent `a`'s report on `node` (committed, or
+    /// refused as a partition): from now on the catalog decides there.
+    pub(super) fn down_answer(&mut self, a: u32, session: u64, node: u32) {
+        let agent = &mut self.agents[a as usize];
+        if agent.session != Some(session) {
+            return;
+        }
+        let node = self.agents[node as usize].node.clone();
+        self.agents[a as usize].downs.settled(node);
     }
 }

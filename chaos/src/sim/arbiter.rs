@@ -4,20 +4,19 @@
 //! [`rollcall_leases::distribution::Distributor`] whose sends are carried
 //! with their codec size, transfer time and latency.
 //!
-//! Around them, the leader's memory as `leases/src/server/core.rs` keeps
-//! it: session silence (`heard_at`, never earlier than the leader's
-//! start), the two-signal rule for gossip down reports (`decide_downs`),
-//! lease expiry proposals with the zone's silent count, purges, re-sends,
-//! and a restart that extends every lease by one TTL. This mirrors the
-//! core's policy; it is not a second catalog.
-
-use std::collections::BTreeMap;
+//! The leader's memory is the arbiter core's own
+//! [`rollcall_leases::leader::LeaderMemory`]: session silence (as the core,
+//! only session-stream messages count), the two-signal rule for gossip
+//! down reports, lease expiries with the zone's silent count, purges, and
+//! taking office after a restart. This file only carries messages to and
+//! from them and stamps the commands agents send.
 
 use rollcall_leases::distribution::{Distributor, Output};
+use rollcall_leases::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use rollcall_leases::protocol::ServiceUpdate;
 use rollcall_leases::{
-    AgentEpoch, Applied, Command, Effect, Envelope, Generation, Label, Reason, Registration,
-    Revision, Role, State, Weight,
+    AgentEpoch, Applied, Command, Effect, Envelope, Generation, Reason, Registration, Revision,
+    Role, State, Weight,
 };
 
 use super::world::*;
@@ -33,8 +32,8 @@ impl World {
         }
         self.arb.sessions.insert(session, a);
         self.arb.dist.connect(session);
+        self.heard(a);
         let now_ms = self.now_ms();
-        self.arb.last_heard[a as usize] = Some(now_ms);
         let agent = &self.agents[a as usize];
         let env = Envelope {
             at_ms: now_ms,
@@ -56,6 +55,7 @@ impl World {
         if !self.link_up(a) {
             return;
         }
+        self.heard(a);
         let now_ms = self.now_ms();
         let mut out = Vec::new();
         for (s, have) in subs {
@@ -71,8 +71,9 @@ impl World {
         if !self.arb.sessions.contains_key(&session) || !self.link_up(a) {
             return;
         }
+        // A request, not a session message: the core does not count it as
+        // hearing the session.
         let now_ms = self.now_ms();
-        self.arb.last_heard[a as usize] = Some(now_ms);
         let inst = &self.insts[write.inst as usize];
         let agent = &self.agents[a as usize];
         let transition = |to: State, why: &str| Command::Transition {
@@ -110,59 +111,90 @@ impl World {
         self.propose(env, Then::Reply { agent: a, write });
     }
 
-    pub(super) fn report_down(&mut self, reporter: u32, node: u32, epoch: AgentEpoch) {
-        if !self.link_up(reporter) {
+    /// A gossip down report arrives: the leader memory holds it for the
+    /// arbiter's own signal, as the core does.
+    pub(super) fn report_down(
+        &mut self,
+        reporter: u32,
+        session: u64,
+        node: u32,
+        epoch: AgentEpoch,
+    ) {
+        if !self.link_up(reporter) || !self.arb.sessions.contains_key(&session) {
             return;
         }
         self.counters.down_reports += 1;
         let now_ms = self.now_ms();
-        self.arb.last_heard[reporter as usize] = Some(now_ms);
         let reporter_id = self.agents[reporter as usize].node.clone();
-        let held = self.arb.pending_downs.entry(node).or_insert(PendingDown {
+        let actor = agent_principal(&reporter_id);
+        let node_id = self.agents[node as usize].node.clone();
+        let verdicts = self.arb.leader.report_down(
+            reporter_id,
+            actor,
+            node_id,
             epoch,
-            reporters: Vec::new(),
-            reported_at: now_ms,
-        });
-        if !held.reporters.contains(&reporter_id)
-            && held.reporters.len() < rollcall_leases::command::MAX_REPORTERS
-        {
-            held.reporters.push(reporter_id);
-        }
-        self.decide_downs();
+            now_ms,
+            Some((reporter, session)),
+        );
+        self.verdicts(verdicts);
     }
 
-    /// When `node` was last heard, never earlier than the leader's start.
-    pub(super) fn heard_at(&self, node: u32) -> u64 {
-        self.arb.last_heard[node as usize]
-            .map_or(self.arb.leader_since, |t| t.max(self.arb.leader_since))
-    }
-
-    /// The two signals of R4, as the arbiter's core settles them.
-    pub(super) fn decide_downs(&mut self) {
-        let now_ms = self.now_ms();
-        let silence = self.arbiter_config.lease.silence_ms;
-        let nodes: Vec<u32> = self.arb.pending_downs.keys().copied().collect();
-        for node in nodes {
-            let reported_at = self.arb.pending_downs[&node].reported_at;
-            let heard_directly =
-                self.arb.last_heard[node as usize].is_some_and(|t| t > reported_at);
-            if heard_directly {
-                self.arb.pending_downs.remove(&node);
-                self.counters.down_reports_ignored += 1;
-            } else if now_ms.saturating_sub(self.heard_at(node)) >= silence {
-                let held = self.arb.pending_downs.remove(&node).expect("listed");
-                let env = Envelope {
-                    at_ms: now_ms,
-                    actor: self.arb.me.clone(),
-                    command: Command::NodeDown {
-                        node: self.agents[node as usize].node.clone(),
-                        epoch: held.epoch,
-                        reporters: held.reporters,
-                    },
-                };
-                self.propose(env, Then::Nothing);
+    /// Settled down reports, carried as the core carries them: a
+    /// partition answers its reporters at once; a verdict is proposed and
+    /// answers its first reporter once committed, the others at once.
+    pub(super) fn verdicts(&mut self, verdicts: Vec<Verdict<Reporter>>) {
+        for verdict in verdicts {
+            match verdict {
+                Verdict::Partition { node, waiting, .. } => {
+                    self.counters.down_reports_ignored += 1;
+                    let node = parse_node(node.as_str()).unwrap_or(0);
+                    for (agent, session) in waiting {
+                        self.answer_down(agent, session, node);
+                    }
+                }
+                Verdict::Down { envelope, waiting } => {
+                    let node = match &envelope.command {
+                        Command::NodeDown { node, .. } => parse_node(node.as_str()).unwrap_or(0),
+                        _ => 0,
+                    };
+                    let mut waiting = waiting.into_iter();
+                    let then = match waiting.next() {
+                        Some((agent, session)) => Then::Answer {
+                            agent,
+                            session,
+                            node,
+                        },
+                        None => Then::Nothing,
+                    };
+                    self.propose(envelope, then);
+                    for (agent, session) in waiting {
+                        self.answer_down(agent, session, node);
+                    }
+                }
             }
         }
+    }
+
+    /// Sends the answer to a down report back to its reporter.
+    pub(super) fn answer_down(&mut self, agent: u32, session: u64, node: u32) {
+        if self.link_up(agent) {
+            let latency = self.arbiter_latency();
+            self.after(
+                latency,
+                Ev::DownAnswer {
+                    agent,
+                    session,
+                    node,
+                },
+            );
+        }
+    }
+
+    /// A message on agent `a`'s session stream reaches the arbiter now.
+    pub(super) fn heard(&mut self, a: u32) {
+        let now_ms = self.now_ms();
+        let node = &self.agents[a as usize].node;
+        self.arb.leader.heard(node, now_ms);
     }
 
     pub(super) fn arbiter_tick(&mut self) {
@@ -174,59 +206,10 @@ impl World {
             return;
         }
         let now_ms = self.now_ms();
-        self.decide_downs();
-        let due = self
-            .arb
-            .catalog
-            .leases()
-            .due(now_ms, self.arbiter_config.guard.max_hold_ms);
-        if !due.is_empty() {
-            let ttl = self.arbiter_config.lease.ttl_ms;
-            // silent_in_zone, counted once per zone for this sweep.
-            let silence = self.arbiter_config.lease.silence_ms;
-            let mut silent: BTreeMap<Label, u32> = BTreeMap::new();
-            for lease in self.arb.catalog.leases().sorted() {
-                let a = parse_node(lease.node.as_str()).unwrap_or(0);
-                if now_ms.saturating_sub(self.heard_at(a)) > silence {
-                    *silent.entry(lease.zone.clone()).or_default() += 1;
-                }
-            }
-            for (node, epoch) in due {
-                let a = parse_node(node.as_str()).unwrap_or(0);
-                if self
-                    .arb
-                    .expiring
-                    .get(&a)
-                    .is_some_and(|at| now_ms < at + ttl)
-                {
-                    continue;
-                }
-                let zone = self.arb.catalog.leases().get(&node).map(|l| l.zone.clone());
-                let silent_in_zone = zone
-                    .and_then(|z| silent.get(&z).copied())
-                    .unwrap_or(1)
-                    .max(1);
-                self.arb.expiring.insert(a, now_ms);
-                let env = Envelope {
-                    at_ms: now_ms,
-                    actor: self.arb.me.clone(),
-                    command: Command::ExpireLease {
-                        node,
-                        epoch,
-                        silent_in_zone,
-                    },
-                };
-                self.propose(env, Then::Nothing);
-            }
-        }
-        if now_ms >= self.arb.next_purge_ms {
-            self.arb.next_purge_ms = now_ms + self.arbiter_config.store.purge_interval_ms;
-            let env = Envelope {
-                at_ms: now_ms,
-                actor: self.arb.me.clone(),
-                command: Command::Purge,
-            };
-            self.propose(env, Then::Nothing);
+        let sweep = self.arb.leader.sweep(now_ms, self.arb.catalog.leases());
+        self.verdicts(sweep.verdicts);
+        for envelope in sweep.proposals {
+            self.propose(envelope, Then::Nothing);
         }
         let mut out = Vec::new();
         self.arb.dist.sweep(now_ms, &self.arb.catalog, &mut out);
@@ -255,6 +238,7 @@ impl World {
         for (env, then) in batch {
             let result = self.arb.catalog.apply(&env);
             if let Ok(applied) = &result {
+                self.arb.leader.settled(&env.command);
                 self.after_commit(&env, applied);
                 if applied.revision.is_some() {
                     self.arb
@@ -264,6 +248,11 @@ impl World {
             }
             match then {
                 Then::Nothing => {}
+                Then::Answer {
+                    agent,
+                    session,
+                    node,
+                } => self.answer_down(agent, session, node),
                 Then::Welcome { agent, session } => {
                     let latency = self.arbiter_latency();
                     if result.is_ok() && self.link_up(agent) {
@@ -458,7 +447,8 @@ impl World {
     pub(super) fn arbiter_stop(&mut self) {
         self.arb.up = false;
         self.arb.queue.clear();
-        self.arb.pending_downs.clear();
+        // Its memory is gone with it.
+        self.arb.leader.step_down();
         let sessions = std::mem::take(&mut self.arb.sessions);
         self.arb.dist = Distributor::new(self.arb.dist_params.clone());
         for (session, a) in sessions {
@@ -479,11 +469,16 @@ impl World {
     pub(super) fn arbiter_start(&mut self) {
         let now_ms = self.now_ms();
         self.arb.up = true;
-        self.arb.leader_since = now_ms;
-        self.arb.last_heard.iter_mut().for_each(|t| *t = None);
-        self.arb.expiring.clear();
-        // A new leader gives every lease one TTL before expiring any (R3).
-        self.arb.catalog.leases_mut().extend_all(now_ms);
+        // A fresh memory; taking office gives every lease one TTL before
+        // expiring any, and counts every session as heard now (R3).
+        self.arb.leader = LeaderMemory::new(
+            LeaderParams::from(&self.arbiter_config),
+            principal(Role::Arbiter, "sim-arbiter"),
+            now_ms,
+        );
+        self.arb
+            .leader
+            .take_office(now_ms, self.arb.catalog.leases_mut());
         self.last_recovery_ms = Some(now_ms);
         self.converged_at_ms = None;
         self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);

@@ -14,12 +14,14 @@ use rand::{RngExt, SeedableRng};
 use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
 use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
 use rollcall_leases::distribution::{DistParams, Distributor};
+use rollcall_leases::leader::{LeaderMemory, LeaderParams};
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, InstanceId, Label, NodeId,
     Registration, Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
 };
 use rollcall_node::api_types::{Check, CheckKind, ValidChecks};
 use rollcall_node::health::{InstanceHealth, Which};
+use rollcall_node::link::{Backoff, DownVerdicts};
 use rollcall_node::sync::Sync;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -82,13 +84,12 @@ impl World {
                 connecting: None,
                 session: None,
                 session_since_ms: 0,
-                failures: 0,
+                backoff: Backoff::new(agent_config.reconnect_min_ms, agent_config.reconnect_max_ms),
                 dead: false,
                 paused_until: 0,
                 writes: VecDeque::new(),
                 writes_sent: 0,
-                reports: Vec::new(),
-                gossip_down: BTreeMap::new(),
+                downs: DownVerdicts::default(),
                 memory: BTreeMap::new(),
                 next_keepalive_ms: 0,
                 next_renew_ms: 0,
@@ -234,20 +235,21 @@ impl World {
             snapshot_retry_ms: d.snapshot_retry_ms,
             resend_after_ms: d.resend_after_ms,
         };
+        let mut leader = LeaderMemory::new(
+            LeaderParams::from(&arbiter_config),
+            principal(Role::Arbiter, "sim-arbiter"),
+            0,
+        );
+        leader.take_office(0, catalog.leases_mut());
         let arb = Arbiter {
             up: true,
             catalog,
             dist: Distributor::new(dist_params.clone()),
             dist_params,
             sessions: BTreeMap::new(),
-            last_heard: vec![None; n],
-            leader_since: 0,
-            pending_downs: BTreeMap::new(),
-            expiring: BTreeMap::new(),
+            leader,
             queue: Vec::new(),
             committing: false,
-            next_purge_ms: arbiter_config.store.purge_interval_ms,
-            me: principal(Role::Arbiter, "sim-arbiter"),
             max_snapshots_seen: 0,
         };
         let mut world = World {

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use rand::RngExt;
-use rollcall_leases::{EndpointRecord, NodeId, Revision, State};
+use rollcall_leases::{EndpointRecord, Revision, State};
 use rollcall_node::selector;
 
 use super::world::*;
@@ -198,16 +198,9 @@ impl World {
         };
         let records: Vec<Arc<EndpointRecord>> = view.records().cloned().collect();
         let leaving = BTreeSet::new();
-        // Cut off from the arbiter, the agent trusts its own gossip (R7).
-        let down: BTreeSet<NodeId> = if agent.session.is_none() {
-            agent
-                .gossip_down
-                .keys()
-                .map(|&n| self.agents[n as usize].node.clone())
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
+        // The agent's own rule: its gossip verdicts count while cut off
+        // (R7), and with a session until the arbiter answered each report.
+        let down = agent.downs.excluded(agent.session.is_some());
         let zone = self.zone_labels[agent.zone as usize].clone();
         let p = self.agent_config.data_plane.clone();
         let memory = self.agents[a as usize].memory.entry(s).or_default();

@@ -10,10 +10,10 @@
 //! - Arbiter: the real [`Catalog`] (commands, leases, mass-expiry guard,
 //!   delta log) fed by an ordered log that commits a batch of proposals
 //!   `commit_latency_ms` after it starts (the Raft group), and the real
-//!   [`Distributor`]. Around them, the leader's memory as the arbiter's core
-//!   keeps it (`leases/src/server/core.rs`): renewals and session silence,
-//!   the two-signal rule for gossip down reports, `silent_in_zone` for
-//!   expiries, the lease extension after a restart.
+//!   [`Distributor`], and the arbiter core's own
+//!   [`rollcall_leases::leader::LeaderMemory`]: renewals and session
+//!   silence, the two-signal rule for gossip down reports, expiries with
+//!   the zone's silent count, purges, the lease extension after a restart.
 //! - Agents: the real [`Sync`] (subscriptions, delta and snapshot checks,
 //!   acks), [`InstanceHealth`] per instance (readiness probes at their
 //!   configured interval), [`ServiceMemory`] for
@@ -35,6 +35,7 @@ use rand::RngExt;
 use rollcall_config::{AgentConfig, ArbiterConfig};
 use rollcall_gossip::sim::Sim as ZoneSim;
 use rollcall_leases::distribution::{DistParams, Distributor};
+use rollcall_leases::leader::LeaderMemory;
 use rollcall_leases::protocol::ServiceUpdate;
 use rollcall_leases::{
     AgentEpoch, Catalog, Command, Envelope, Generation, InstanceId, Label, NodeId, Principal,
@@ -43,6 +44,7 @@ use rollcall_leases::{
 use rollcall_node::api_types::ValidChecks;
 use rollcall_node::endpoints::ServiceMemory;
 use rollcall_node::health::InstanceHealth;
+use rollcall_node::link::{Backoff, DownVerdicts};
 use rollcall_node::sync::Sync;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -57,10 +59,11 @@ pub(super) const IDLE_TIMEOUT_MS: u64 = 10_000;
 pub(super) const CONVERGE_CHECK_MS: u64 = 500;
 /// How often a QUIC handshake's packets are sent again while lost, ms.
 pub(super) const HANDSHAKE_RETRY_MS: u64 = 1_000;
-/// A session that lasted this long resets the agent's reconnect backoff.
-pub(super) const BACKOFF_RESET_MS: u64 = 10_000;
 
 pub(super) type Time = u64; // µs
+
+/// A down report's reporter: the agent and its session.
+pub(super) type Reporter = (u32, u64);
 
 pub(super) fn ms(us: Time) -> u64 {
     us / 1_000
@@ -125,8 +128,15 @@ pub(super) enum Ev {
     },
     ReportDown {
         reporter: u32,
+        session: u64,
         node: u32,
         epoch: AgentEpoch,
+    },
+    /// The arbiter answered a down report on this session.
+    DownAnswer {
+        agent: u32,
+        session: u64,
+        node: u32,
     },
     Closed {
         agent: u32,
@@ -171,6 +181,7 @@ impl Ev {
             | Ev::Welcome { agent: a, .. }
             | Ev::Update { agent: a, .. }
             | Ev::WriteReply { agent: a, .. }
+            | Ev::DownAnswer { agent: a, .. }
             | Ev::Closed { agent: a, .. }
             | Ev::Retry { agent: a, .. } => Some(*a),
             _ => None,
@@ -225,15 +236,17 @@ pub(super) struct Agent {
     /// Welcomed under this session number.
     pub(super) session: Option<u64>,
     pub(super) session_since_ms: u64,
-    pub(super) failures: u32,
+    /// The agent's own reconnect backoff.
+    pub(super) backoff: Backoff,
     pub(super) dead: bool,
     pub(super) paused_until: Time,
     /// Writes not answered yet (sent or waiting for a session), in order.
     pub(super) writes: VecDeque<Write>,
     /// Writes sent in the current session.
     pub(super) writes_sent: usize,
-    pub(super) reports: Vec<(u32, AgentEpoch)>,
-    pub(super) gossip_down: BTreeMap<u32, AgentEpoch>,
+    /// The agent's own gossip down verdicts: what it reports, what it
+    /// keeps out of routing.
+    pub(super) downs: DownVerdicts,
     pub(super) memory: BTreeMap<u32, ServiceMemory>,
     pub(super) next_keepalive_ms: u64,
     pub(super) next_renew_ms: u64,
@@ -246,15 +259,21 @@ pub(super) struct Agent {
     pub(super) up_last: Time,
 }
 
-pub(super) struct PendingDown {
-    pub(super) epoch: AgentEpoch,
-    pub(super) reporters: Vec<NodeId>,
-    pub(super) reported_at: u64,
-}
-
 pub(super) enum Then {
-    Welcome { agent: u32, session: u64 },
-    Reply { agent: u32, write: Write },
+    Welcome {
+        agent: u32,
+        session: u64,
+    },
+    Reply {
+        agent: u32,
+        write: Write,
+    },
+    /// A down verdict's answer to its first reporter.
+    Answer {
+        agent: u32,
+        session: u64,
+        node: u32,
+    },
     Nothing,
 }
 
@@ -264,14 +283,11 @@ pub(super) struct Arbiter {
     pub(super) dist: Distributor,
     pub(super) dist_params: DistParams,
     pub(super) sessions: BTreeMap<u64, u32>,
-    pub(super) last_heard: Vec<Option<u64>>,
-    pub(super) leader_since: u64,
-    pub(super) pending_downs: BTreeMap<u32, PendingDown>,
-    pub(super) expiring: BTreeMap<u32, u64>,
+    /// The arbiter core's own leader memory: session silence, held down
+    /// reports, expiries, purges.
+    pub(super) leader: LeaderMemory<Reporter>,
     pub(super) queue: Vec<(Envelope, Then)>,
     pub(super) committing: bool,
-    pub(super) next_purge_ms: u64,
-    pub(super) me: Principal,
     pub(super) max_snapshots_seen: usize,
 }
 
@@ -552,9 +568,15 @@ impl World {
             } => self.write_reply(agent, write, result),
             Ev::ReportDown {
                 reporter,
+                session,
                 node,
                 epoch,
-            } => self.report_down(reporter, node, epoch),
+            } => self.report_down(reporter, session, node, epoch),
+            Ev::DownAnswer {
+                agent,
+                session,
+                node,
+            } => self.down_answer(agent, session, node),
             Ev::Closed { agent, session } => {
                 let a = &self.agents[agent as usize];
                 if a.session == Some(session) || a.connecting == Some(session) {

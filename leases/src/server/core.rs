@@ -37,6 +37,7 @@ use crate::distribution::{AgentId, DistParams, Distributor, Output};
 use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
 use crate::ids::{AgentEpoch, Revision};
+use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use crate::name::{Label, NodeId, PrincipalName, ServiceKey};
 use crate::protocol::{
     Heard, NodeInstance, PeerRequest, PeerResponse, RejectKind, Request, Response, ServiceUpdate,
@@ -198,15 +199,6 @@ enum Forwarded {
     NowLeader(PeerRequest),
 }
 
-/// A gossip down report waiting for the arbiter's own silence signal.
-struct PendingDown {
-    epoch: AgentEpoch,
-    reporters: Vec<NodeId>,
-    reported_at: u64,
-    actor: Principal,
-    replies: Vec<oneshot::Sender<Response>>,
-}
-
 struct Waiter {
     service: ServiceKey,
     revision: Revision,
@@ -223,12 +215,12 @@ struct Deferred {
     response: Response,
 }
 
-/// What this replica is in its Raft group.
+/// What this replica is in its Raft group. Since when it leads is the
+/// leader memory's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Standing {
-    /// It leads, since this time (ms): before `since + silence_ms` it
-    /// accepts no down verdict, and it counts every session as heard then.
-    Leader { since: u64 },
+    /// It leads.
+    Leader,
     /// It follows `leader` (id and QUIC address), if one is known.
     Follower { leader: Option<(ReplicaId, String)> },
 }
@@ -262,19 +254,16 @@ pub struct Core {
     dist: Distributor,
     metrics: Arc<Metrics>,
     conns: HashMap<AgentId, Conn>,
-    last_heard: HashMap<NodeId, u64>,
+    /// Session silence, held down reports, expiries (R3, R4).
+    leader: LeaderMemory<oneshot::Sender<Response>>,
     heard_out: HashMap<NodeId, HeardNote>,
     wakes: BTreeMap<u64, Vec<AgentId>>,
     waiters: Vec<Waiter>,
     deferred: Vec<Deferred>,
-    pending_downs: HashMap<NodeId, PendingDown>,
-    expiring: HashMap<NodeId, u64>,
     /// Since when (ms) this leader has had no quorum acknowledgement for
     /// longer than `lease.silence_ms`; `None` while it has one.
     quorum_lost_at: Option<u64>,
-    next_purge_ms: u64,
     snapshots_seen: Option<crate::raft::LogId>,
-    me: Principal,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: Option<mpsc::UnboundedReceiver<Done>>,
     /// Leader: proposals waiting for the next batch.
@@ -319,7 +308,7 @@ impl Core {
         let mark = replica.applied.mark();
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Core {
-            next_purge_ms: now + config.store.purge_interval_ms,
+            leader: LeaderMemory::new(LeaderParams::from(&config), me, now),
             config,
             region,
             replica,
@@ -328,16 +317,12 @@ impl Core {
             dist,
             metrics,
             conns: HashMap::default(),
-            last_heard: HashMap::default(),
             heard_out: HashMap::default(),
             wakes: BTreeMap::new(),
             waiters: Vec::new(),
             deferred: Vec::new(),
-            pending_downs: HashMap::default(),
-            expiring: HashMap::default(),
             quorum_lost_at: None,
             snapshots_seen: None,
-            me,
             done_tx,
             done_rx: Some(done_rx),
             queue: Vec::new(),
@@ -349,7 +334,7 @@ impl Core {
     }
 
     fn is_leader(&self) -> bool {
-        matches!(self.standing, Standing::Leader { .. })
+        matches!(self.standing, Standing::Leader)
     }
 
     /// Runs until every sender of `rx` is gone.
@@ -503,7 +488,7 @@ impl Core {
     /// Notes that `node` was heard now; a follower also queues it for its
     /// next report to the leader.
     fn heard(&mut self, node: &NodeId, epoch: AgentEpoch, now: u64, renewed: bool) {
-        self.last_heard.insert(node.clone(), now);
+        self.leader.heard(node, now);
         if !self.is_leader() {
             let note = self.heard_out.entry(node.clone()).or_insert(HeardNote {
                 epoch,
@@ -620,31 +605,11 @@ impl Core {
         at: u64,
         actor: &Principal,
     ) -> Result<Option<Envelope>, String> {
-        let renewal = self
-            .replica
+        let leader = &self.leader;
+        self.replica
             .applied
-            .with_lease_memory(|leases| leases.renew(node, epoch, at))
-            .map_err(|e| e.to_string())?;
-        if !renewal.held {
-            return Ok(None);
-        }
-        let zone = self
-            .replica
-            .applied
-            .lock()
-            .leases()
-            .get(node)
-            .map(|l| l.zone.clone());
-        Ok(zone.map(|zone| Envelope {
-            at_ms: at,
-            actor: actor.clone(),
-            command: Command::GrantLease {
-                node: node.clone(),
-                epoch,
-                zone,
-                ttl_ms: self.config.lease.ttl_ms,
-            },
-        }))
+            .with_lease_memory(|leases| leader.renew(leases, node, epoch, at, actor))
+            .map_err(|e| e.to_string())
     }
 
     fn may_hold_lease(&self, identity: &Identity, node: &NodeId) -> Result<(), String> {
@@ -819,26 +784,12 @@ impl Core {
             return;
         }
         // The second signal (R4): this arbiter's own session with the node
-        // must be silent for silence_ms. Gossip may be faster than that, so
-        // the report waits until the silence would be long enough; hearing
-        // the node meanwhile means a partition.
-        let held = self
-            .pending_downs
-            .entry(node.clone())
-            .or_insert_with(|| PendingDown {
-                epoch,
-                reporters: Vec::new(),
-                reported_at: now,
-                actor,
-                replies: Vec::new(),
-            });
-        if !held.reporters.contains(&reporter)
-            && held.reporters.len() < crate::command::MAX_REPORTERS
-        {
-            held.reporters.push(reporter);
-        }
-        held.replies.push(reply);
-        self.decide_downs(now, proposals);
+        // must be silent for silence_ms; the leader memory holds the report
+        // until it is, or until the node is heard (a partition).
+        let verdicts = self
+            .leader
+            .report_down(reporter, actor, node, epoch, now, Some(reply));
+        self.verdicts(verdicts, proposals);
     }
 
     /// Sends `request` to the leader on another task; `then` gets its
@@ -1016,14 +967,9 @@ impl Core {
                 if self.is_leader() {
                     for h in heard {
                         let at = now.saturating_sub(h.ago_ms);
-                        let last = self.last_heard.entry(h.node.clone()).or_insert(at);
-                        *last = (*last).max(at);
+                        self.leader.heard(&h.node, at);
                         if h.renewed {
-                            let actor = Principal {
-                                role: Role::Agent,
-                                name: PrincipalName::new(h.node.as_str())
-                                    .expect("a node id is a valid principal name"),
-                            };
+                            let actor = agent_principal(&h.node);
                             match self.renew(&h.node, h.epoch, at, &actor) {
                                 Ok(Some(reinstate)) => proposals.push((reinstate, Then::Nothing)),
                                 Ok(None) => {}
@@ -1292,9 +1238,7 @@ impl Core {
                 then,
                 response,
             } => {
-                if let Command::ExpireLease { node, .. } = &envelope.command {
-                    self.expiring.remove(node);
-                }
+                self.leader.settled(&envelope.command);
                 // Answer once this replica has applied the revision, so the
                 // agent reads its own write here.
                 if let Response::Committed {
@@ -1334,9 +1278,7 @@ impl Core {
                     }
                     Err(response) => {
                         for (envelope, then) in items {
-                            if let Command::ExpireLease { node, .. } = &envelope.command {
-                                self.expiring.remove(node);
-                            }
+                            self.leader.settled(&envelope.command);
                             self.finish(then, &envelope, Decided::Remote(response.clone()));
                         }
                     }
@@ -1391,9 +1333,7 @@ impl Core {
             }
             _ => {}
         }
-        if let Command::ExpireLease { node, .. } = &env.command {
-            self.expiring.remove(node);
-        }
+        self.leader.settled(&env.command);
     }
 
     fn finish(&mut self, then: Then, env: &Envelope, decided: Decided) {
@@ -1495,10 +1435,7 @@ impl Core {
         let now = now_ms();
         let leads = m.state == ServerState::Leader && m.current_leader == Some(self.replica.id);
         let standing = if leads {
-            match self.standing {
-                Standing::Leader { since } => Standing::Leader { since },
-                Standing::Follower { .. } => Standing::Leader { since: now },
-            }
+            Standing::Leader
         } else {
             let leader = m.current_leader.and_then(|id| {
                 m.membership_config
@@ -1516,13 +1453,13 @@ impl Core {
             return;
         }
         match (&self.standing, &standing) {
-            (Standing::Follower { .. }, Standing::Leader { .. }) => {
+            (Standing::Follower { .. }, Standing::Leader) => {
                 // R3: no lease expires and no down verdict is accepted for
                 // having been silent towards the previous leader.
+                let leader = &mut self.leader;
                 self.replica
                     .applied
-                    .with_lease_memory(|leases| leases.extend_all(now));
-                self.expiring.clear();
+                    .with_lease_memory(|leases| leader.take_office(now, leases));
                 self.heard_out.clear();
                 tracing::info!(
                     replica = self.replica.id,
@@ -1530,21 +1467,20 @@ impl Core {
                     "this replica leads; every lease extended by one TTL"
                 );
             }
-            (Standing::Leader { .. }, Standing::Follower { leader }) => {
+            (Standing::Leader, Standing::Follower { leader }) => {
                 tracing::warn!(replica = self.replica.id, leader = ?leader, "this replica no longer leads");
                 let queued = std::mem::take(&mut self.queue);
                 if !queued.is_empty() {
                     self.standing = standing.clone();
                     self.propose(queued);
                 }
-                for (_, held) in self.pending_downs.drain() {
-                    for reply in held.replies {
+                for held in self.leader.step_down() {
+                    for reply in held.waiting {
                         let _ = reply.send(peer::unavailable(
                             "this replica stopped leading while holding the down report; report again".into(),
                         ));
                     }
                 }
-                self.expiring.clear();
             }
             (_, Standing::Follower { leader }) => {
                 tracing::info!(replica = self.replica.id, leader = ?leader, "leader changed");
@@ -1592,65 +1528,45 @@ impl Core {
         });
     }
 
-    /// When `node` was last heard, as the leader counts it: never earlier
-    /// than the moment this replica took over.
-    fn heard_at(&self, node: &NodeId) -> Option<u64> {
-        let since = match self.standing {
-            Standing::Leader { since } => since,
-            Standing::Follower { .. } => return self.last_heard.get(node).copied(),
-        };
-        Some(self.last_heard.get(node).map_or(since, |t| (*t).max(since)))
-    }
-
-    /// Settles held down reports: heard again since the report → a
-    /// partition inside the zone, nothing removed; silent for silence_ms →
-    /// the verdict is proposed (both signals agree).
-    fn decide_downs(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
-        if !self.is_leader() {
-            return;
-        }
-        let silence = self.config.lease.silence_ms;
-        let nodes: Vec<NodeId> = self.pending_downs.keys().cloned().collect();
-        for node in nodes {
-            let heard = self.heard_at(&node);
-            let reported_at = self.pending_downs[&node].reported_at;
-            let heard_directly = self.last_heard.get(&node).is_some_and(|t| *t > reported_at);
-            if heard_directly {
-                let held = self.pending_downs.remove(&node).expect("listed above");
-                self.metrics.down_reports_ignored.inc();
-                let ago = now.saturating_sub(heard.unwrap_or(now));
-                tracing::warn!(node = %node, reporters = ?held.reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
-                let message = format!("node {node}'s session with this arbiter is alive (heard {ago} ms ago): treated as a partition inside the zone; nothing removed");
-                for reply in held.replies {
-                    let _ = reply.send(Response::Rejected {
-                        kind: RejectKind::Invalid,
-                        message: message.clone(),
-                    });
-                }
-            } else if heard.is_none_or(|t| now.saturating_sub(t) >= silence) {
-                let held = self.pending_downs.remove(&node).expect("listed above");
-                let command = Command::NodeDown {
+    /// Carries settled down reports: a partition answers its reporters,
+    /// a verdict is proposed (answering the first reporter when committed,
+    /// the others at once).
+    fn verdicts(
+        &mut self,
+        verdicts: Vec<Verdict<oneshot::Sender<Response>>>,
+        proposals: &mut Vec<(Envelope, Then)>,
+    ) {
+        for verdict in verdicts {
+            match verdict {
+                Verdict::Partition {
                     node,
-                    epoch: held.epoch,
-                    reporters: held.reporters,
-                };
-                let mut replies = held.replies.into_iter();
-                let first = replies.next();
-                let envelope = Envelope {
-                    at_ms: now,
-                    actor: held.actor,
-                    command,
-                };
-                match first {
-                    Some(reply) => proposals.push((envelope, Then::Reply(reply))),
-                    None => proposals.push((envelope, Then::Nothing)),
+                    reporters,
+                    heard_ago_ms,
+                    waiting,
+                } => {
+                    self.metrics.down_reports_ignored.inc();
+                    tracing::warn!(node = %node, reporters = ?reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+                    let message = format!("node {node}'s session with this arbiter is alive (heard {heard_ago_ms} ms ago): treated as a partition inside the zone; nothing removed");
+                    for reply in waiting {
+                        let _ = reply.send(Response::Rejected {
+                            kind: RejectKind::Invalid,
+                            message: message.clone(),
+                        });
+                    }
                 }
-                for reply in replies {
-                    let _ = reply.send(Response::Committed {
-                        revision: None,
-                        generation: None,
-                        state: None,
-                    });
+                Verdict::Down { envelope, waiting } => {
+                    let mut replies = waiting.into_iter();
+                    match replies.next() {
+                        Some(reply) => proposals.push((envelope, Then::Reply(reply))),
+                        None => proposals.push((envelope, Then::Nothing)),
+                    }
+                    for reply in replies {
+                        let _ = reply.send(Response::Committed {
+                            revision: None,
+                            generation: None,
+                            state: None,
+                        });
+                    }
                 }
             }
         }
@@ -1675,11 +1591,10 @@ impl Core {
             }
             (Some(since), false) => {
                 self.quorum_lost_at = None;
-                self.standing = Standing::Leader { since: now };
+                let leader = &mut self.leader;
                 self.replica
                     .applied
-                    .with_lease_memory(|leases| leases.extend_all(now));
-                self.expiring.clear();
+                    .with_lease_memory(|leases| leader.take_office(now, leases));
                 tracing::info!(
                     replica = self.replica.id,
                     without_ms = now.saturating_sub(since),
@@ -1691,75 +1606,17 @@ impl Core {
         !lost
     }
 
-    /// Lease deadlines and purges: the leader's own proposals.
+    /// Held down reports, lease deadlines and purges: the leader's own
+    /// proposals.
     fn sweep(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
         if !self.is_leader() || !self.has_quorum(now) {
             return;
         }
-        self.decide_downs(now, proposals);
-        let due = self
-            .replica
-            .applied
-            .lock()
-            .leases()
-            .due(now, self.config.guard.max_hold_ms);
-        for (node, epoch) in due {
-            // One proposal per lease until it commits or is refused.
-            if self
-                .expiring
-                .get(&node)
-                .is_some_and(|at| now < at + self.config.lease.ttl_ms)
-            {
-                continue;
-            }
-            let silent_in_zone = self.silent_in_zone(&node, now);
-            self.expiring.insert(node.clone(), now);
-            let command = Command::ExpireLease {
-                node,
-                epoch,
-                silent_in_zone,
-            };
-            proposals.push((
-                Envelope {
-                    at_ms: now,
-                    actor: self.me.clone(),
-                    command,
-                },
-                Then::Nothing,
-            ));
-        }
-        if now >= self.next_purge_ms {
-            self.next_purge_ms = now + self.config.store.purge_interval_ms;
-            proposals.push((
-                Envelope {
-                    at_ms: now,
-                    actor: self.me.clone(),
-                    command: Command::Purge,
-                },
-                Then::Nothing,
-            ));
-        }
-    }
-
-    /// How many of `node`'s zone's leaseholders have had silent sessions for
-    /// longer than the silence threshold (the node itself included).
-    fn silent_in_zone(&self, node: &NodeId, now: u64) -> u32 {
         let cat = self.replica.applied.lock();
-        let leases = cat.leases();
-        let Some(zone) = leases.get(node).map(|l| l.zone.clone()) else {
-            return 1;
-        };
-        let silence = self.config.lease.silence_ms;
-        leases
-            .sorted()
-            .into_iter()
-            .filter(|l| l.zone == zone)
-            .filter(|l| {
-                self.heard_at(&l.node)
-                    .is_none_or(|t| now.saturating_sub(t) > silence)
-            })
-            .count()
-            .max(1) as u32
+        let sweep = self.leader.sweep(now, cat.leases());
+        drop(cat);
+        self.verdicts(sweep.verdicts, proposals);
+        proposals.extend(sweep.proposals.into_iter().map(|e| (e, Then::Nothing)));
     }
 
     /// Sends again what agents have not acknowledged in time. Every
@@ -1946,7 +1803,7 @@ impl Core {
                 Some(serde_json::json!({
                     "node": node.as_str(),
                     "epoch": epoch.0,
-                    "last_heard_ms_ago": self.last_heard.get(node).map(|t| now.saturating_sub(*t)),
+                    "last_heard_ms_ago": self.leader.last_heard(node).map(|t| now.saturating_sub(t)),
                     "ack_lag": self.dist.ack_lag(*agent, &cat),
                 }))
             })

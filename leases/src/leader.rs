@@ -1,0 +1,577 @@
+//! The leader's memory (R3, R4), sans-IO: when each node's session was
+//! last heard, gossip down reports held for the arbiter's own signal,
+//! lease expiries with the zone's silent count, purges, and the grace a
+//! new leader gives.
+//!
+//! The arbiter's core drives it with the wall clock and openraft's view of
+//! who leads; the fleet simulation (`rollcall chaos sim`) drives the same
+//! code on a virtual clock. It proposes commands and applies none:
+//! `Catalog::apply` decides (the mass-expiry guard, the epoch checks).
+//!
+//! `W` is what waits for a down report's answer: the core's reply
+//! channels, `()` where nobody waits.
+
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
+use rollcall_config::ArbiterConfig;
+
+use crate::command::{Command, Envelope, MAX_REPORTERS};
+use crate::endpoint::{Principal, Role};
+use crate::ids::AgentEpoch;
+use crate::lease::{LeaseTable, RenewError};
+use crate::name::{Label, NodeId, PrincipalName};
+
+/// The settings the leader's memory works with, from `[lease]`,
+/// `[guard]` and `[store]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderParams {
+    /// A lease's time to live after its last renewal, ms.
+    pub ttl_ms: u64,
+    /// How long a session must be silent before the arbiter's own signal
+    /// agrees with gossip, ms.
+    pub silence_ms: u64,
+    /// How long the mass-expiry guard may hold an expiry, ms.
+    pub max_hold_ms: u64,
+    /// How often tombstones are purged, ms.
+    pub purge_interval_ms: u64,
+}
+
+impl From<&ArbiterConfig> for LeaderParams {
+    fn from(config: &ArbiterConfig) -> Self {
+        LeaderParams {
+            ttl_ms: config.lease.ttl_ms,
+            silence_ms: config.lease.silence_ms,
+            max_hold_ms: config.guard.max_hold_ms,
+            purge_interval_ms: config.store.purge_interval_ms,
+        }
+    }
+}
+
+/// A gossip down report waiting for the arbiter's own silence signal.
+#[derive(Debug)]
+pub struct HeldDown<W> {
+    /// The epoch gossip saw go down.
+    pub epoch: AgentEpoch,
+    /// The nodes that reported it (at most `MAX_REPORTERS`).
+    pub reporters: Vec<NodeId>,
+    /// When the first report arrived, ms.
+    pub reported_at_ms: u64,
+    /// Who the verdict is proposed as: the first reporter.
+    pub actor: Principal,
+    /// Whoever waits for the answer.
+    pub waiting: Vec<W>,
+}
+
+/// How a held down report was settled.
+#[derive(Debug)]
+pub enum Verdict<W> {
+    /// The node's own session was heard after the report: a partition
+    /// inside the zone; nothing is removed.
+    Partition {
+        /// The node reported down.
+        node: NodeId,
+        /// Who reported it.
+        reporters: Vec<NodeId>,
+        /// How long ago its session was last heard, ms.
+        heard_ago_ms: u64,
+        /// Whoever waits for the answer.
+        waiting: Vec<W>,
+    },
+    /// Both signals agree: propose this `NodeDown`.
+    Down {
+        /// The proposal.
+        envelope: Envelope,
+        /// Whoever waits for the answer.
+        waiting: Vec<W>,
+    },
+}
+
+/// What one sweep proposes.
+#[derive(Debug)]
+pub struct Sweep<W> {
+    /// Down reports settled.
+    pub verdicts: Vec<Verdict<W>>,
+    /// `ExpireLease` for every lease past its deadline (or held by the
+    /// guard for `max_hold_ms`), and `Purge` when it is due.
+    pub proposals: Vec<Envelope>,
+}
+
+/// The leader's memory of one replica. A follower keeps hearing sessions
+/// (so it knows them if it is elected) but decides nothing.
+#[derive(Debug)]
+pub struct LeaderMemory<W> {
+    params: LeaderParams,
+    me: Principal,
+    /// Since when this replica leads (ms), `None` while it follows.
+    since: Option<u64>,
+    last_heard: HashMap<NodeId, u64>,
+    downs: BTreeMap<NodeId, HeldDown<W>>,
+    /// Expiries proposed and not yet settled, with when.
+    expiring: HashMap<NodeId, u64>,
+    next_purge_ms: u64,
+}
+
+impl<W> LeaderMemory<W> {
+    /// A follower's memory at `now_ms`, proposing as `me`.
+    pub fn new(params: LeaderParams, me: Principal, now_ms: u64) -> Self {
+        LeaderMemory {
+            params,
+            me,
+            since: None,
+            last_heard: HashMap::default(),
+            downs: BTreeMap::new(),
+            expiring: HashMap::default(),
+            next_purge_ms: now_ms.saturating_add(params.purge_interval_ms),
+        }
+    }
+
+    /// The settings.
+    pub fn params(&self) -> &LeaderParams {
+        &self.params
+    }
+
+    /// Whether this replica leads.
+    pub fn leads(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Starts leading at `now_ms` (an election won, a restart, a quorum
+    /// back): every lease gets one TTL from now, every session counts as
+    /// heard now, and nothing is being expired. An election or an outage
+    /// of the arbiter never expires a fleet that was silent towards it
+    /// (R3).
+    pub fn take_office(&mut self, now_ms: u64, leases: &mut LeaseTable) {
+        self.since = Some(now_ms);
+        leases.extend_all(now_ms);
+        self.expiring.clear();
+    }
+
+    /// Stops leading: the held down reports are handed back (their
+    /// waiters must report again to the new leader) and nothing is being
+    /// expired.
+    pub fn step_down(&mut self) -> Vec<HeldDown<W>> {
+        self.since = None;
+        self.expiring.clear();
+        std::mem::take(&mut self.downs).into_values().collect()
+    }
+
+    /// `node`'s session was heard at `at_ms` (directly, or as a follower
+    /// reports it).
+    pub fn heard(&mut self, node: &NodeId, at_ms: u64) {
+        match self.last_heard.get_mut(node) {
+            Some(t) => *t = (*t).max(at_ms),
+            None => {
+                self.last_heard.insert(node.clone(), at_ms);
+            }
+        }
+    }
+
+    /// When `node`'s session was last heard, as this replica counts it:
+    /// a leader never earlier than the moment it took office.
+    pub fn heard_at(&self, node: &NodeId) -> Option<u64> {
+        let last = self.last_heard.get(node).copied();
+        match self.since {
+            Some(since) => Some(last.map_or(since, |t| t.max(since))),
+            None => last,
+        }
+    }
+
+    /// When `node`'s session was last actually heard here, if ever.
+    pub fn last_heard(&self, node: &NodeId) -> Option<u64> {
+        self.last_heard.get(node).copied()
+    }
+
+    /// How many down reports wait for the second signal.
+    pub fn held_downs(&self) -> usize {
+        self.downs.len()
+    }
+
+    /// A gossip down report (the leader's to hold): kept until the node's
+    /// own session is silent for `silence_ms`, or heard again. Returns
+    /// what that settles now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_down(
+        &mut self,
+        reporter: NodeId,
+        actor: Principal,
+        node: NodeId,
+        epoch: AgentEpoch,
+        now_ms: u64,
+        waiting: Option<W>,
+    ) -> Vec<Verdict<W>> {
+        let held = self.downs.entry(node).or_insert_with(|| HeldDown {
+            epoch,
+            reporters: Vec::new(),
+            reported_at_ms: now_ms,
+            actor,
+            waiting: Vec::new(),
+        });
+        if !held.reporters.contains(&reporter) && held.reporters.len() < MAX_REPORTERS {
+            held.reporters.push(reporter);
+        }
+        held.waiting.extend(waiting);
+        self.decide_downs(now_ms)
+    }
+
+    /// Settles held down reports (R4): heard directly since the report →
+    /// a partition, nothing removed; silent for `silence_ms` → both signals
+    /// agree and the verdict is proposed. Gossip may be faster than the
+    /// silence threshold, so a report waits until the silence is long
+    /// enough. A follower settles nothing.
+    pub fn decide_downs(&mut self, now_ms: u64) -> Vec<Verdict<W>> {
+        if !self.leads() {
+            return Vec::new();
+        }
+        let silence = self.params.silence_ms;
+        let mut settled = Vec::new();
+        let nodes: Vec<NodeId> = self.downs.keys().cloned().collect();
+        for node in nodes {
+            let heard = self.heard_at(&node);
+            let reported_at = self.downs[&node].reported_at_ms;
+            let heard_directly = self.last_heard(&node).is_some_and(|t| t > reported_at);
+            if heard_directly {
+                let held = self.downs.remove(&node).expect("listed above");
+                settled.push(Verdict::Partition {
+                    heard_ago_ms: now_ms.saturating_sub(heard.unwrap_or(now_ms)),
+                    node,
+                    reporters: held.reporters,
+                    waiting: held.waiting,
+                });
+            } else if heard.is_none_or(|t| now_ms.saturating_sub(t) >= silence) {
+                let held = self.downs.remove(&node).expect("listed above");
+                let envelope = Envelope {
+                    at_ms: now_ms,
+                    actor: held.actor,
+                    command: Command::NodeDown {
+                        node,
+                        epoch: held.epoch,
+                        reporters: held.reporters,
+                    },
+                };
+                settled.push(Verdict::Down {
+                    envelope,
+                    waiting: held.waiting,
+                });
+            }
+        }
+        settled
+    }
+
+    /// The leader's periodic pass over `leases`: held down reports, lease
+    /// deadlines (one `ExpireLease` per lease until it settles or a TTL
+    /// passes, each with its zone's silent count for the guard), and
+    /// purges. A follower proposes nothing.
+    pub fn sweep(&mut self, now_ms: u64, leases: &LeaseTable) -> Sweep<W> {
+        let mut sweep = Sweep {
+            verdicts: self.decide_downs(now_ms),
+            proposals: Vec::new(),
+        };
+        if !self.leads() {
+            return sweep;
+        }
+        let due = leases.due(now_ms, self.params.max_hold_ms);
+        if !due.is_empty() {
+            let silent = self.silent_by_zone(now_ms, leases);
+            for (node, epoch) in due {
+                if self
+                    .expiring
+                    .get(&node)
+                    .is_some_and(|at| now_ms < at.saturating_add(self.params.ttl_ms))
+                {
+                    continue;
+                }
+                let silent_in_zone = leases
+                    .get(&node)
+                    .and_then(|l| silent.get(&l.zone).copied())
+                    .unwrap_or(1)
+                    .max(1);
+                self.expiring.insert(node.clone(), now_ms);
+                sweep.proposals.push(Envelope {
+                    at_ms: now_ms,
+                    actor: self.me.clone(),
+                    command: Command::ExpireLease {
+                        node,
+                        epoch,
+                        silent_in_zone,
+                    },
+                });
+            }
+        }
+        if now_ms >= self.next_purge_ms {
+            self.next_purge_ms = now_ms.saturating_add(self.params.purge_interval_ms);
+            sweep.proposals.push(Envelope {
+                at_ms: now_ms,
+                actor: self.me.clone(),
+                command: Command::Purge,
+            });
+        }
+        sweep
+    }
+
+    /// How many leaseholders of each zone have had silent sessions for
+    /// longer than the silence threshold.
+    fn silent_by_zone(&self, now_ms: u64, leases: &LeaseTable) -> HashMap<Label, u32> {
+        let mut silent: HashMap<Label, u32> = HashMap::default();
+        for lease in leases.iter() {
+            let quiet = self
+                .heard_at(&lease.node)
+                .is_none_or(|t| now_ms.saturating_sub(t) > self.params.silence_ms);
+            if quiet {
+                *silent.entry(lease.zone.clone()).or_default() += 1;
+            }
+        }
+        silent
+    }
+
+    /// A proposal of this memory's was committed, refused or lost: an
+    /// expiry of the same lease may be proposed again.
+    pub fn settled(&mut self, command: &Command) {
+        if let Command::ExpireLease { node, .. } = command {
+            self.expiring.remove(node);
+        }
+    }
+
+    /// Renews `node`'s lease in `leases` at `at_ms`; a lease the guard
+    /// holds is reinstated by the returned proposal, as `actor` (R3).
+    pub fn renew(
+        &self,
+        leases: &mut LeaseTable,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        at_ms: u64,
+        actor: &Principal,
+    ) -> Result<Option<Envelope>, RenewError> {
+        let renewal = leases.renew(node, epoch, at_ms)?;
+        if !renewal.held {
+            return Ok(None);
+        }
+        Ok(leases.get(node).map(|lease| Envelope {
+            at_ms,
+            actor: actor.clone(),
+            command: Command::GrantLease {
+                node: node.clone(),
+                epoch,
+                zone: lease.zone.clone(),
+                ttl_ms: self.params.ttl_ms,
+            },
+        }))
+    }
+}
+
+/// The principal an agent's node acts as.
+pub fn agent_principal(node: &NodeId) -> Principal {
+    Principal {
+        role: Role::Agent,
+        name: PrincipalName::new(node.as_str()).expect("a node id is a valid principal name"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Catalog, Effect};
+    use crate::params::CatalogParams;
+
+    const TTL: u64 = 10_000;
+    const SILENCE: u64 = 3_000;
+
+    fn params() -> LeaderParams {
+        LeaderParams {
+            ttl_ms: TTL,
+            silence_ms: SILENCE,
+            max_hold_ms: 60_000,
+            purge_interval_ms: 30_000,
+        }
+    }
+
+    fn node(n: &str) -> NodeId {
+        NodeId::new(n).expect("valid")
+    }
+
+    fn me() -> Principal {
+        Principal {
+            role: Role::Arbiter,
+            name: PrincipalName::new("arbiter").expect("valid"),
+        }
+    }
+
+    /// A catalog holding leases for `nodes` in zone z1, granted at 0.
+    fn catalog(nodes: &[&str]) -> Catalog {
+        let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").expect("valid")));
+        for n in nodes {
+            let env = Envelope {
+                at_ms: 0,
+                actor: agent_principal(&node(n)),
+                command: Command::GrantLease {
+                    node: node(n),
+                    epoch: AgentEpoch(1),
+                    zone: Label::new("z1").expect("valid"),
+                    ttl_ms: TTL,
+                },
+            };
+            cat.apply(&env).expect("granted");
+        }
+        cat
+    }
+
+    fn leader(cat: &mut Catalog, at: u64) -> LeaderMemory<u32> {
+        let mut m = LeaderMemory::new(params(), me(), 0);
+        m.take_office(at, cat.leases_mut());
+        m
+    }
+
+    fn report(m: &mut LeaderMemory<u32>, n: &str, now: u64, w: u32) -> Vec<Verdict<u32>> {
+        m.report_down(
+            node("reporter"),
+            agent_principal(&node("reporter")),
+            node(n),
+            AgentEpoch(1),
+            now,
+            Some(w),
+        )
+    }
+
+    #[test]
+    fn a_follower_decides_nothing() {
+        let cat = catalog(&["a"]);
+        let mut m: LeaderMemory<u32> = LeaderMemory::new(params(), me(), 0);
+        assert!(report(&mut m, "a", 100_000, 1).is_empty());
+        let sweep = m.sweep(200_000, cat.leases());
+        assert!(sweep.verdicts.is_empty() && sweep.proposals.is_empty());
+        assert_eq!(m.step_down().len(), 1, "the report is handed back");
+    }
+
+    #[test]
+    fn a_down_report_waits_for_the_arbiters_own_silence() {
+        let mut cat = catalog(&["a"]);
+        let mut m = leader(&mut cat, 0);
+        m.heard(&node("a"), 1_000);
+        // Gossip is faster than the silence threshold: held.
+        assert!(report(&mut m, "a", 2_000, 7).is_empty());
+        assert_eq!(m.held_downs(), 1);
+        assert!(m.decide_downs(3_999).is_empty());
+        let settled = m.decide_downs(4_000);
+        match settled.as_slice() {
+            [Verdict::Down { envelope, waiting }] => {
+                assert!(
+                    matches!(&envelope.command, Command::NodeDown { node: n, .. } if n.as_str() == "a")
+                );
+                assert_eq!(waiting, &[7]);
+            }
+            other => panic!("expected one verdict, got {other:?}"),
+        }
+        assert_eq!(m.held_downs(), 0);
+    }
+
+    #[test]
+    fn hearing_the_node_after_the_report_is_a_partition() {
+        let mut cat = catalog(&["a"]);
+        let mut m = leader(&mut cat, 0);
+        assert!(report(&mut m, "a", 2_000, 1).is_empty());
+        assert!(report(&mut m, "a", 2_100, 2).is_empty());
+        m.heard(&node("a"), 2_500);
+        match m.decide_downs(9_000).as_slice() {
+            [Verdict::Partition {
+                waiting,
+                heard_ago_ms,
+                reporters,
+                ..
+            }] => {
+                assert_eq!(waiting, &[1, 2]);
+                assert_eq!(*heard_ago_ms, 6_500);
+                assert_eq!(reporters.len(), 1, "one reporter counted once");
+            }
+            other => panic!("expected a partition, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_leader_counts_every_session_as_heard_when_it_took_office() {
+        let mut cat = catalog(&["a"]);
+        // Never heard at all, but the leader took office at 50 s.
+        let mut m = leader(&mut cat, 50_000);
+        assert!(report(&mut m, "a", 50_001, 1).is_empty());
+        assert!(m.decide_downs(52_999).is_empty());
+        assert_eq!(m.decide_downs(53_000).len(), 1);
+        // And no lease is due before one TTL after taking office.
+        let expiries = |p: Vec<Envelope>| {
+            p.iter()
+                .filter(|e| matches!(e.command, Command::ExpireLease { .. }))
+                .count()
+        };
+        assert_eq!(expiries(m.sweep(59_999, cat.leases()).proposals), 0);
+        assert_eq!(expiries(m.sweep(60_000, cat.leases()).proposals), 1);
+    }
+
+    #[test]
+    fn one_expiry_per_lease_until_it_settles_with_the_zones_silent_count() {
+        let mut cat = catalog(&["a", "b", "c"]);
+        let mut m = leader(&mut cat, 0);
+        // b renews; a and c stay silent.
+        m.heard(&node("b"), 9_000);
+        let renewed = m.renew(
+            cat.leases_mut(),
+            &node("b"),
+            AgentEpoch(1),
+            9_000,
+            &agent_principal(&node("b")),
+        );
+        assert_eq!(renewed, Ok(None));
+        let first = m.sweep(10_000, cat.leases()).proposals;
+        let expiries: Vec<(String, u32)> = first
+            .iter()
+            .filter_map(|e| match &e.command {
+                Command::ExpireLease {
+                    node,
+                    silent_in_zone,
+                    ..
+                } => Some((node.as_str().to_owned(), *silent_in_zone)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(expiries, vec![("a".into(), 2), ("c".into(), 2)]);
+        // In flight: not proposed again before a TTL has passed.
+        assert!(m.sweep(11_000, cat.leases()).proposals.is_empty());
+        // Settled (say, refused): proposed again at the next sweep.
+        m.settled(&first[0].command);
+        assert_eq!(m.sweep(12_000, cat.leases()).proposals.len(), 1);
+        // Losing office forgets what was in flight.
+        m.step_down();
+        assert!(m.sweep(13_000, cat.leases()).proposals.is_empty());
+    }
+
+    #[test]
+    fn renewing_a_held_lease_reinstates_it_and_a_wrong_epoch_is_refused() {
+        let mut cat = catalog(&["a", "b"]);
+        let mut m = leader(&mut cat, 0);
+        // The guard holds both expiries (every lease of the zone silent).
+        for env in m.sweep(10_000, cat.leases()).proposals {
+            let applied = cat.apply(&env).expect("applied");
+            if matches!(env.command, Command::ExpireLease { .. }) {
+                assert_eq!(applied.effect, Effect::ExpiryHeld);
+            }
+            m.settled(&env.command);
+        }
+        let actor = agent_principal(&node("a"));
+        let back = m
+            .renew(cat.leases_mut(), &node("a"), AgentEpoch(1), 11_000, &actor)
+            .expect("renewed")
+            .expect("a held lease is reinstated");
+        assert!(
+            matches!(back.command, Command::GrantLease { ref zone, .. } if zone.as_str() == "z1")
+        );
+        let wrong = m.renew(cat.leases_mut(), &node("a"), AgentEpoch(2), 11_000, &actor);
+        assert!(matches!(wrong, Err(RenewError::OtherEpoch { .. })));
+    }
+
+    #[test]
+    fn purges_come_at_their_interval() {
+        let mut cat = catalog(&[]);
+        let mut m = leader(&mut cat, 0);
+        assert!(m.sweep(29_999, cat.leases()).proposals.is_empty());
+        let p = m.sweep(30_000, cat.leases()).proposals;
+        assert!(matches!(p.as_slice(), [e] if e.command == Command::Purge));
+        assert!(m.sweep(31_000, cat.leases()).proposals.is_empty());
+    }
+}
