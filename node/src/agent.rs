@@ -36,7 +36,7 @@ use crate::dns::DnsHandle;
 use crate::endpoints::{Selection, ServiceMemory};
 use crate::failover::{Decision, Refusal};
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
-use crate::link::{renew_after_ms, Backoff, DownVerdicts};
+use crate::link::{renew_after_ms, resend_health, Backoff, DownVerdicts};
 use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel, RegionLabel, ServiceLabel};
 use crate::prober::Prober;
 use crate::proxy::{ActiveConnections, ProxyHandle};
@@ -948,10 +948,7 @@ impl Agent {
                     .find(|l| &l.instance_id == id)
                     .map(|l| l.state);
                 let wanted = health.state();
-                if wanted != State::Starting
-                    && current.is_some_and(|c| c != wanted)
-                    && !state.desired.contains_key(id)
-                {
+                if resend_health(wanted, current, state.desired.contains_key(id)) {
                     let reason = Reason::new(
                         &health
                             .reason()

@@ -1,6 +1,7 @@
 //! The agent's side of its arbiter link, sans-IO: when to try again after
 //! a session ends (exponential backoff with full jitter), when to renew
-//! the node lease, and what the agent makes of its zone's gossip down
+//! the node lease, which health verdicts to send again after a
+//! (re)connect, and what the agent makes of its zone's gossip down
 //! verdicts (which to report to the arbiter, which nodes to keep out of
 //! routing, R4 and R7).
 //!
@@ -11,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::{Rng, RngExt};
-use rollcall_leases::{AgentEpoch, NodeId};
+use rollcall_leases::{AgentEpoch, NodeId, State};
 
 /// A session that lasted longer than this (ms) resets the backoff.
 pub const BACKOFF_RESET_MS: u64 = 10_000;
@@ -60,6 +61,16 @@ impl Backoff {
 /// random, so two renewals can be lost before the lease ends.
 pub fn renew_after_ms<R: Rng + ?Sized>(ttl_ms: u64, rng: &mut R) -> u64 {
     (ttl_ms / 3).saturating_sub(rng.random_range(0..=ttl_ms / 30))
+}
+
+/// Whether, after a (re)connect, the agent sends its instance's health
+/// verdict `wanted` again, the catalog holding `in_catalog` for it: a
+/// verdict reached while the arbiter was away, or a down verdict that
+/// marked the instance while its node was away. Not while the instance
+/// starts, not for one the catalog does not list, and not while a write of
+/// its state is already pending.
+pub fn resend_health(wanted: State, in_catalog: Option<State>, pending: bool) -> bool {
+    wanted != State::Starting && in_catalog.is_some_and(|c| c != wanted) && !pending
 }
 
 /// The agent's gossip down verdicts on its zone's peers.
@@ -168,6 +179,16 @@ mod tests {
             let after = renew_after_ms(30_000, &mut rng);
             assert!((9_000..=10_000).contains(&after), "{after}");
         }
+    }
+
+    #[test]
+    fn health_is_sent_again_only_where_the_catalog_differs() {
+        assert!(resend_health(State::Ready, Some(State::Unhealthy), false));
+        assert!(resend_health(State::Unhealthy, Some(State::Ready), false));
+        assert!(!resend_health(State::Ready, Some(State::Ready), false));
+        assert!(!resend_health(State::Starting, Some(State::Ready), false));
+        assert!(!resend_health(State::Ready, None, false));
+        assert!(!resend_health(State::Ready, Some(State::Unhealthy), true));
     }
 
     #[test]

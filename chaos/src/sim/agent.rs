@@ -1,14 +1,15 @@
 //! The agents' side of the simulated region: each agent's session with
-//! the arbiter (connect, handshake retries, reconnect with exponential
-//! backoff and full jitter, keep-alives and lease renewals), its real
-//! [`Sync`] fed with the updates that arrive, its instances' readiness
-//! probes through the real [`InstanceHealth`], its writes (kept pending
-//! while cut off, sent in order, each instance's later writes waiting for
-//! its generation) and its gossip verdicts (reported to the arbiter, and
-//! used for routing only while cut off, R7).
+//! the arbiter (connect, handshake retries, keep-alives; reconnect backoff
+//! and renewal timing from the agent's own [`rollcall_node::link`]), its
+//! real [`Sync`] fed with the updates that arrive, its instances'
+//! readiness probes through the real [`InstanceHealth`], its writes (kept
+//! pending while cut off, sent in order, each instance's later writes
+//! waiting for its generation) and its gossip verdicts (the agent's own
+//! [`rollcall_node::link::DownVerdicts`]: reported to the arbiter, out of
+//! routing while cut off or until the arbiter answers, R7).
 //!
-//! It decides nothing the binaries' state machines decide; it only carries
-//! their inputs and outputs.
+//! It decides nothing the binaries' state machines decide; it carries
+//! their inputs and outputs, and keeps each agent's writes in order.
 
 use std::net::SocketAddr;
 
@@ -16,9 +17,9 @@ use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::leader::agent_principal;
 use rollcall_leases::protocol::ServiceUpdate;
-use rollcall_leases::{AgentEpoch, Generation, InstanceId, Version};
+use rollcall_leases::{AgentEpoch, Generation, InstanceId, State, Version};
 use rollcall_node::health::{HealthEvent, InstanceHealth};
-use rollcall_node::link::renew_after_ms;
+use rollcall_node::link::{renew_after_ms, resend_health};
 use rollcall_node::sync::SyncOut;
 
 use super::world::*;
@@ -60,7 +61,15 @@ impl World {
         let port = 40_000 + (self.deploy_seq % 20_000) as u16;
         let target = SocketAddr::new(agent_ip(agent), port);
         let now_ms = self.now_ms();
-        let health = InstanceHealth::new(Some(&self.checks), target, now_ms, &mut self.rng);
+        let heartbeats = self.heartbeating[service as usize];
+        let checks = if heartbeats {
+            &self.ttl_checks
+        } else {
+            &self.checks
+        };
+        let health = InstanceHealth::new(Some(checks), target, now_ms, &mut self.rng);
+        let next_heartbeat_ms =
+            heartbeats.then(|| now_ms + self.rng.random_range(0..self.sc.heartbeat.interval_ms));
         self.insts.push(Inst {
             id: InstanceId::new(&format!("i{k:07}")).expect("valid"),
             service,
@@ -74,6 +83,7 @@ impl World {
             version: Version::new("v2").expect("valid"),
             port,
             left_at_ms: None,
+            next_heartbeat_ms,
         });
         self.agents[agent as usize].instances.push(k);
         self.write(
@@ -85,11 +95,17 @@ impl World {
         );
     }
 
+    /// Pauses agent `a` for `pause_ms`, or, if it is paused already, the
+    /// next agent that is not: a scenario's pauses are each `pause_ms`
+    /// long, never two run together into one longer stall.
     pub(super) fn pause(&mut self, a: u32, pause_ms: u64) {
-        let agent = &mut self.agents[a as usize];
-        if agent.dead {
+        let n = self.agents.len() as u32;
+        let Some(a) = (0..n).map(|i| (a + i) % n).find(|&b| {
+            !self.agents[b as usize].dead && self.agents[b as usize].paused_until <= self.now
+        }) else {
             return;
-        }
+        };
+        let agent = &mut self.agents[a as usize];
         self.counters.pauses += 1;
         let until = self.now + pause_ms * 1_000;
         agent.paused_until = agent.paused_until.max(until);
@@ -111,11 +127,20 @@ impl World {
     pub(super) fn agent_tick(&mut self, a: u32) {
         let now_ms = self.now_ms();
         self.after(TICK_MS * 1_000, Ev::AgentTick(a));
-        // Probes: every instance whose check is due.
+        // Heartbeats the instances sent, then every check that is due.
         let instances = self.agents[a as usize].instances.clone();
+        let interval = self.sc.heartbeat.interval_ms;
         for k in instances {
             let inst = &mut self.insts[k as usize];
-            if !inst.alive || inst.health.next_due_ms().is_none_or(|d| d > now_ms) {
+            if !inst.alive {
+                continue;
+            }
+            if inst.next_heartbeat_ms.is_some_and(|t| t <= now_ms) {
+                inst.health.heartbeat(now_ms);
+                inst.next_heartbeat_ms = Some(now_ms + interval);
+                self.counters.heartbeats += 1;
+            }
+            if inst.health.next_due_ms().is_none_or(|d| d > now_ms) {
                 continue;
             }
             let due = inst.health.due(now_ms, &mut self.rng);
@@ -131,19 +156,19 @@ impl World {
                 ));
             }
             for event in events {
-                if let HealthEvent::Ready = event {
-                    let inst = &mut self.insts[k as usize];
-                    if inst.generation.is_some() {
-                        self.write(
-                            a,
-                            Write {
-                                inst: k,
-                                kind: WriteKind::Ready,
-                            },
-                        );
-                    } else {
-                        inst.ready_pending = true;
+                let inst = &mut self.insts[k as usize];
+                let kind = match event {
+                    HealthEvent::Ready => WriteKind::Ready,
+                    HealthEvent::Unhealthy { .. } => {
+                        self.counters.unhealthy += 1;
+                        WriteKind::Unhealthy
                     }
+                    _ => continue,
+                };
+                if inst.generation.is_some() {
+                    self.write(a, Write { inst: k, kind });
+                } else {
+                    inst.ready_pending = kind == WriteKind::Ready;
                 }
             }
         }
@@ -180,8 +205,20 @@ impl World {
                     arrive,
                     &agent_principal(&agent.node),
                 );
-                if let Ok(Some(reinstate)) = renewal {
-                    self.propose(reinstate, Then::Nothing);
+                match renewal {
+                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
+                    Ok(None) => {}
+                    Err(_) => {
+                        // The core refuses the session (the lease ended,
+                        // say by a down verdict): the agent reconnects and
+                        // is granted a new one.
+                        self.counters.renewals_refused += 1;
+                        if let Some(session) = self.agents[a as usize].session {
+                            self.drop_session(session);
+                            let latency = self.arbiter_latency();
+                            self.after(latency, Ev::Closed { agent: a, session });
+                        }
+                    }
                 }
             }
         }
@@ -296,12 +333,43 @@ impl World {
         let mut out = Vec::new();
         agent.sync.connected(&mut out);
         self.sync_out(a, out);
-        // Pending writes, then every down verdict held (as the agent's
-        // reconciliation does after a reconnect).
+        // Pending writes, health verdicts the catalog does not hold, then
+        // every down verdict held (as the agent's reconciliation does after
+        // a reconnect; the catalog's list is its NodeInstances answer).
         self.flush_writes(a);
+        self.resend_health(a);
         for (node, epoch) in self.agents[a as usize].downs.to_report() {
             if let Some(node) = parse_node(node.as_str()) {
                 self.send_report(a, node, epoch);
+            }
+        }
+    }
+
+    /// The agent's own rule for health verdicts after a reconnect, over the
+    /// catalog's records of its node.
+    pub(super) fn resend_health(&mut self, a: u32) {
+        if !self.link_up(a) {
+            return;
+        }
+        let node = self.agents[a as usize].node.clone();
+        let listed = self.arb.catalog.instances_on(&node);
+        for (_, record) in listed {
+            let Some(k) = parse_inst(record.instance_id.as_str()) else {
+                continue;
+            };
+            let inst = &self.insts[k as usize];
+            if !inst.alive || inst.leaving || inst.generation != Some(record.generation) {
+                continue;
+            }
+            let pending = self.agents[a as usize].writes.iter().any(|w| w.inst == k);
+            let wanted = inst.health.state();
+            if resend_health(wanted, Some(record.state), pending) {
+                let kind = if wanted == State::Ready {
+                    WriteKind::Ready
+                } else {
+                    WriteKind::Unhealthy
+                };
+                self.write(a, Write { inst: k, kind });
             }
         }
     }

@@ -97,6 +97,7 @@ impl World {
                 initial: State::Starting,
             }),
             WriteKind::Ready => transition(State::Ready, "readiness passed"),
+            WriteKind::Unhealthy => transition(State::Unhealthy, "readiness failed"),
             WriteKind::Drain => transition(State::Draining, "deploy"),
             WriteKind::Deregister => Command::Deregister {
                 instance_id: inst.id.clone(),

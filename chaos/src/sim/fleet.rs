@@ -118,6 +118,20 @@ impl World {
             }),
             liveness: None,
         };
+        let ttl_checks = ValidChecks {
+            startup: None,
+            readiness: Some(Check {
+                kind: CheckKind::Ttl {
+                    ttl_ms: sc.heartbeat.ttl_ms,
+                },
+                timing: CheckTiming::READINESS,
+                port: None,
+            }),
+            liveness: None,
+        };
+        let heartbeating: Vec<bool> = (0..sc.services)
+            .map(|_| rng.random_range(0.0..1.0) < sc.heartbeat.share)
+            .collect();
         let mut insts = Vec::with_capacity(sc.instances as usize);
         let v1 = Version::new("v1").expect("valid");
         for (s, &size) in sizes.iter().enumerate() {
@@ -126,10 +140,20 @@ impl World {
                 let k = insts.len() as u32;
                 let port = 20_000 + agents[agent as usize].instances.len() as u16;
                 let target = SocketAddr::new(agent_ip(agent), port);
-                let mut health = InstanceHealth::new(Some(&checks), target, 0, &mut rng);
+                // Warm: the readiness check has passed once.
+                let heartbeats = heartbeating[s];
+                let mut health = if heartbeats {
+                    InstanceHealth::new(Some(&ttl_checks), target, 0, &mut rng)
+                } else {
+                    InstanceHealth::new(Some(&checks), target, 0, &mut rng)
+                };
                 let due = health.next_due_ms().unwrap_or(0);
                 health.due(due, &mut rng);
-                health.result(Which::Readiness, true, "", due, &mut rng);
+                if !heartbeats {
+                    health.result(Which::Readiness, true, "", due, &mut rng);
+                }
+                let next_heartbeat_ms =
+                    heartbeats.then(|| rng.random_range(0..sc.heartbeat.interval_ms));
                 agents[agent as usize].instances.push(k);
                 insts.push(Inst {
                     id: InstanceId::new(&format!("i{k:07}")).expect("valid"),
@@ -144,6 +168,7 @@ impl World {
                     version: v1.clone(),
                     port,
                     left_at_ms: None,
+                    next_heartbeat_ms,
                 });
             }
         }
@@ -272,6 +297,8 @@ impl World {
             agent_config,
             arbiter_config,
             checks,
+            ttl_checks,
+            heartbeating,
             next_session: 0,
             leaves: BTreeMap::new(),
             crashes: BTreeMap::new(),

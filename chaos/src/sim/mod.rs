@@ -81,6 +81,11 @@ pub struct SimFigures {
     pub resume: Option<Resume>,
     /// Agents' readiness probes run.
     pub probes: u64,
+    /// Heartbeats instances sent their agents (TTL checks).
+    pub heartbeats: u64,
+    /// Instances a health check made UNHEALTHY (none should be: probes
+    /// pass and heartbeats arrive while the instance lives).
+    pub unhealthy: u64,
     /// Whole-agent pauses injected.
     pub pauses: u64,
     /// Nodes killed.
@@ -185,6 +190,9 @@ pub struct GossipFigures {
 pub struct LeaseFigures {
     /// Renewals received.
     pub renewals: u64,
+    /// Renewals refused (no lease: the session is refused and the agent
+    /// reconnects).
+    pub renewals_refused: u64,
     /// Leases that expired.
     pub expired: u64,
     /// Expiries the mass-expiry guard held (commits).
@@ -384,12 +392,15 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
         },
         leases: LeaseFigures {
             renewals: c.renewals,
+            renewals_refused: c.renewals_refused,
             expired: c.leases_expired,
             expiries_held: c.expiry_held,
             held_max: c.held_max as u64,
         },
         resume,
         probes: c.probes,
+        heartbeats: c.heartbeats,
+        unhealthy: c.unhealthy,
         pauses: c.pauses,
         nodes_killed: c.nodes_killed,
         replaced: c.replaced,
@@ -642,6 +653,10 @@ pub fn markdown(r: &SimReport, plots: &[String]) -> String {
             f.resume.as_ref().map_or("-".into(), |x| {
                 format!("{} of {} ({:.3})", x.by_delta, x.agents, x.share_by_delta)
             }),
+        ),
+        (
+            "readiness probes / heartbeats / made unhealthy",
+            format!("{} / {} / {}", f.probes, f.heartbeats, f.unhealthy),
         ),
         ("lost registrations", f.lost_registrations.to_string()),
         ("converged at the end", f.converged.to_string()),

@@ -65,6 +65,9 @@ pub struct SimScenario {
     /// The gossip preset of every agent (`lan`, `tolerant`, `wan`).
     #[serde(default = "default_preset")]
     pub gossip_preset: String,
+    /// Instances that report by heartbeat instead of being probed.
+    #[serde(default)]
+    pub heartbeat: Heartbeat,
     /// The simulated network.
     #[serde(default)]
     pub network: Network,
@@ -85,6 +88,31 @@ pub struct SimScenario {
     /// Pass criteria.
     #[serde(default)]
     pub pass: SimPass,
+}
+
+/// `[heartbeat]`: services whose instances report by heartbeat (a TTL
+/// readiness check, `PUT /v1/agent/instances/{id}/heartbeat` at an
+/// interval) instead of a TCP readiness probe every second.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Heartbeat {
+    /// Share of the services (chosen at random) whose instances do.
+    pub share: f64,
+    /// The TTL check's `ttl_ms`.
+    pub ttl_ms: u64,
+    /// How often each such instance sends a heartbeat, ms (each instance
+    /// starts at a random point of its first interval).
+    pub interval_ms: u64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            share: 0.5,
+            ttl_ms: 10_000,
+            interval_ms: 3_000,
+        }
+    }
 }
 
 /// The simulated network.
@@ -311,6 +339,27 @@ impl SimScenario {
         }
         if self.network.bytes_per_ms == 0 {
             return Err(invalid("network.bytes_per_ms", 0, "must be positive"));
+        }
+        if !(0.0..=1.0).contains(&self.heartbeat.share) {
+            return Err(invalid(
+                "heartbeat.share",
+                self.heartbeat.share,
+                "must be in [0, 1]",
+            ));
+        }
+        if self.heartbeat.ttl_ms < 1_000 {
+            return Err(invalid(
+                "heartbeat.ttl_ms",
+                self.heartbeat.ttl_ms,
+                "must be at least 1000",
+            ));
+        }
+        if self.heartbeat.interval_ms == 0 || self.heartbeat.interval_ms >= self.heartbeat.ttl_ms {
+            return Err(invalid(
+                "heartbeat.interval_ms",
+                self.heartbeat.interval_ms,
+                "must be positive and below heartbeat.ttl_ms",
+            ));
         }
         for (i, step) in self.steps.iter().enumerate() {
             let field = |f: &str| format!("steps[{i}].{f}");

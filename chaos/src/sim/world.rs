@@ -17,13 +17,17 @@
 //! - Agents: the real [`Sync`] (subscriptions, delta and snapshot checks,
 //!   acks), [`InstanceHealth`] per instance (readiness probes at their
 //!   configured interval), [`ServiceMemory`] for
-//!   the sampled connections (`rollcall_node::selector::choose`), local
-//!   gossip ejection while cut off (R7), and the reconnect loop with
-//!   exponential backoff and full jitter.
+//!   the sampled connections (`rollcall_node::selector::choose`), and the
+//!   agent's own [`rollcall_node::link`]: reconnect backoff with full
+//!   jitter, renewal timing, and its gossip down verdicts (reported, and
+//!   kept out of routing while cut off or until the arbiter answers, R7).
 //!
 //! The driver is the only code here that is not the binaries' own: it
-//! moves messages with latencies and transfer times, fires timers, and
-//! records what the report needs. Everything random comes from the
+//! moves messages with latencies and transfer times, fires timers, sends
+//! each agent's own writes in order (a registration first, its instance's
+//! later writes once its generation is known; the agent does this through
+//! its registrations file and reconciliation), and records what the
+//! report needs. Everything random comes from the
 //! scenario seed, and nothing iterates a randomly seeded map, so a seed
 //! replays exactly; [`World::digest`] hashes the history to prove it.
 
@@ -74,6 +78,7 @@ pub(super) fn ms(us: Time) -> u64 {
 pub(super) enum WriteKind {
     Register,
     Ready,
+    Unhealthy,
     Drain,
     Deregister,
 }
@@ -221,6 +226,9 @@ pub(super) struct Inst {
     pub(super) version: Version,
     pub(super) port: u16,
     pub(super) left_at_ms: Option<u64>,
+    /// When the instance next sends a heartbeat to its agent; `None` for
+    /// an instance that is probed instead.
+    pub(super) next_heartbeat_ms: Option<u64>,
 }
 
 pub(super) struct Agent {
@@ -327,6 +335,9 @@ pub struct Counters {
     pub new_conns_to_drained: u64,
     pub new_conns_to_not_ready: u64,
     pub probes: u64,
+    pub heartbeats: u64,
+    pub renewals_refused: u64,
+    pub unhealthy: u64,
     pub pauses: u64,
     pub nodes_killed: u64,
     pub replaced: u64,
@@ -356,7 +367,12 @@ pub struct World {
     pub(super) arb: Arbiter,
     pub(super) agent_config: AgentConfig,
     pub(super) arbiter_config: ArbiterConfig,
+    /// The readiness check of probed services (TCP, every second).
     pub(super) checks: ValidChecks,
+    /// The readiness check of heartbeating services (TTL).
+    pub(super) ttl_checks: ValidChecks,
+    /// Per service: its instances heartbeat (`[heartbeat] share`).
+    pub(super) heartbeating: Vec<bool>,
     pub(super) next_session: u64,
     pub(super) leaves: BTreeMap<u32, Vec<Tracked>>,
     pub(super) crashes: BTreeMap<u32, Vec<(u32, Tracked)>>,
