@@ -75,6 +75,11 @@ fn run(name: &str) -> SimReport {
     assert!(f.conns > 0, "{name}: no traffic was sampled");
     assert!(f.gossip.packets_per_node_per_s > 0.0, "{name}: no gossip");
     assert!(f.leases.renewals > 0, "{name}: no lease renewals");
+    assert!(
+        f.probes > 0 && f.heartbeats > 0,
+        "{name}: instances are probed and heartbeat"
+    );
+    assert_eq!(f.unhealthy, 0, "{name}: a live instance failed its check");
     first
 }
 

@@ -494,6 +494,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bogus"), "{e}");
+        let text = "name = \"x\"\nduration_s = 1\n[heartbeat]\nttl_ms = 5000\ninterval_ms = 5000\n";
+        let e = SimScenario::parse(text, "t").unwrap_err().to_string();
+        assert!(e.starts_with("heartbeat.interval_ms"), "{e}");
+        let text = "name = \"x\"\nduration_s = 1\n[heartbeat]\nshare = 1.5\n";
+        let e = SimScenario::parse(text, "t").unwrap_err().to_string();
+        assert!(e.starts_with("heartbeat.share"), "{e}");
     }
 
     #[test]
