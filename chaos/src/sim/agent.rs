@@ -17,7 +17,7 @@ use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::leader::agent_principal;
 use rollcall_leases::protocol::ServiceUpdate;
-use rollcall_leases::{AgentEpoch, Generation, InstanceId, State, Version};
+use rollcall_leases::{AgentEpoch, Generation, State, Version};
 use rollcall_node::health::{HealthEvent, InstanceHealth};
 use rollcall_node::link::{renew_after_ms, resend_health};
 use rollcall_node::sync::SyncOut;
@@ -70,21 +70,9 @@ impl World {
         let health = InstanceHealth::new(Some(checks), target, now_ms, &mut self.rng);
         let next_heartbeat_ms =
             heartbeats.then(|| now_ms + self.rng.random_range(0..self.sc.heartbeat.interval_ms));
-        self.insts.push(Inst {
-            id: InstanceId::new(&format!("i{k:07}")).expect("valid"),
-            service,
-            agent,
-            generation: None,
-            health,
-            alive: true,
-            leaving: false,
-            ready_pending: false,
-            ever_ready: false,
-            version: Version::new("v2").expect("valid"),
-            port,
-            left_at_ms: None,
-            next_heartbeat_ms,
-        });
+        let version = Version::new("v2").expect("valid");
+        let inst = Inst::new(k, service, agent, port, version, health, next_heartbeat_ms);
+        self.insts.push(inst);
         self.agents[agent as usize].instances.push(k);
         self.write(
             agent,

@@ -16,8 +16,8 @@ use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
 use rollcall_leases::distribution::{DistParams, Distributor};
 use rollcall_leases::leader::{LeaderMemory, LeaderParams};
 use rollcall_leases::{
-    AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, InstanceId, Label, NodeId,
-    Registration, Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
+    AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, Label, NodeId, Registration,
+    Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
 };
 use rollcall_node::api_types::{Check, CheckKind, ValidChecks};
 use rollcall_node::health::{InstanceHealth, Which};
@@ -155,21 +155,17 @@ impl World {
                 let next_heartbeat_ms =
                     heartbeats.then(|| rng.random_range(0..sc.heartbeat.interval_ms));
                 agents[agent as usize].instances.push(k);
-                insts.push(Inst {
-                    id: InstanceId::new(&format!("i{k:07}")).expect("valid"),
-                    service: s as u32,
+                let mut inst = Inst::new(
+                    k,
+                    s as u32,
                     agent,
-                    generation: None,
-                    health,
-                    alive: true,
-                    leaving: false,
-                    ready_pending: false,
-                    ever_ready: true,
-                    version: v1.clone(),
                     port,
-                    left_at_ms: None,
+                    v1.clone(),
+                    health,
                     next_heartbeat_ms,
-                });
+                );
+                inst.ever_ready = true;
+                insts.push(inst);
             }
         }
         for (k, inst) in insts.iter_mut().enumerate() {

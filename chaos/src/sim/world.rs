@@ -231,6 +231,35 @@ pub(super) struct Inst {
     pub(super) next_heartbeat_ms: Option<u64>,
 }
 
+impl Inst {
+    /// Instance `i<k>` of `service` on `agent`, not yet registered.
+    pub(super) fn new(
+        k: u32,
+        service: u32,
+        agent: u32,
+        port: u16,
+        version: Version,
+        health: InstanceHealth,
+        next_heartbeat_ms: Option<u64>,
+    ) -> Inst {
+        Inst {
+            id: InstanceId::new(&format!("i{k:07}")).expect("simulated ids are valid"),
+            service,
+            agent,
+            generation: None,
+            health,
+            alive: true,
+            leaving: false,
+            ready_pending: false,
+            ever_ready: false,
+            version,
+            port,
+            left_at_ms: None,
+            next_heartbeat_ms,
+        }
+    }
+}
+
 pub(super) struct Agent {
     pub(super) node: NodeId,
     pub(super) zone: u32,
