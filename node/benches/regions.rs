@@ -15,13 +15,15 @@
 //! default 40; SERVICES, default 2000; WINDOW_S, default 20). Everything
 //! shares 2 cores.
 
-use std::net::SocketAddr;
+#[path = "../tests/named/mod.rs"]
+mod named;
+
 use std::time::{Duration, Instant};
 
+use named::{backend, through};
 use rollcall_config::{ConnTraffic, ProxyEntry};
 use rollcall_node::dev_regions::{DevRegions, RegionsOptions};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -112,34 +114,6 @@ fn sent_bytes(dev: &DevRegions, k: usize, to: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap())
 }
 
-async fn backend(name: &'static str) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = conn.write_all(format!("{name}\n").as_bytes()).await;
-                let mut sink = [0u8; 16];
-                let _ = conn.read(&mut sink).await;
-            });
-        }
-    });
-    port
-}
-
-async fn through(proxy: SocketAddr) -> Option<String> {
-    let mut conn = tokio::net::TcpStream::connect(proxy).await.ok()?;
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while conn.read(&mut byte).await.ok()? == 1 {
-        if byte[0] == b'\n' {
-            return Some(String::from_utf8_lossy(&line).into_owned());
-        }
-        line.push(byte[0]);
-    }
-    None
-}
-
 /// Polls `check` every 2 ms for at most 30 s.
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -172,8 +146,8 @@ fn main() {
             http: reqwest::Client::new(),
         };
         let proxy = dev.regions[0].agent.proxies[0].local_addr;
-        let web1 = backend("web-r1").await;
-        let web2 = backend("web-r2").await;
+        let (web1, _web1) = backend("web-r1").await;
+        let (web2, _web2) = backend("web-r2").await;
         register(&api, &dev, 1, "shop/web", "web-r2", web2).await;
         // r2's agent follows web, so it receives web's policy.
         let r2 = dev.regions[1].agent.agent.clone();

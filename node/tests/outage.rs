@@ -4,43 +4,11 @@
 //! end: deregistration after the drain window.
 
 mod common;
-
-use std::net::SocketAddr;
+mod named;
 
 use common::{eventually, Cluster, Http};
+use named::{backend, through};
 use rollcall_config::{ProxyEntry, ServicePattern, StaleBehaviour, StalenessOverride};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A backend that writes `name` and a newline to every connection.
-async fn backend(name: &'static str) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = conn.write_all(format!("{name}\n").as_bytes()).await;
-                let mut sink = [0u8; 64];
-                let _ = conn.read(&mut sink).await;
-            });
-        }
-    });
-    port
-}
-
-/// Connects through the proxy; `Some(name)` of the backend that answered,
-/// `None` when the proxy closed the connection (no backend).
-async fn through(proxy: SocketAddr) -> Option<String> {
-    let mut conn = tokio::net::TcpStream::connect(proxy).await.ok()?;
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while conn.read(&mut byte).await.ok()? == 1 {
-        if byte[0] == b'\n' {
-            return Some(String::from_utf8_lossy(&line).into_owned());
-        }
-        line.push(byte[0]);
-    }
-    None
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_refuses() {
@@ -69,13 +37,13 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
     http.wait_connected().await;
     let (web, pay) = (agent.proxies[0].local_addr, agent.proxies[1].local_addr);
     assert_eq!(
-        http.register("web", "web-1", backend("web-1").await)
+        http.register("web", "web-1", backend("web-1").await.0)
             .await
             .0,
         200
     );
     assert_eq!(
-        http.register("pay", "pay-1", backend("pay-1").await)
+        http.register("pay", "pay-1", backend("pay-1").await.0)
             .await
             .0,
         200
