@@ -4,7 +4,12 @@
 //!     update, revision, digest update, delta-log append; no encoding);
 //! (b) encoded full-snapshot bytes per endpoint for realistic records.
 //!
-//! Run: `cargo bench -p rollcall-leases --bench catalog`
+//! Run: `cargo bench -p rollcall-leases --bench catalog`. `cargo test`
+//! runs it as a smoke test on a catalog of 1,000 endpoints: every apply
+//! must succeed and move the revision, and the snapshots must hold every
+//! endpoint.
+
+mod support;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -17,9 +22,30 @@ use rollcall_leases::{
     Version, Weight,
 };
 
-const NODES: usize = 5_000;
-const SERVICES: usize = 2_000;
-const ENDPOINTS: usize = 100_000;
+/// The fleet's size: 5,000 nodes, 2,000 services and 100,000 endpoints
+/// in the full run, a fiftieth of each (and 1,000 endpoints) in the smoke.
+#[derive(Clone, Copy)]
+struct Size {
+    nodes: usize,
+    services: usize,
+    endpoints: usize,
+}
+
+fn size() -> Size {
+    if support::full_run() {
+        Size {
+            nodes: 5_000,
+            services: 2_000,
+            endpoints: 100_000,
+        }
+    } else {
+        Size {
+            nodes: 100,
+            services: 40,
+            endpoints: 1_000,
+        }
+    }
+}
 const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 const WORDS: [&str; 10] = [
     "checkout",
@@ -55,7 +81,7 @@ fn actor() -> Principal {
 
 /// 5,000 nodes in 3 zones, 2,000 services of 50 endpoints each (two
 /// ReplicaSet hashes and versions per service), all READY.
-fn fleet() -> (Catalog, Vec<InstanceId>) {
+fn fleet(size: Size) -> (Catalog, Vec<InstanceId>) {
     let mut cat = Catalog::new(CatalogParams::with_region(Label::new("us-east-1").unwrap()));
     let mut at_ms = 1_764_000_000_000u64;
     let mut env = |cat: &mut Catalog, command: Command| {
@@ -67,7 +93,7 @@ fn fleet() -> (Catalog, Vec<InstanceId>) {
         })
         .expect("fleet setup applies");
     };
-    for n in 0..NODES {
+    for n in 0..size.nodes {
         let zone = Label::new(ZONES[n % 3]).unwrap();
         env(
             &mut cat,
@@ -83,14 +109,14 @@ fn fleet() -> (Catalog, Vec<InstanceId>) {
         Label::new("track").unwrap(),
         LabelValue::new("canary").unwrap(),
     );
-    let mut ids = Vec::with_capacity(ENDPOINTS);
-    for i in 0..ENDPOINTS {
-        let s = i % SERVICES;
+    let mut ids = Vec::with_capacity(size.endpoints);
+    for i in 0..size.endpoints {
+        let s = i % size.services;
         let name = format!("{}-{s}", WORDS[s % WORDS.len()]);
-        let release = (i / SERVICES) % 2;
+        let release = (i / size.services) % 2;
         let rs = suffix((s * 2 + release) as u64, 9);
         let id = InstanceId::new(&format!("{name}-{rs}-{}", suffix(i as u64, 5))).unwrap();
-        let node = (i * 7919) % NODES;
+        let node = (i * 7919) % size.nodes;
         ids.push(id.clone());
         env(
             &mut cat,
@@ -121,8 +147,9 @@ fn fleet() -> (Catalog, Vec<InstanceId>) {
     (cat, ids)
 }
 
-fn transitions(c: &mut Criterion) {
-    let (mut cat, ids) = fleet();
+fn transitions(c: &mut Criterion, size: Size) {
+    let (mut cat, ids) = fleet(size);
+    let before = cat.revision();
     let reason_down = Reason::new("readiness GET /healthz returned 503 3 times").unwrap();
     let reason_up = Reason::new("readiness passed 1 time").unwrap();
     let envelopes: Vec<[Envelope; 2]> = ids
@@ -148,18 +175,32 @@ fn transitions(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(10));
     let mut k = 0usize;
+    let endpoints = size.endpoints;
     group.bench_function("apply_transition_100k_endpoints", |b| {
         b.iter(|| {
-            let env = &envelopes[k % ENDPOINTS][(k / ENDPOINTS) % 2];
+            let env = &envelopes[k % endpoints][(k / endpoints) % 2];
             k += 1;
             cat.apply(env).expect("transition applies")
         })
     });
     group.finish();
+    assert!(k > 0, "no transition was applied: this measured nothing");
+    assert_eq!(
+        cat.revision().0 - before.0,
+        k as u64,
+        "every applied transition commits one revision"
+    );
 }
 
-fn snapshot_size(c: &mut Criterion) {
-    let (cat, _) = fleet();
+fn snapshot_size(c: &mut Criterion, size: Size) {
+    let (cat, _) = fleet(size);
+    let records: usize = cat
+        .services()
+        .iter()
+        .map(|k| cat.service_snapshot(k).unwrap().records.len())
+        .sum();
+    assert_eq!(records, size.endpoints, "the snapshots hold every endpoint");
+
     let full = encode_catalog_snapshot(&cat.export());
     let per_service: usize = cat
         .services()
@@ -168,11 +209,12 @@ fn snapshot_size(c: &mut Criterion) {
         .sum();
     println!(
         "snapshot size: full catalog {} bytes = {:.1} bytes/endpoint (includes leases and generation memory); \
-         2,000 per-service snapshots {} bytes = {:.1} bytes/endpoint; target <= 64",
+         {} per-service snapshots {} bytes = {:.1} bytes/endpoint; target <= 64",
         full.len(),
-        full.len() as f64 / ENDPOINTS as f64,
+        full.len() as f64 / size.endpoints as f64,
+        size.services,
         per_service,
-        per_service as f64 / ENDPOINTS as f64,
+        per_service as f64 / size.endpoints as f64,
     );
     let snap = cat.export();
     let mut group = c.benchmark_group("snapshot");
@@ -188,8 +230,10 @@ fn snapshot_size(c: &mut Criterion) {
 }
 
 fn main() {
+    support::announce("catalog");
+    let size = size();
     let mut c = Criterion::default().configure_from_args();
-    snapshot_size(&mut c);
-    transitions(&mut c);
+    snapshot_size(&mut c, size);
+    transitions(&mut c, size);
     c.final_summary();
 }

@@ -2,38 +2,86 @@
 //! clients in this process, each on its own QUIC connection and subscribed
 //! to 20 of 2,000 services.
 //!
+//! Each client behaves on its session as a node agent does
+//! (`node/src/sync.rs`): it keeps one verified view per service, applies
+//! deltas on top of it and snapshots in place of it, acknowledges every
+//! revision it applied (snapshots included: the arbiter re-sends what is
+//! not acknowledged), asks for a snapshot on a gap, subscribes again after
+//! a `RetryAfter` without blocking its reader, and sends keep-alives and
+//! renewals at the agent's default cadence (500 ms, ttl / 3).
+//!
 //! Measured:
 //! - change latency for a lone change and under a 500 changes/s stream:
 //!   from the writer's Committed answer (the arbiter answers right after
-//!   the fsync, just before fanning out) to each subscribed agent holding
-//!   the delta; also from the write's submission (adds the fsync);
+//!   the fsync, just before fanning out) to each subscribed agent's view
+//!   holding the revision (by delta or by snapshot); also from the write's
+//!   submission (adds the fsync). Every subscriber of a changed service
+//!   must hold each change: one that does not is reported as undelivered;
 //! - committed transitions per second, durable (fsync on every group
 //!   commit), with 64 concurrent writers;
 //! - deliveries per second and bytes per second to the agents meanwhile.
 //!
-//! Run: `cargo bench -p rollcall-leases --bench control_plane`
+//! Run: `cargo bench -p rollcall-leases --bench control_plane`.
+//! `cargo test` runs it as a smoke test instead (no `--bench` argument):
+//! 8 agents, 40 services, about 3 s of load, and it fails unless every
+//! change reached every subscriber and every figure has its samples. It
+//! asserts no timing.
 
-use std::collections::HashMap;
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rollcall_config::ArbiterConfig;
-use rollcall_leases::client::{ArbiterClient, ArbiterConn};
-use rollcall_leases::codec::encode_session_down;
+use rollcall_config::{AgentConfig, ArbiterConfig};
+use rollcall_leases::client::{ArbiterClient, ArbiterConn, SessionReader, SessionWriter};
+use rollcall_leases::codec::{decode_service_snapshot, encode_session_down};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{
     AgentEpoch, Generation, InstanceId, Label, NodeId, PrincipalName, Reason, Registration,
-    Revision, Role, ServiceKey, State, Version, Weight,
+    Revision, Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
 };
 
-const AGENTS: usize = 200;
-const SERVICES: usize = 2_000;
-const SUBS_PER_AGENT: usize = 20;
+/// How big a run is.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    agents: usize,
+    services: usize,
+    subs_per_agent: usize,
+    lone_changes: usize,
+    stream_changes: usize,
+    stream_interval_us: u64,
+    throughput_s: u64,
+    writers: &'static [usize],
+}
+
+const FULL: Sizes = Sizes {
+    agents: 200,
+    services: 2_000,
+    subs_per_agent: 20,
+    lone_changes: 300,
+    stream_changes: 5_000,
+    stream_interval_us: 2_000,
+    throughput_s: 5,
+    writers: &[64, 256],
+};
+
+/// The `cargo test` run: small, and judged on delivery, not on time.
+const SMOKE: Sizes = Sizes {
+    agents: 8,
+    services: 40,
+    subs_per_agent: 5,
+    lone_changes: 20,
+    stream_changes: 200,
+    stream_interval_us: 5_000,
+    throughput_s: 1,
+    writers: &[16],
+};
 
 fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
     let identity = Identity::new(
@@ -52,30 +100,15 @@ fn instance(i: usize) -> InstanceId {
     InstanceId::new(&format!("svc-{i:04}-7d9f8b6c4-x2k9p")).unwrap()
 }
 
-/// Arrival time of each revision at each agent.
-type Arrivals = Arc<Mutex<HashMap<Revision, Vec<Instant>>>>;
+/// Every revision each agent's view of each service reached, and when.
+type Progress = Arc<Mutex<HashMap<(usize, ServiceKey), Vec<(Revision, Instant)>>>>;
 
+#[derive(Default)]
 struct Counters {
     deltas: AtomicU64,
     bytes: AtomicU64,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn summary(name: &str, mut ms: Vec<f64>) {
-    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "{name}: n={} p50={:.2} ms p99={:.2} ms max={:.2} ms",
-        ms.len(),
-        percentile(&ms, 0.5),
-        percentile(&ms, 0.99),
-        ms.last().copied().unwrap_or(f64::NAN)
-    );
+    snapshots: AtomicU64,
+    retries: AtomicU64,
 }
 
 async fn transition(conn: &ArbiterConn, i: usize, to: State) -> Option<Revision> {
@@ -103,53 +136,256 @@ fn next_state(flips: &Mutex<HashMap<usize, bool>>, i: usize) -> State {
     }
 }
 
-#[derive(Default)]
-struct Sample {
-    submitted: Vec<(Revision, Instant, Instant)>,
+/// One committed change: which service, which revision, when it was
+/// submitted and when its Committed answer came.
+struct Change {
+    service: usize,
+    revision: Revision,
+    submitted: Instant,
+    committed: Instant,
 }
 
-async fn measure_latency(name: &str, sample: Sample, arrivals: &Arrivals) {
-    // Give the last deliveries time to land.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let arrivals = arrivals.lock().unwrap();
+/// Who follows what.
+struct Followers {
+    by_service: Vec<Vec<usize>>,
+}
+
+/// Judges one phase: every subscriber of a changed service must hold the
+/// change (by delta or snapshot); returns how many did not.
+async fn measure_latency(
+    name: &str,
+    changes: &[Change],
+    followers: &Followers,
+    progress: &Progress,
+) -> usize {
+    // Give the last deliveries time to land (and one re-send of a lost one).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let progress = progress.lock().unwrap();
     let mut from_commit = Vec::new();
     let mut from_submit = Vec::new();
-    let mut missing = 0;
-    for (rev, submitted, committed) in &sample.submitted {
-        let times = arrivals.get(rev).cloned().unwrap_or_default();
-        // Every changed service has subscribers: a change seen by none is lost.
-        if times.is_empty() {
-            missing += 1;
+    let mut undelivered = 0;
+    let mut unseen = 0;
+    for change in changes {
+        let key = service(change.service);
+        let mut seen = false;
+        for &agent in &followers.by_service[change.service] {
+            let reached = progress.get(&(agent, key.clone())).and_then(|steps| {
+                let at = steps.partition_point(|(rev, _)| *rev < change.revision);
+                steps.get(at).map(|(_, t)| *t)
+            });
+            let Some(t) = reached else {
+                undelivered += 1;
+                continue;
+            };
+            seen = true;
+            from_commit.push(t.saturating_duration_since(change.committed).as_secs_f64() * 1e3);
+            from_submit.push(t.saturating_duration_since(change.submitted).as_secs_f64() * 1e3);
         }
-        for t in times {
-            from_commit.push(t.saturating_duration_since(*committed).as_secs_f64() * 1e3);
-            from_submit.push(t.saturating_duration_since(*submitted).as_secs_f64() * 1e3);
-        }
+        unseen += usize::from(!seen);
     }
-    summary(
+    let expected: usize = changes
+        .iter()
+        .map(|c| followers.by_service[c.service].len())
+        .sum();
+    println!(
+        "{name}: {} changes, {expected} (change, subscriber) deliveries due, {undelivered} missing, {unseen} changes reached no subscriber",
+        changes.len()
+    );
+    support::expect_samples(name, from_commit.len() + undelivered, expected);
+    support::report(
         &format!("{name}: Committed answer -> applied at a subscribed agent"),
         from_commit,
+        "ms",
+        2,
     );
-    summary(
+    support::report(
         &format!("{name}: write submitted -> applied at a subscribed agent"),
         from_submit,
+        "ms",
+        2,
     );
-    if missing > 0 {
-        println!("{name}: {missing} changes reached no agent");
-    }
+    undelivered
 }
 
 fn main() {
     rollcall_leases::tls::install_crypto_provider();
+    support::announce("control_plane");
+    let sizes = if support::full_run() { FULL } else { SMOKE };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run());
+    let undelivered = runtime.block_on(run(sizes));
+    assert_eq!(
+        undelivered, 0,
+        "{undelivered} (change, subscriber) deliveries never reached the subscriber's view"
+    );
 }
 
-async fn run() {
+/// One agent's session loop, as `node/src/sync.rs` and the agent's session
+/// task behave (see the module doc).
+struct BenchAgent {
+    index: usize,
+    writer: SessionWriter,
+    views: HashMap<ServiceKey, Option<ServiceView>>,
+    /// Subscriptions to send again, by when.
+    retries: BTreeMap<Instant, Vec<ServiceKey>>,
+    progress: Progress,
+    counters: Arc<Counters>,
+}
+
+impl BenchAgent {
+    async fn run(mut self, mut inbox: tokio::sync::mpsc::UnboundedReceiver<SessionDown>) {
+        let agent = AgentConfig::default();
+        let renew_every = ArbiterConfig::default().lease.ttl_ms / 3;
+        let mut keepalive = tokio::time::interval(Duration::from_millis(agent.keepalive_ms));
+        let mut renew = tokio::time::interval(Duration::from_millis(renew_every));
+        loop {
+            let retry_at = self.retries.keys().next().copied();
+            let sent = tokio::select! {
+                msg = inbox.recv() => match msg {
+                    Some(msg) => self.receive(msg).await,
+                    None => return,
+                },
+                _ = keepalive.tick() => self.writer.send(&SessionUp::Keepalive).await,
+                _ = renew.tick() => self.writer.send(&SessionUp::Renew).await,
+                _ = sleep_until_some(retry_at) => self.retry_due().await,
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn receive(
+        &mut self,
+        msg: SessionDown,
+    ) -> Result<(), rollcall_leases::client::ClientError> {
+        let now = Instant::now();
+        self.counters.bytes.fetch_add(
+            encode_session_down(&msg).len() as u64 + 4,
+            Ordering::Relaxed,
+        );
+        let SessionDown::Update(items) = msg else {
+            return Ok(());
+        };
+        for item in items {
+            let up = match item {
+                ServiceUpdate::Deltas(deltas) => {
+                    self.counters
+                        .deltas
+                        .fetch_add(deltas.len() as u64, Ordering::Relaxed);
+                    let Some(key) = deltas.first().map(|d| d.service.clone()) else {
+                        continue;
+                    };
+                    let Some(slot) = self.views.get_mut(&key) else {
+                        continue;
+                    };
+                    let view =
+                        slot.get_or_insert_with(|| ServiceView::empty(key.clone(), ShardId(0)));
+                    let held = view.revision();
+                    let gap = deltas
+                        .iter()
+                        .filter(|d| d.revision > held)
+                        .any(|d| view.apply(d).is_err());
+                    if gap {
+                        *slot = None;
+                        SessionUp::Subscribe {
+                            shard: ShardId(0),
+                            service: key,
+                            have: None,
+                        }
+                    } else {
+                        let revision = view.revision();
+                        self.applied(&key, revision, now);
+                        SessionUp::Ack {
+                            service: key,
+                            revision,
+                        }
+                    }
+                }
+                ServiceUpdate::Snapshot(bytes) => {
+                    self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+                    let snap = decode_service_snapshot(&bytes).expect("a snapshot decodes");
+                    let view = ServiceView::from_snapshot(&snap).expect("a snapshot checks");
+                    let (key, revision) = (snap.service, view.revision());
+                    self.views.insert(key.clone(), Some(view));
+                    self.applied(&key, revision, now);
+                    SessionUp::Ack {
+                        service: key,
+                        revision,
+                    }
+                }
+                ServiceUpdate::RetryAfter { service, ms } => {
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    self.retries
+                        .entry(now + Duration::from_millis(ms))
+                        .or_default()
+                        .push(service);
+                    continue;
+                }
+                _ => continue,
+            };
+            self.writer.send(&up).await?;
+        }
+        Ok(())
+    }
+
+    /// Notes that the view of `service` now holds `revision`.
+    fn applied(&self, service: &ServiceKey, revision: Revision, at: Instant) {
+        let mut progress = self.progress.lock().unwrap();
+        let steps = progress.entry((self.index, service.clone())).or_default();
+        if steps.last().is_none_or(|(rev, _)| *rev < revision) {
+            steps.push((revision, at));
+        }
+    }
+
+    async fn retry_due(&mut self) -> Result<(), rollcall_leases::client::ClientError> {
+        let later = self
+            .retries
+            .split_off(&(Instant::now() + Duration::from_nanos(1)));
+        let due = std::mem::replace(&mut self.retries, later);
+        for service in due.into_values().flatten() {
+            let have = self
+                .views
+                .get(&service)
+                .and_then(|v| v.as_ref())
+                .map(|v| v.revision());
+            self.writer
+                .send(&SessionUp::Subscribe {
+                    shard: ShardId(0),
+                    service,
+                    have,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads the session stream into a channel, so the agent's loop never
+/// waits on a half-read frame.
+fn read_into(mut reader: SessionReader) -> tokio::sync::mpsc::UnboundedReceiver<SessionDown> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(msg) = reader.next().await {
+            if tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+async fn run(sizes: Sizes) -> usize {
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = ArbiterConfig {
@@ -172,28 +408,27 @@ async fn run() {
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
     };
-    let (mut writer_session, mut writer_reader) = conn.open_session(&hello).await.unwrap();
+    let (writer_session, mut writer_reader) = conn.open_session(&hello).await.unwrap();
     assert!(matches!(
         writer_reader.next().await.unwrap(),
         SessionDown::Welcome { .. }
     ));
-    tokio::spawn(async move {
-        // Keep the session alive and renew the lease every ttl/3 (10 s TTL).
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        for n in 0u64.. {
-            tick.tick().await;
-            let msg = if n % 6 == 5 {
-                SessionUp::Renew
-            } else {
-                SessionUp::Keepalive
-            };
-            if writer_session.send(&msg).await.is_err() {
-                return;
-            }
+    let counters: Arc<Counters> = Arc::default();
+    let progress: Progress = Arc::new(Mutex::new(HashMap::new()));
+    // The writer's own session follows nothing; it only keeps its lease.
+    tokio::spawn(
+        BenchAgent {
+            index: usize::MAX,
+            writer: writer_session,
+            views: HashMap::new(),
+            retries: BTreeMap::new(),
+            progress: progress.clone(),
+            counters: Arc::default(),
         }
-    });
+        .run(read_into(writer_reader)),
+    );
     let mut registrations = Vec::new();
-    for chunk in (0..SERVICES).collect::<Vec<_>>().chunks(100) {
+    for chunk in (0..sizes.services).collect::<Vec<_>>().chunks(100) {
         for &i in chunk {
             let conn = conn.clone();
             registrations.push(tokio::spawn(async move {
@@ -218,16 +453,12 @@ async fn run() {
         }
     }
 
-    // 200 agents, each subscribed to 20 services (a fixed pseudo-random pick).
-    let arrivals: Arrivals = Arc::new(Mutex::new(HashMap::new()));
-    let counters = Arc::new(Counters {
-        deltas: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-    });
-    let mut subscribers = vec![0usize; SERVICES];
-    let mut ready = Vec::new();
+    // The agents, each subscribed to a fixed pseudo-random pick of services.
+    let mut followers = Followers {
+        by_service: vec![Vec::new(); sizes.services],
+    };
     let mut keep = Vec::new();
-    for a in 0..AGENTS {
+    for a in 0..sizes.agents {
         let node = format!("agent-{a:03}");
         let client = ArbiterClient::new(&material(&ca, Role::Agent, &node)).unwrap();
         let conn = client.connect(&addr).await.unwrap();
@@ -242,141 +473,138 @@ async fn run() {
             SessionDown::Welcome { .. }
         ));
         // A fixed, well spread pick (Knuth's multiplicative hash).
-        let picks: Vec<usize> = (0..SUBS_PER_AGENT)
-            .map(|k| (((a * SUBS_PER_AGENT + k) as u64 * 2_654_435_761) % SERVICES as u64) as usize)
+        let mut picks: Vec<usize> = (0..sizes.subs_per_agent)
+            .map(|k| {
+                (((a * sizes.subs_per_agent + k) as u64 * 2_654_435_761) % sizes.services as u64)
+                    as usize
+            })
             .collect();
+        picks.sort_unstable();
+        picks.dedup();
+        let mut views = HashMap::new();
         for &s in &picks {
-            subscribers[s] += 1;
+            followers.by_service[s].push(a);
+            views.insert(service(s), None);
             w.send(&SessionUp::Subscribe {
-                shard: rollcall_leases::ShardId(0),
+                shard: ShardId(0),
                 service: service(s),
                 have: None,
             })
             .await
             .unwrap();
         }
-        let arrivals = arrivals.clone();
-        let counters = counters.clone();
-        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-        ready.push(synced_rx);
         keep.push((client, conn));
-        tokio::spawn(async move {
-            let mut synced_tx = Some(synced_tx);
-            let mut snapshots = 0;
-            loop {
-                let Ok(msg) = r.next().await else { return };
-                let now = Instant::now();
-                counters.bytes.fetch_add(
-                    encode_session_down(&msg).len() as u64 + 4,
-                    Ordering::Relaxed,
-                );
-                let SessionDown::Update(items) = msg else {
-                    continue;
-                };
-                let mut acks = Vec::new();
-                for item in items {
-                    match item {
-                        ServiceUpdate::Snapshot(_) => snapshots += 1,
-                        ServiceUpdate::Deltas(ds) => {
-                            counters
-                                .deltas
-                                .fetch_add(ds.len() as u64, Ordering::Relaxed);
-                            let mut a = arrivals.lock().unwrap();
-                            for d in &ds {
-                                a.entry(d.revision).or_default().push(now);
-                            }
-                            if let Some(last) = ds.last() {
-                                acks.push((last.service.clone(), last.revision));
-                            }
-                        }
-                        ServiceUpdate::RetryAfter { service, .. } => {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            acks.clear();
-                            let _ = w
-                                .send(&SessionUp::Subscribe {
-                                    shard: rollcall_leases::ShardId(0),
-                                    service,
-                                    have: None,
-                                })
-                                .await;
-                        }
-                        _ => {}
-                    }
-                }
-                for (service, revision) in acks {
-                    let _ = w.send(&SessionUp::Ack { service, revision }).await;
-                }
-                if snapshots >= SUBS_PER_AGENT {
-                    if let Some(tx) = synced_tx.take() {
-                        let _ = tx.send(());
-                    }
-                }
+        tokio::spawn(
+            BenchAgent {
+                index: a,
+                writer: w,
+                views,
+                retries: BTreeMap::new(),
+                progress: progress.clone(),
+                counters: counters.clone(),
             }
-        });
+            .run(read_into(r)),
+        );
     }
-    for r in ready {
-        r.await.unwrap();
-    }
-    let watched: Vec<usize> = (0..SERVICES).filter(|s| subscribers[*s] > 0).collect();
-    println!("{AGENTS} agents subscribed to {SUBS_PER_AGENT} services each; {} of {SERVICES} services have subscribers", watched.len());
-    let flips = Arc::new(Mutex::new(HashMap::new()));
-
-    // Lone changes: one at a time, 20 ms apart.
-    let mut sample = Sample::default();
-    for k in 0..300 {
-        let i = watched[(k * 31) % watched.len()];
-        let submitted = Instant::now();
-        let rev = transition(&conn, i, next_state(&flips, i)).await.unwrap();
-        sample.submitted.push((rev, submitted, Instant::now()));
+    // Every agent holds a view of each service it follows.
+    let subscriptions: usize = followers.by_service.iter().map(Vec::len).sum();
+    let synced_by = Instant::now() + Duration::from_secs(60);
+    while progress.lock().unwrap().len() < subscriptions {
+        assert!(
+            Instant::now() < synced_by,
+            "the agents did not sync their subscriptions within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    measure_latency("lone change", sample, &arrivals).await;
+    let watched: Vec<usize> = (0..sizes.services)
+        .filter(|s| !followers.by_service[*s].is_empty())
+        .collect();
+    println!(
+        "{} agents subscribed to {} services each; {} of {} services have subscribers",
+        sizes.agents,
+        sizes.subs_per_agent,
+        watched.len(),
+        sizes.services
+    );
+    let flips = Arc::new(Mutex::new(HashMap::new()));
+    let mut undelivered = 0;
 
-    // A stream of 500 changes per second for 10 s, open loop.
-    let sample = Arc::new(Mutex::new(Sample::default()));
+    // Lone changes: one at a time, 20 ms apart.
+    let mut changes = Vec::new();
+    for k in 0..sizes.lone_changes {
+        let i = watched[(k * 31) % watched.len()];
+        let submitted = Instant::now();
+        let revision = transition(&conn, i, next_state(&flips, i)).await.unwrap();
+        changes.push(Change {
+            service: i,
+            revision,
+            submitted,
+            committed: Instant::now(),
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    undelivered += measure_latency("lone change", &changes, &followers, &progress).await;
+
+    // A stream of changes at a fixed rate (500/s in the full run), open loop.
+    let changes = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     let start = Instant::now();
-    for k in 0..5_000usize {
-        let due = start + Duration::from_micros(2_000 * k as u64);
+    for k in 0..sizes.stream_changes {
+        let due = start + Duration::from_micros(sizes.stream_interval_us * k as u64);
         tokio::time::sleep_until(due.into()).await;
         let i = watched[(k * 7) % watched.len()];
         let state = next_state(&flips, i);
-        let (conn, sample) = (conn.clone(), sample.clone());
+        let (conn, changes) = (conn.clone(), changes.clone());
         tasks.push(tokio::spawn(async move {
             let submitted = Instant::now();
-            if let Some(rev) = transition(&conn, i, state).await {
-                sample
-                    .lock()
-                    .unwrap()
-                    .submitted
-                    .push((rev, submitted, Instant::now()));
+            if let Some(revision) = transition(&conn, i, state).await {
+                changes.lock().unwrap().push(Change {
+                    service: i,
+                    revision,
+                    submitted,
+                    committed: Instant::now(),
+                });
             }
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
-    let sample = std::mem::take(&mut *sample.lock().unwrap());
-    measure_latency("500 changes/s stream", sample, &arrivals).await;
+    let changes = std::mem::take(&mut *changes.lock().unwrap());
+    let rate = 1e6 / sizes.stream_interval_us as f64;
+    undelivered += measure_latency(
+        &format!("{rate:.0} changes/s stream"),
+        &changes,
+        &followers,
+        &progress,
+    )
+    .await;
 
-    // Durable throughput with 64 and with 256 concurrent writers, 5 s each.
-    for writers in [64usize, 256] {
-        throughput(&conn, writers, &flips, &counters).await;
+    // Durable throughput with concurrent writers.
+    for &writers in sizes.writers {
+        throughput(&conn, writers, sizes, &flips, &counters).await;
     }
+    println!(
+        "agents applied {} snapshots and were told to retry {} times over the run",
+        counters.snapshots.load(Ordering::Relaxed),
+        counters.retries.load(Ordering::Relaxed)
+    );
     drop(keep);
     server.shutdown().await;
+    undelivered
 }
 
 async fn throughput(
     conn: &ArbiterConn,
     writers: usize,
+    sizes: Sizes,
     flips: &Arc<Mutex<HashMap<usize, bool>>>,
     counters: &Counters,
 ) {
     let committed = Arc::new(AtomicU64::new(0));
     let d0 = counters.deltas.load(Ordering::Relaxed);
     let b0 = counters.bytes.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(sizes.throughput_s);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
@@ -384,7 +612,7 @@ async fn throughput(
         tasks.push(tokio::spawn(async move {
             let mut k = w;
             while Instant::now() < deadline {
-                let i = k % SERVICES;
+                let i = k % sizes.services;
                 k += writers;
                 if transition(&conn, i, next_state(&flips, i)).await.is_some() {
                     committed.fetch_add(1, Ordering::Relaxed);
@@ -398,12 +626,14 @@ async fn throughput(
     let secs = start.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let n = committed.load(Ordering::Relaxed);
+    assert!(n > 0, "no transition committed: this measured nothing");
     let deltas = counters.deltas.load(Ordering::Relaxed) - d0;
     let bytes = counters.bytes.load(Ordering::Relaxed) - b0;
     println!("durable throughput, {writers} concurrent writers: {n} transitions committed in {secs:.2} s = {:.0} committed transitions/s", n as f64 / secs);
     println!(
-        "  fan-out meanwhile: {:.0} deltas/s delivered, {:.0} KiB/s to {AGENTS} agents",
+        "  fan-out meanwhile: {:.0} deltas/s delivered, {:.0} KiB/s to {} agents",
         deltas as f64 / secs,
-        bytes as f64 / secs / 1024.0
+        bytes as f64 / secs / 1024.0,
+        sizes.agents
     );
 }

@@ -14,7 +14,11 @@
 //!   leader. The killed replica is restarted before the next round.
 //!
 //! Run: `cargo bench -p rollcall-leases --bench replication`
-//! (`-- --quick` for 3 s of load and 5 rounds).
+//! (`-- --quick` for 3 s of load and 5 rounds). `cargo test` runs it as a
+//! smoke test: 1 s of load each way and 2 kill rounds; it fails unless
+//! both ways committed writes and every round measured its two times.
+
+mod support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -228,18 +232,18 @@ async fn throughput(ca: &Ca, addr: &str, node: &str, secs: u64) -> f64 {
     committed.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 fn main() {
+    support::announce("replication");
     let quick = std::env::args().any(|a| a == "--quick");
     // RUST_LOG=info shows elections.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
-    let (secs, rounds) = if quick { (3, 5) } else { (10, 20) };
+    let (secs, rounds) = match (support::full_run(), quick) {
+        (false, _) => (1, 2),
+        (true, true) => (3, 5),
+        (true, false) => (10, 20),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -254,6 +258,10 @@ fn main() {
         println!("committed transitions/s, writes sent to the leader:   {to_leader:>8.0}");
         let to_follower = throughput(&group.ca, &group.addr(follower), "bench-f", secs).await;
         println!("committed transitions/s, writes sent to a follower:   {to_follower:>8.0}");
+        assert!(
+            to_leader > 0.0 && to_follower > 0.0,
+            "no write committed one of the two ways: this measured nothing"
+        );
 
         let mut times = Vec::new();
         let mut elections = Vec::new();
@@ -303,17 +311,16 @@ fn main() {
             let _ = group.leader().await;
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        times.sort_by(f64::total_cmp);
-        elections.sort_by(f64::total_cmp);
+        support::expect_samples("leader kill rounds", times.len(), rounds);
+        let elections = support::summarize("leader kill -> new leader known", elections);
+        let times = support::summarize("leader kill -> first committed write", times);
         println!(
             "leader kill -> new leader known, {rounds} rounds: p50 {:.0} ms, max {:.0} ms",
-            percentile(&elections, 0.5),
-            elections.last().unwrap()
+            elections.p50, elections.max
         );
         println!(
             "leader kill -> first committed write, {rounds} rounds: p50 {:.0} ms, max {:.0} ms (target max <= 2000 ms)",
-            percentile(&times, 0.5),
-            times.last().unwrap()
+            times.p50, times.max
         );
         for server in group.servers.into_iter().flatten() {
             server.shutdown().await;

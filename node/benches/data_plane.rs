@@ -23,7 +23,13 @@
 //! the other side's work: the ratios to direct matter more than the
 //! absolute figures.
 //!
-//! Run: `cargo bench -p rollcall-node --bench data_plane`
+//! Run: `cargo bench -p rollcall-node --bench data_plane`. `cargo test`
+//! runs it as a smoke test (fewer samples, 1 s loops, 8 MiB of bulk): it
+//! fails unless every figure has its samples, every echo came back whole
+//! and no connection or query failed.
+
+#[path = "../../leases/benches/support/mod.rs"]
+mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,21 +53,42 @@ const SERVICE: &str = "default/web/default";
 const DNS_NAME: &str = "web.default.svc.rollcall.";
 const BACKENDS: usize = 3;
 
-const RTT_WARMUP: usize = 1_000;
-const RTT_SAMPLES: usize = 20_000;
 const RTT_BYTES: usize = 100;
-
 const CONNECT_CLIENTS: usize = 32;
-const CONNECT_SECS: u64 = 5;
-
 const BULK_CHUNK: usize = 64 * 1024;
-const BULK_TOTAL: usize = 256 * 1024 * 1024;
-
-const RESOLVE_WARMUP: usize = 100;
-const RESOLVE_SAMPLES: usize = 5_000;
-
 const DNS_TASKS: usize = 16;
-const DNS_SECS: u64 = 5;
+
+/// Sample counts and loop lengths: the full run's, or the smoke run's.
+#[derive(Clone, Copy)]
+struct Sizes {
+    rtt_warmup: usize,
+    rtt_samples: usize,
+    connect_secs: u64,
+    bulk_total: usize,
+    resolve_warmup: usize,
+    resolve_samples: usize,
+    dns_secs: u64,
+}
+
+const FULL: Sizes = Sizes {
+    rtt_warmup: 1_000,
+    rtt_samples: 20_000,
+    connect_secs: 5,
+    bulk_total: 256 * 1024 * 1024,
+    resolve_warmup: 100,
+    resolve_samples: 5_000,
+    dns_secs: 5,
+};
+
+const SMOKE: Sizes = Sizes {
+    rtt_warmup: 50,
+    rtt_samples: 500,
+    connect_secs: 1,
+    bulk_total: 8 * 1024 * 1024,
+    resolve_warmup: 10,
+    resolve_samples: 200,
+    dns_secs: 1,
+};
 
 /// How long setup may wait for the agent to connect and serve web.
 const SETUP_PATIENCE: Duration = Duration::from_secs(20);
@@ -75,17 +102,10 @@ fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
     TlsMaterial::from_issued(ca, &ca.issue(&identity, &[], &[]).unwrap())
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-/// p50 and p99 of samples in µs.
-fn p50_p99(mut us: Vec<f64>) -> (f64, f64) {
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (percentile(&us, 0.5), percentile(&us, 0.99))
+/// p50 and p99 of the figure `name`, in µs; it fails without samples.
+fn p50_p99(name: &str, us: Vec<f64>) -> (f64, f64) {
+    let s = support::summarize(name, us);
+    (s.p50, s.p99)
 }
 
 fn micros(d: Duration) -> f64 {
@@ -133,15 +153,17 @@ async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 fn main() {
     rollcall_leases::tls::install_crypto_provider();
+    support::announce("data_plane");
+    let sizes = if support::full_run() { FULL } else { SMOKE };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run());
+    runtime.block_on(run(sizes));
 }
 
-async fn run() {
+async fn run(sizes: Sizes) {
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let arbiter_config = ArbiterConfig {
@@ -187,10 +209,10 @@ async fn run() {
         "setup: client, proxy, agent, arbiter and backends share one tokio runtime with 2 workers"
     );
 
-    round_trips(proxy, direct).await;
+    round_trips(proxy, direct, sizes).await;
     let mut rates = Vec::new();
     for (name, target) in [("proxy", proxy), ("direct", direct)] {
-        rates.push(connection_rate(name, target).await);
+        rates.push(connection_rate(name, target, sizes.connect_secs).await);
     }
     println!(
         "new connections: proxy / direct rate = {:.1} %",
@@ -198,14 +220,14 @@ async fn run() {
     );
     let mut mibs = Vec::new();
     for (name, target) in [("proxy", proxy), ("direct", direct)] {
-        mibs.push(bulk(name, target).await);
+        mibs.push(bulk(name, target, sizes.bulk_total).await);
     }
     println!(
         "bulk: proxy / direct throughput = {:.1} % (target >= 50 %)",
         100.0 * mibs[0] / mibs[1]
     );
-    resolve_api(&handle).await;
-    dns_rate(handle.dns_addr).await;
+    resolve_api(&handle, sizes).await;
+    dns_rate(handle.dns_addr, sizes.dns_secs).await;
 
     handle.shutdown().await;
     arbiter.shutdown().await;
@@ -270,28 +292,33 @@ async fn round_trip(stream: &mut TcpStream, request: &[u8], reply: &mut [u8]) ->
 
 /// Round trips on one established connection through the proxy and one
 /// direct, taken in turn so both see the same background load.
-async fn round_trips(proxy: SocketAddr, direct: SocketAddr) {
+async fn round_trips(proxy: SocketAddr, direct: SocketAddr, sizes: Sizes) {
+    let Sizes {
+        rtt_warmup,
+        rtt_samples,
+        ..
+    } = sizes;
     let mut via_proxy = TcpStream::connect(proxy).await.unwrap();
     let mut via_direct = TcpStream::connect(direct).await.unwrap();
     via_proxy.set_nodelay(true).unwrap();
     via_direct.set_nodelay(true).unwrap();
     let request = [0x5au8; RTT_BYTES];
     let mut reply = [0u8; RTT_BYTES];
-    let mut proxy_us = Vec::with_capacity(RTT_SAMPLES);
-    let mut direct_us = Vec::with_capacity(RTT_SAMPLES);
-    for i in 0..RTT_WARMUP + RTT_SAMPLES {
+    let mut proxy_us = Vec::with_capacity(rtt_samples);
+    let mut direct_us = Vec::with_capacity(rtt_samples);
+    for i in 0..rtt_warmup + rtt_samples {
         let p = round_trip(&mut via_proxy, &request, &mut reply).await;
         assert_eq!(reply, request, "the proxy's echo differs");
         let d = round_trip(&mut via_direct, &request, &mut reply).await;
         assert_eq!(reply, request, "the direct echo differs");
-        if i >= RTT_WARMUP {
+        if i >= rtt_warmup {
             proxy_us.push(micros(p));
             direct_us.push(micros(d));
         }
     }
-    let (p50, p99) = p50_p99(proxy_us);
-    let (d50, d99) = p50_p99(direct_us);
-    let config = format!("{RTT_BYTES}-byte request/response, 1 established connection each, {RTT_SAMPLES} round trips after {RTT_WARMUP} warm-up, interleaved");
+    let (p50, p99) = p50_p99("round trip via proxy", proxy_us);
+    let (d50, d99) = p50_p99("round trip direct", direct_us);
+    let config = format!("{RTT_BYTES}-byte request/response, 1 established connection each, {rtt_samples} round trips after {rtt_warmup} warm-up, interleaved");
     println!("round trip ({config}):");
     println!("  round trip via proxy: p50={p50:.1} µs p99={p99:.1} µs");
     println!("  round trip direct:    p50={d50:.1} µs p99={d99:.1} µs");
@@ -303,12 +330,13 @@ async fn round_trips(proxy: SocketAddr, direct: SocketAddr) {
 }
 
 /// New connections per second to `target`: each of 32 clients loops
-/// connect, write 1 byte, read its echo, close, for 5 s. Returns the rate.
-async fn connection_rate(name: &str, target: SocketAddr) -> f64 {
+/// connect, write 1 byte, read its echo, close, for `secs`. Returns the
+/// rate; fails if a connection failed.
+async fn connection_rate(name: &str, target: SocketAddr, secs: u64) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::new()));
-    let deadline = Instant::now() + Duration::from_secs(CONNECT_SECS);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..CONNECT_CLIENTS {
@@ -344,32 +372,36 @@ async fn connection_rate(name: &str, target: SocketAddr) -> f64 {
     }
     let secs = start.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
-    let (p50, p99) = p50_p99(std::mem::take(&mut *latencies.lock().unwrap()));
-    println!(
-        "new connections {name}: {:.0} connections/s ({n} in {secs:.2} s, {} failed; {CONNECT_CLIENTS} concurrent clients, connect + 1-byte echo + close); per connection p50={p50:.0} µs p99={p99:.0} µs",
-        n as f64 / secs,
-        failed.load(Ordering::Relaxed)
+    let failed = failed.load(Ordering::Relaxed);
+    let (p50, p99) = p50_p99(
+        &format!("new connections {name}"),
+        std::mem::take(&mut *latencies.lock().unwrap()),
     );
+    println!(
+        "new connections {name}: {:.0} connections/s ({n} in {secs:.2} s, {failed} failed; {CONNECT_CLIENTS} concurrent clients, connect + 1-byte echo + close); per connection p50={p50:.0} µs p99={p99:.0} µs",
+        n as f64 / secs,
+    );
+    assert_eq!(failed, 0, "new connections {name}: {failed} failed");
     n as f64 / secs
 }
 
-/// Echoes 256 MiB in 64 KiB chunks through `target`, writing and reading
-/// at once; returns MiB/s.
-async fn bulk(name: &str, target: SocketAddr) -> f64 {
+/// Echoes `total` bytes (256 MiB in the full run) in 64 KiB chunks
+/// through `target`, writing and reading at once; returns MiB/s.
+async fn bulk(name: &str, target: SocketAddr, total: usize) -> f64 {
     let stream = TcpStream::connect(target).await.unwrap();
     stream.set_nodelay(true).unwrap();
     let (mut reader, mut writer) = stream.into_split();
     let start = Instant::now();
     let write = tokio::spawn(async move {
         let chunk = vec![0xa5u8; BULK_CHUNK];
-        for _ in 0..BULK_TOTAL / BULK_CHUNK {
+        for _ in 0..total / BULK_CHUNK {
             writer.write_all(&chunk).await.unwrap();
         }
         writer
     });
     let mut buf = vec![0u8; BULK_CHUNK];
     let mut received = 0;
-    while received < BULK_TOTAL {
+    while received < total {
         let n = reader.read(&mut buf).await.unwrap();
         assert!(
             n > 0,
@@ -379,36 +411,41 @@ async fn bulk(name: &str, target: SocketAddr) -> f64 {
     }
     let secs = start.elapsed().as_secs_f64();
     drop(write.await.unwrap());
-    let mibs = (BULK_TOTAL / (1024 * 1024)) as f64 / secs;
+    let mibs = (total / (1024 * 1024)) as f64 / secs;
     println!(
         "bulk {name}: {mibs:.0} MiB/s ({} MiB echoed in {BULK_CHUNK}-byte chunks in {secs:.2} s, 1 connection)",
-        BULK_TOTAL / (1024 * 1024)
+        total / (1024 * 1024)
     );
     mibs
 }
 
 /// Sequential `GET /v1/endpoints/web` on one keep-alive connection.
-async fn resolve_api(handle: &AgentHandle) {
+async fn resolve_api(handle: &AgentHandle, sizes: Sizes) {
+    let Sizes {
+        resolve_warmup,
+        resolve_samples,
+        ..
+    } = sizes;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1)
         .build()
         .unwrap();
     let url = format!("http://{}/v1/endpoints/web", handle.http_addr);
-    let mut us = Vec::with_capacity(RESOLVE_SAMPLES);
-    for i in 0..RESOLVE_WARMUP + RESOLVE_SAMPLES {
+    let mut us = Vec::with_capacity(resolve_samples);
+    for i in 0..resolve_warmup + resolve_samples {
         let start = Instant::now();
         let resp = client.get(&url).send().await.unwrap();
         let status = resp.status();
         let body = resp.bytes().await.unwrap();
         let took = start.elapsed();
         assert!(status.is_success(), "resolve: {status} {body:?}");
-        if i >= RESOLVE_WARMUP {
+        if i >= resolve_warmup {
             us.push(micros(took));
         }
     }
-    let (p50, p99) = p50_p99(us);
+    let (p50, p99) = p50_p99("resolve API", us);
     println!(
-        "resolve API (GET /v1/endpoints/web, {BACKENDS} endpoints, {RESOLVE_SAMPLES} sequential requests after {RESOLVE_WARMUP} warm-up, 1 keep-alive connection): p50={p50:.0} µs p99={p99:.0} µs"
+        "resolve API (GET /v1/endpoints/web, {BACKENDS} endpoints, {resolve_samples} sequential requests after {resolve_warmup} warm-up, 1 keep-alive connection): p50={p50:.0} µs p99={p99:.0} µs"
     );
 }
 
@@ -430,18 +467,18 @@ fn uncached_resolver(server: SocketAddr) -> TokioResolver {
     builder.build().unwrap()
 }
 
-/// A queries from 16 concurrent tasks for 5 s, each with its own
+/// A queries from 16 concurrent tasks for `secs`, each with its own
 /// resolver: one resolver hands an identical query already in flight to
 /// every caller that asks meanwhile, so 16 tasks sharing one would mostly
 /// count the same answer many times instead of asking the agent.
-async fn dns_rate(server: SocketAddr) {
+async fn dns_rate(server: SocketAddr, secs: u64) {
     let name = Name::from_ascii(DNS_NAME).unwrap();
     let resolver = uncached_resolver(server);
     let first = resolver.lookup(name.clone(), RecordType::A).await.unwrap();
     assert_eq!(first.answers().len(), BACKENDS, "DNS answers every backend");
     let failed = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::new()));
-    let deadline = Instant::now() + Duration::from_secs(DNS_SECS);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..DNS_TASKS {
@@ -464,13 +501,14 @@ async fn dns_rate(server: SocketAddr) {
     for t in tasks {
         t.await.unwrap();
     }
-    let secs = start.elapsed().as_secs_f64();
+    let elapsed = start.elapsed().as_secs_f64();
     let us = std::mem::take(&mut *latencies.lock().unwrap());
     let n = us.len();
-    let (p50, p99) = p50_p99(us);
+    let failed = failed.load(Ordering::Relaxed);
+    let (p50, p99) = p50_p99("DNS", us);
     println!(
-        "DNS (A {DNS_NAME}, {BACKENDS} endpoints, UDP, {DNS_TASKS} concurrent tasks with a resolver each, cache_size 0 and TTL bound 0, {DNS_SECS} s): {:.0} queries/s ({n} answered, {} failed); p50={p50:.0} µs p99={p99:.0} µs",
-        n as f64 / secs,
-        failed.load(Ordering::Relaxed)
+        "DNS (A {DNS_NAME}, {BACKENDS} endpoints, UDP, {DNS_TASKS} concurrent tasks with a resolver each, cache_size 0 and TTL bound 0, {secs} s): {:.0} queries/s ({n} answered, {failed} failed); p50={p50:.0} µs p99={p99:.0} µs",
+        n as f64 / elapsed,
     );
+    assert_eq!(failed, 0, "DNS: {failed} queries failed");
 }

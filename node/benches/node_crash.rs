@@ -11,7 +11,12 @@
 //! that were not crashed.
 //!
 //! Run: `cargo bench -p rollcall-node --bench node_crash` (env CRASHES,
-//! default 100; AGENTS, default 32). Everything shares 2 cores.
+//! default 100; AGENTS, default 32). Everything shares 2 cores. `cargo
+//! test` runs it as a smoke test (4 agents, 2 crashes): it fails unless
+//! every crash was seen both at the arbiter and at the last agent.
+
+#[path = "../../leases/benches/support/mod.rs"]
+mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,33 +29,11 @@ use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
 use rollcall_node::agent::{Agent, AgentHandle, Lookup};
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<f64>) {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "{name}: n={} p50={:.0} ms p99={:.0} ms max={:.0} ms",
-        v.len(),
-        percentile(&v, 0.5),
-        percentile(&v, 0.99),
-        v.last().unwrap()
-    );
 }
 
 struct Fleet {
@@ -106,6 +89,7 @@ fn offers(agent: &Agent, key: &ServiceKey, node: &str) -> bool {
 
 fn main() {
     rollcall_leases::tls::install_crypto_provider();
+    support::announce("node_crash");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -115,8 +99,8 @@ fn main() {
 }
 
 async fn run() {
-    let agents_n = env("AGENTS", 32);
-    let crashes = env("CRASHES", 100);
+    let agents_n = support::sized("AGENTS", 32, 4);
+    let crashes = support::sized("CRASHES", 100, 2);
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let arbiter_tls = TlsMaterial::from_issued(
@@ -266,13 +250,23 @@ async fn run() {
         .iter()
         .filter(|e| e["command"] == "node-down")
         .count();
-    report("(a) crash -> arbiter commits the down verdict", to_commit);
-    report(
+    let (seen_at_arbiter, seen_everywhere) = (to_commit.len(), to_last_agent.len());
+    support::report(
+        "(a) crash -> arbiter commits the down verdict",
+        to_commit,
+        "ms",
+        0,
+    );
+    support::report(
         "(b) crash -> last agent stops offering the endpoint",
         to_last_agent,
+        "ms",
+        0,
     );
     println!(
         "down verdicts committed: {verdicts} for {crashes} crashes (false removals: {})",
         verdicts.saturating_sub(crashes)
     );
+    support::expect_samples("(a) crashes committed as down", seen_at_arbiter, crashes);
+    support::expect_samples("(b) crashes out of every view", seen_everywhere, crashes);
 }

@@ -13,7 +13,12 @@
 //!
 //! Run: `cargo bench -p rollcall-node --bench regions` (env ROUNDS,
 //! default 40; SERVICES, default 2000; WINDOW_S, default 20). Everything
-//! shares 2 cores.
+//! shares 2 cores. `cargo test` runs it as a smoke test (2 rounds, 20
+//! services, 2 s windows): every round must measure its time and the
+//! summaries must cross.
+
+#[path = "../../leases/benches/support/mod.rs"]
+mod support;
 
 #[path = "../tests/named/mod.rs"]
 mod named;
@@ -24,28 +29,6 @@ use named::{backend, through};
 use rollcall_config::{ConnTraffic, ProxyEntry};
 use rollcall_node::dev_regions::{DevRegions, RegionsOptions};
 use serde_json::{json, Value};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<f64>) {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "{name}: n={} p50={:.0} ms p99={:.0} ms max={:.0} ms",
-        v.len(),
-        percentile(&v, 0.5),
-        percentile(&v, 0.99),
-        v.last().unwrap()
-    );
-}
 
 struct Api {
     http: reqwest::Client,
@@ -123,10 +106,16 @@ async fn until(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+fn report(name: &str, samples: Vec<f64>, rounds: usize) {
+    support::expect_samples(name, samples.len(), rounds);
+    support::report(name, samples, "ms", 0);
+}
+
 fn main() {
-    let rounds = env("ROUNDS", 40);
-    let services = env("SERVICES", 2_000);
-    let window = Duration::from_secs(env("WINDOW_S", 20) as u64);
+    support::announce("regions");
+    let rounds = support::sized("ROUNDS", 40, 2);
+    let services = support::sized("SERVICES", 2_000, 20);
+    let window = Duration::from_secs(support::sized("WINDOW_S", 20, 2) as u64);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -173,7 +162,7 @@ fn main() {
             // Rounds start at different phases of the sync interval.
             tokio::time::sleep(Duration::from_millis(137)).await;
         }
-        report("(a) policy committed in r1 -> visible in r2's agent", visible);
+        report("(a) policy committed in r1 -> visible in r2's agent", visible, rounds);
 
         // (c) Last local endpoint gone → first connection answered in r2.
         let other = dev.start_agent(0, "node-b").await.unwrap();
@@ -221,6 +210,7 @@ fn main() {
         report(
             &format!("{label} -> first connection answered in r2"),
             failover,
+            rounds,
         );
         }
         other.shutdown().await;
@@ -256,6 +246,7 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let sync_bytes = sent_bytes(&dev, 0, "r2") - before;
+        assert!(sync_bytes > 0, "r1 sent r2 no summary bytes: this measured nothing");
         println!(
             "(b) {services} services registered in r1 in {:.1} s; r1 -> r2 sent {sync_bytes} bytes until r2 held them all ({:.0} bytes per service)",
             registered.as_secs_f64(),

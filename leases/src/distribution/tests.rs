@@ -498,12 +498,14 @@ fn the_resend_wait_doubles_up_to_eight_times_and_resets_on_ack() {
 /// One agent behind a stream that loses messages, stepped by a clock that
 /// sweeps every 250 ms like the arbiter's core. The agent applies what
 /// reaches it as `node/src/sync.rs` does: skips deltas it holds, asks for a
-/// snapshot on a gap, acknowledges what it applied.
+/// snapshot on a gap, acknowledges what it applied — or, when `acks` says
+/// so, stays quiet about it (a slow, buggy or older agent).
 struct Lossy {
     w: World,
     view: ServiceView,
     wakes: Vec<u64>,
     losses: std::vec::IntoIter<bool>,
+    acks: Box<dyn Iterator<Item = bool>>,
 }
 
 impl Lossy {
@@ -544,7 +546,9 @@ impl Lossy {
             ServiceUpdate::Current { .. } => return Vec::new(),
             other => panic!("{other:?}"),
         }
-        self.w.dist.ack(1, &svc("web"), self.view.revision());
+        if self.acks.next().unwrap_or(true) {
+            self.w.dist.ack(1, &svc("web"), self.view.revision());
+        }
         Vec::new()
     }
 
@@ -565,6 +569,50 @@ impl Lossy {
     }
 }
 
+/// Runs `steps` (0, 1: a change to web; 2: a change to another service;
+/// 3: nothing) against one agent following web, with the stream losing
+/// the sends `losses` names and the agent acknowledging as `acks` says;
+/// then lets the stream work and returns the agent's view and the
+/// catalog's, after the longest re-send wait.
+fn converge(
+    steps: Vec<(u8, u64)>,
+    losses: Vec<bool>,
+    acks: Box<dyn Iterator<Item = bool>>,
+) -> ((Revision, crate::Digest), (Revision, crate::Digest)) {
+    let mut catalog = CatalogParams::with_region(Label::new("r1").unwrap());
+    catalog.delta_log.max_entries = 4;
+    let mut w = World::with_catalog(catalog);
+    w.register("i0", "web");
+    w.dist.connect(1);
+    let snap = w.cat.service_snapshot(&svc("web")).unwrap();
+    let view = ServiceView::from_snapshot(&snap).unwrap();
+    let out = w.subscribe(1, "web", Some(view.revision()));
+    let mut sim = Lossy {
+        w,
+        view,
+        wakes: Vec::new(),
+        losses: losses.into_iter(),
+        acks,
+    };
+    sim.carry(out);
+    for (n, (kind, ms)) in steps.into_iter().enumerate() {
+        let out = match kind {
+            0 | 1 => sim.w.register(&format!("i{}", n + 1), "web"),
+            2 => sim.w.register(&format!("o{n}"), "other"),
+            _ => Vec::new(),
+        };
+        sim.carry(out);
+        sim.tick(ms);
+    }
+    sim.losses = Vec::new().into_iter();
+    sim.tick(MAX_RESEND_BACKOFF * params().resend_after_ms + Lossy::SWEEP_MS);
+    let info = sim.w.cat.service(&svc("web")).unwrap();
+    (
+        (sim.view.revision(), sim.view.digest()),
+        (info.revision, info.digest),
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -575,29 +623,27 @@ proptest! {
         steps in prop::collection::vec((0u8..4, 1u64..1_500), 1..40),
         losses in prop::collection::vec(any::<bool>(), 0..80),
     ) {
-        let mut catalog = CatalogParams::with_region(Label::new("r1").unwrap());
-        catalog.delta_log.max_entries = 4;
-        let mut w = World::with_catalog(catalog);
-        w.register("i0", "web");
-        w.dist.connect(1);
-        let snap = w.cat.service_snapshot(&svc("web")).unwrap();
-        let view = ServiceView::from_snapshot(&snap).unwrap();
-        let out = w.subscribe(1, "web", Some(view.revision()));
-        let mut sim = Lossy { w, view, wakes: Vec::new(), losses: losses.into_iter() };
-        sim.carry(out);
-        for (n, (kind, ms)) in steps.into_iter().enumerate() {
-            let out = match kind {
-                0 | 1 => sim.w.register(&format!("i{}", n + 1), "web"),
-                2 => sim.w.register(&format!("o{n}"), "other"),
-                _ => Vec::new(),
-            };
-            sim.carry(out);
-            sim.tick(ms);
-        }
-        sim.losses = Vec::new().into_iter();
-        sim.tick(MAX_RESEND_BACKOFF * params().resend_after_ms + Lossy::SWEEP_MS);
-        let info = sim.w.cat.service(&svc("web")).unwrap();
-        prop_assert_eq!(sim.view.revision(), info.revision);
-        prop_assert_eq!(sim.view.digest(), info.digest);
+        let (held, catalog) = converge(steps, losses, Box::new(std::iter::empty()));
+        prop_assert_eq!(held, catalog);
+    }
+
+    /// An agent that acknowledges only some of what it applied, or
+    /// nothing at all (a quiet session), still gets every change: the
+    /// arbiter never treats an unacknowledged revision as delivered, nor a
+    /// quiet session as one to stop sending to.
+    #[test]
+    fn an_agent_that_acknowledges_little_or_nothing_converges(
+        steps in prop::collection::vec((0u8..4, 1u64..1_500), 1..40),
+        losses in prop::collection::vec(any::<bool>(), 0..80),
+        acks in prop::collection::vec(any::<bool>(), 0..80),
+        quiet in any::<bool>(),
+    ) {
+        let acks: Box<dyn Iterator<Item = bool>> = if quiet {
+            Box::new(std::iter::repeat(false))
+        } else {
+            Box::new(acks.into_iter())
+        };
+        let (held, catalog) = converge(steps, losses, acks);
+        prop_assert_eq!(held, catalog);
     }
 }
