@@ -596,11 +596,9 @@ fn serve(
         .with_writer(std::io::stderr)
         .init();
     tls::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(command)
+    // An actix System over one multi-thread tokio runtime: the agent's
+    // actors need the System, and everything else shares the runtime.
+    rollcall_node::runtime::block_on(None, command)
 }
 
 /// Waits for Ctrl-C or SIGTERM.
@@ -735,16 +733,15 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     check_fault_points()?;
     if let Some(n) = args.regions {
-        let mut options =
-            rollcall_node::dev_regions::RegionsOptions::new(n, args.data_dir, args.http);
+        let mut options = rollcall::dev_regions::RegionsOptions::new(n, args.data_dir, args.http);
         options.proxies = args.proxy;
-        let dev = rollcall_node::dev_regions::DevRegions::start(options).await?;
+        let dev = rollcall::dev_regions::DevRegions::start(options).await?;
         println!("{}", dev.banner());
         stop_signal().await;
         dev.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
-    let options = rollcall_node::dev::DevOptions {
+    let options = rollcall::dev::DevOptions {
         proxies: args.proxy,
         dns: args.dns,
         data_dir: args.data_dir,
@@ -753,7 +750,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         quic: args.quic,
         replicas: args.replicas,
     };
-    let dev = rollcall_node::dev::Dev::start(options).await?;
+    let dev = rollcall::dev::Dev::start(options).await?;
     println!("{}", dev.banner());
     stop_signal().await;
     dev.shutdown().await;

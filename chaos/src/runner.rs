@@ -23,7 +23,9 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use rollcall_leases::clock::now_ms;
 
 use crate::netns::{NetError, Topology};
 use crate::scenario::{Action, Scenario, Step};
@@ -165,12 +167,6 @@ const HTTP_PORT: u16 = 7070;
 const GOSSIP_PORT: u16 = 7946;
 /// Waits for the cluster to come up; bounds a hang, not a timing claim.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 impl Cluster {
     fn spawn(&mut self, name: &str, node: Option<usize>, args: &[String]) -> Result<(), RunError> {

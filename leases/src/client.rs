@@ -42,7 +42,9 @@ pub enum ClientError {
     Codec(#[from] CodecError),
 }
 
-/// A QUIC client endpoint able to connect to arbiters.
+/// A QUIC client endpoint able to connect to arbiters (cheap to clone:
+/// clones share the endpoint).
+#[derive(Clone)]
 pub struct ArbiterClient {
     endpoint: quinn::Endpoint,
 }

@@ -22,9 +22,11 @@
 //! - `fault`: the chaos suite's wire fault points, only in builds with the
 //!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
 
+pub mod answers;
 pub mod audit;
 pub mod catalog;
 pub mod client;
+pub mod clock;
 pub mod codec;
 pub mod command;
 pub mod delta_log;
@@ -48,6 +50,7 @@ pub mod regions;
 pub mod remote;
 pub mod secret;
 pub mod server;
+pub mod sessions;
 pub mod snapshot;
 
 pub mod tls;

@@ -8,7 +8,7 @@
 //! - 100-byte request/response round trips on an established connection
 //!   (p50, p99, ratio of medians, p99 the proxy adds; target ≤ 200 µs);
 //! - new connections per second: connect, write 1 byte, read its echo,
-//!   close, from 32 concurrent clients for 5 s;
+//!   close, from 64 concurrent clients for 5 s;
 //! - bulk throughput: 256 MiB echoed in 64 KiB chunks, the client writing
 //!   and reading at once (target: the proxy ≥ 50 % of direct).
 //!
@@ -16,7 +16,10 @@
 //! - the resolve API: 5,000 sequential `GET /v1/endpoints/web` on one
 //!   keep-alive connection;
 //! - DNS: A queries for `web.default.svc.rollcall.` from 16 concurrent
-//!   tasks for 5 s over UDP, each with its own resolver that caches nothing.
+//!   tasks for 5 s over UDP, each with its own resolver that caches nothing;
+//! - memory: the process's resident set (agent, arbiter and this client
+//!   together) before and after the agent follows 200 more services of one
+//!   instance each (registered through its API, each resolved once).
 //!
 //! Client, proxy, agent, arbiter and backends share one tokio runtime with
 //! two workers on (normally) two shared cores, so every number includes
@@ -45,7 +48,8 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
-use rollcall_node::agent::{Agent, AgentHandle, Lookup};
+use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::view::Lookup;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -54,7 +58,7 @@ const DNS_NAME: &str = "web.default.svc.rollcall.";
 const BACKENDS: usize = 3;
 
 const RTT_BYTES: usize = 100;
-const CONNECT_CLIENTS: usize = 32;
+const CONNECT_CLIENTS: usize = 64;
 const BULK_CHUNK: usize = 64 * 1024;
 const DNS_TASKS: usize = 16;
 
@@ -68,6 +72,7 @@ struct Sizes {
     resolve_warmup: usize,
     resolve_samples: usize,
     dns_secs: u64,
+    followed: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -78,6 +83,7 @@ const FULL: Sizes = Sizes {
     resolve_warmup: 100,
     resolve_samples: 5_000,
     dns_secs: 5,
+    followed: 200,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -88,6 +94,7 @@ const SMOKE: Sizes = Sizes {
     resolve_warmup: 10,
     resolve_samples: 200,
     dns_secs: 1,
+    followed: 10,
 };
 
 /// How long setup may wait for the agent to connect and serve web.
@@ -155,12 +162,7 @@ fn main() {
     rollcall_leases::tls::install_crypto_provider();
     support::announce("data_plane");
     let sizes = if support::full_run() { FULL } else { SMOKE };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(run(sizes));
+    rollcall_node::runtime::block_on(Some(2), run(sizes));
 }
 
 async fn run(sizes: Sizes) {
@@ -228,6 +230,7 @@ async fn run(sizes: Sizes) {
     );
     resolve_api(&handle, sizes).await;
     dns_rate(handle.dns_addr, sizes.dns_secs).await;
+    followed_memory(&handle, sizes.followed).await;
 
     handle.shutdown().await;
     arbiter.shutdown().await;
@@ -511,4 +514,60 @@ async fn dns_rate(server: SocketAddr, secs: u64) {
         n as f64 / elapsed,
     );
     assert_eq!(failed, 0, "DNS: {failed} queries failed");
+}
+
+/// This process's resident set size, from /proc/self/status, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// Registers `n` services of one instance each and resolves each once
+/// (which makes the agent follow it); prints the resident set before and
+/// after.
+async fn followed_memory(handle: &AgentHandle, n: usize) {
+    let base = format!("http://{}", handle.http_addr);
+    let token = handle.agent.token().to_owned();
+    let client = reqwest::Client::new();
+    let before = rss_kib();
+    for i in 0..n {
+        let body = serde_json::json!({
+            "service": format!("mem-{i:03}"),
+            "instance_id": format!("mem-{i:03}-1"),
+            "address": "127.0.0.1",
+            "port": 9,
+        });
+        let status = client
+            .put(format!("{base}/v1/agent/instances"))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert!(status.is_success(), "registering mem-{i:03}: {status}");
+        let resolved = client
+            .get(format!("{base}/v1/endpoints/mem-{i:03}"))
+            .send()
+            .await
+            .unwrap();
+        let status = resolved.status();
+        let body: serde_json::Value = resolved.json().await.unwrap();
+        assert!(
+            status.is_success() && body["endpoints"].as_array().is_some_and(|e| e.len() == 1),
+            "resolving mem-{i:03}: {status} {body}"
+        );
+    }
+    let after = rss_kib();
+    println!(
+        "memory: process RSS {} KiB before, {} KiB after the agent follows {n} more services ({:+} KiB, {:.1} KiB per service; agent, arbiter and client share the process)",
+        before,
+        after,
+        after as i64 - before as i64,
+        (after as f64 - before as f64) / n as f64
+    );
 }

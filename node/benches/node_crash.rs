@@ -27,7 +27,8 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
-use rollcall_node::agent::{Agent, AgentHandle, Lookup};
+use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::view::Lookup;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -90,12 +91,7 @@ fn offers(agent: &Agent, key: &ServiceKey, node: &str) -> bool {
 fn main() {
     rollcall_leases::tls::install_crypto_provider();
     support::announce("node_crash");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(run());
+    rollcall_node::runtime::block_on(Some(2), run());
 }
 
 async fn run() {

@@ -17,12 +17,16 @@
 //! or, on the unix socket, a workload identity (peer uid/gid) granted the
 //! service; reads need none. Errors are JSON `{error, detail}`; bad input
 //! gets a 4xx and changes nothing. This module only parses, authorizes and
-//! shapes answers; the agent does the work.
+//! shapes answers: reads come from the endpoint view (`view`), writes go to
+//! the agent actor's mailbox as `agent_state::Call`s, whose state machine
+//! decides them.
 
 use std::convert::Infallible;
 use std::path::Path as FsPath;
+use std::sync::Arc;
 use std::time::Duration;
 
+use actix::{Message, Recipient};
 use axum::body::{Body, Bytes};
 use axum::extract::connect_info::{ConnectInfo, Connected};
 use axum::extract::rejection::QueryRejection;
@@ -33,14 +37,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::serve::IncomingStream;
 use axum::{Json, Router};
-use rollcall_config::ConnTraffic;
-use rollcall_leases::{InstanceId, Label, ServiceKey};
+use rollcall_config::{ChecksConfig, ConnTraffic};
+use rollcall_leases::clock::now_ms;
+use rollcall_leases::{shard_of, EndpointRecord, Generation, InstanceId, Label, ServiceKey};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use tokio_stream::StreamExt;
 
-use crate::agent::{Agent, Caller, WriteOutcome};
-use crate::api_types::{parse_json, ApiError, RegisterRequest};
+use crate::agent_state::{Call, Caller, Reply, WriteOutcome, SHARDS};
+use crate::api_types::{
+    parse_json, ApiError, EndpointJson, EndpointsResponse, FailoverJson, RegisterRequest,
+    StatusResponse,
+};
+use crate::failover::Decision;
+use crate::shutdown::Shutdown;
+use crate::view::{Lookup, Views};
 
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -48,8 +59,83 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How often a registration session's response sends a keep-alive line.
 const SESSION_KEEPALIVE: Duration = Duration::from_secs(1);
 
+/// A local API call for the agent's state machine.
+#[derive(Message)]
+#[rtype(result = "Result<Reply, ApiError>")]
+pub struct CallMessage(pub Call);
+
+/// `GET /v1/status`.
+#[derive(Message)]
+#[rtype(result = "StatusResponse")]
+pub struct StatusMessage;
+
+/// `GET /metrics`: refresh the gauges, then render.
+#[derive(Message)]
+#[rtype(result = "String")]
+pub struct MetricsMessage;
+
+/// A registration session closed (its streaming answer was dropped).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionClosedMessage {
+    /// The instance.
+    pub instance: InstanceId,
+    /// The generation the session held.
+    pub generation: Option<Generation>,
+}
+
+/// What the API needs of the agent: its view, its mailbox, and a few
+/// settings. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiContext {
+    /// The endpoint view (reads).
+    pub views: Views,
+    /// The agent's mailbox for calls.
+    pub calls: Recipient<CallMessage>,
+    /// The agent's mailbox for status.
+    pub status: Recipient<StatusMessage>,
+    /// The agent's mailbox for metrics.
+    pub metrics: Recipient<MetricsMessage>,
+    /// The agent's mailbox for closed registration sessions.
+    pub sessions: Recipient<SessionClosedMessage>,
+    /// The node token.
+    pub token: Arc<str>,
+    /// The check timings a registration's checks default to.
+    pub checks: ChecksConfig,
+    /// This agent's region.
+    pub region: Label,
+}
+
+impl ApiContext {
+    /// Who is calling (R10): an operator holding the node token (sent as
+    /// `Authorization: Bearer <token>`), or, on the unix socket, a workload
+    /// identified by its peer credentials.
+    pub fn caller(
+        &self,
+        header: Option<&str>,
+        peer: Option<(u32, u32)>,
+    ) -> Result<Caller, ApiError> {
+        match (header.and_then(|h| h.strip_prefix("Bearer ")), peer) {
+            (Some(t), _) if t.trim() == &*self.token => Ok(Caller::Operator),
+            (Some(_), _) => Err(ApiError::unauthorized("the bearer token does not match agent.token in the agent's data directory")),
+            (None, Some((uid, gid))) => Ok(Caller::Workload { uid, gid }),
+            (None, None) => Err(ApiError::unauthorized(
+                "writes need the node token (agent.token in the agent's data directory) as Authorization: Bearer <token>, or a workload identity on the agent's unix socket",
+            )),
+        }
+    }
+
+    /// Hands a call to the agent and waits for its answer.
+    pub async fn call(&self, call: Call) -> Result<Reply, ApiError> {
+        self.calls
+            .send(CallMessage(call))
+            .await
+            .unwrap_or_else(|_| Err(ApiError::unavailable("the agent is shutting down")))
+    }
+}
+
 /// The API's routes.
-pub fn router(agent: Agent) -> Router {
+pub fn router(agent: ApiContext) -> Router {
     Router::new()
         .route("/v1/agent/instances", put(register))
         .route("/v1/agent/instances/{id}/heartbeat", put(heartbeat))
@@ -70,8 +156,9 @@ pub fn router(agent: Agent) -> Router {
 /// open to every local user (mode 0666): what a caller may do is decided by
 /// its uid/gid, not by who can connect.
 pub async fn serve_unix(
-    agent: Agent,
+    agent: ApiContext,
     path: &FsPath,
+    mut shutdown: Shutdown,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
@@ -86,10 +173,48 @@ pub async fn serve_unix(
     }
     let app = router(agent).into_make_service_with_connect_info::<PeerCred>();
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.fired().await })
+            .await;
+        if let Err(e) = served {
             tracing::error!(error = %e, "agent unix socket API stopped");
         }
     }))
+}
+
+/// Serves the API on a TCP listener until the shutdown signal.
+pub fn serve_tcp(
+    agent: ApiContext,
+    listener: tokio::net::TcpListener,
+    mut shutdown: Shutdown,
+) -> tokio::task::JoinHandle<()> {
+    let app = router(agent);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.fired().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "agent HTTP API stopped");
+        }
+    })
+}
+
+/// Held by an open registration session; dropping it (the connection
+/// closed) tells the agent, which marks the instance UNHEALTHY unless it
+/// was drained or replaced.
+struct SessionGuard {
+    sessions: Recipient<SessionClosedMessage>,
+    instance: InstanceId,
+    generation: Option<Generation>,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.sessions.do_send(SessionClosedMessage {
+            instance: self.instance.clone(),
+            generation: self.generation,
+        });
+    }
 }
 
 /// The peer credentials of a unix-socket caller (`SO_PEERCRED`), stored by
@@ -122,10 +247,10 @@ impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
 /// Who is calling: the node token, or a workload's peer credentials.
 struct CallerOf(Caller);
 
-impl FromRequestParts<Agent> for CallerOf {
+impl FromRequestParts<ApiContext> for CallerOf {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, agent: &Agent) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, agent: &ApiContext) -> Result<Self, ApiError> {
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
@@ -155,13 +280,22 @@ fn instance_id(raw: &str) -> Result<InstanceId, ApiError> {
 }
 
 async fn register(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     CallerOf(caller): CallerOf,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: RegisterRequest = parse_json(&body, MAX_BODY_BYTES)?;
-    let registration = request.validate(&agent.checks_defaults())?;
-    Ok(outcome(agent.register(registration, &caller).await?))
+    let registration = request.validate(&agent.checks)?;
+    match agent
+        .call(Call::Register {
+            registration,
+            caller,
+        })
+        .await?
+    {
+        Reply::Registered(answer) => Ok(outcome(answer)),
+        other => Err(unexpected(other)),
+    }
 }
 
 #[derive(Deserialize)]
@@ -171,13 +305,21 @@ struct GenerationQuery {
 }
 
 async fn heartbeat(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     CallerOf(caller): CallerOf,
     Path(id): Path<String>,
     q: Result<Query<GenerationQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
-    Ok(Json(agent.heartbeat(&instance_id(&id)?, q.generation, &caller)?).into_response())
+    let call = Call::Heartbeat {
+        instance: instance_id(&id)?,
+        generation: q.generation,
+        caller,
+    };
+    match agent.call(call).await? {
+        Reply::Heartbeat(body) => Ok(Json(body).into_response()),
+        other => Err(unexpected(other)),
+    }
 }
 
 /// Holds a registration session: a streaming answer of one line per second
@@ -185,13 +327,27 @@ async fn heartbeat(
 /// connection closes, the stream is dropped, and with it the guard that
 /// tells the agent.
 async fn session(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     CallerOf(caller): CallerOf,
     Path(id): Path<String>,
     q: Result<Query<GenerationQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
-    let guard = agent.open_session(&instance_id(&id)?, q.generation, &caller)?;
+    let instance = instance_id(&id)?;
+    let call = Call::OpenSession {
+        instance: instance.clone(),
+        generation: q.generation,
+        caller,
+    };
+    let generation = match agent.call(call).await? {
+        Reply::SessionOpened(generation) => generation,
+        other => return Err(unexpected(other)),
+    };
+    let guard = SessionGuard {
+        sessions: agent.sessions.clone(),
+        instance,
+        generation,
+    };
     let ticks =
         tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(SESSION_KEEPALIVE));
     let lines = ticks.map(move |_| {
@@ -220,32 +376,40 @@ struct DrainQuery {
 }
 
 async fn drain(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     CallerOf(caller): CallerOf,
     Path(id): Path<String>,
     q: Result<Query<DrainQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
-    let propagated = q.wait == Some(Wait::Propagated);
-    Ok(outcome(
-        agent
-            .drain(&instance_id(&id)?, q.generation, propagated, &caller)
-            .await?,
-    ))
+    let call = Call::Drain {
+        instance: instance_id(&id)?,
+        generation: q.generation,
+        propagated: q.wait == Some(Wait::Propagated),
+        caller,
+    };
+    match agent.call(call).await? {
+        Reply::Drained(answer) => Ok(outcome(answer)),
+        other => Err(unexpected(other)),
+    }
 }
 
 async fn deregister(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     CallerOf(caller): CallerOf,
     Path(id): Path<String>,
     q: Result<Query<GenerationQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
-    Ok(outcome(
-        agent
-            .deregister(&instance_id(&id)?, q.generation, &caller)
-            .await?,
-    ))
+    let call = Call::Deregister {
+        instance: instance_id(&id)?,
+        generation: q.generation,
+        caller,
+    };
+    match agent.call(call).await? {
+        Reply::Deregistered(answer) => Ok(outcome(answer)),
+        other => Err(unexpected(other)),
+    }
 }
 
 #[derive(Deserialize)]
@@ -259,7 +423,7 @@ struct EndpointsQuery {
 }
 
 async fn endpoints(
-    State(agent): State<Agent>,
+    State(agent): State<ApiContext>,
     Path(service): Path<String>,
     q: Result<Query<EndpointsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -282,29 +446,167 @@ async fn endpoints(
             ApiError::bad_request(format!("traffic: {t:?} is not read_only or read_write"))
         })?,
     };
-    Ok(Json(
-        agent
-            .resolve(key, zone, q.all.unwrap_or(false), traffic)
-            .await?,
-    )
-    .into_response())
+    Ok(Json(resolve(&agent, key, zone, q.all.unwrap_or(false), traffic).await?).into_response())
 }
 
-async fn regions(State(agent): State<Agent>) -> Response {
-    Json(agent.regions_status()).into_response()
+/// An answer of the wrong kind: the agent and this module disagree.
+fn unexpected(reply: Reply) -> ApiError {
+    ApiError::unavailable(format!("the agent answered {reply:?}"))
 }
 
-async fn status(State(agent): State<Agent>) -> Response {
-    Json(agent.status()).into_response()
+async fn regions(State(agent): State<ApiContext>) -> Response {
+    Json(agent.views.regions_status(now_ms())).into_response()
 }
 
-async fn metrics(State(agent): State<Agent>) -> Response {
-    (
+async fn status(State(agent): State<ApiContext>) -> Result<Response, ApiError> {
+    match agent.status.send(StatusMessage).await {
+        Ok(status) => Ok(Json(status).into_response()),
+        Err(_) => Err(ApiError::unavailable("the agent is shutting down")),
+    }
+}
+
+async fn metrics(State(agent): State<ApiContext>) -> Result<Response, ApiError> {
+    let text = agent
+        .metrics
+        .send(MetricsMessage)
+        .await
+        .map_err(|_| ApiError::unavailable("the agent is shutting down"))?;
+    Ok((
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        agent.metrics_text(),
+        text,
     )
-        .into_response()
+        .into_response())
+}
+
+/// The API form of a failover decision.
+fn failover_json(decision: Decision) -> FailoverJson {
+    match decision {
+        Decision::Remote {
+            region,
+            ingress,
+            ready,
+        } => FailoverJson {
+            detail: format!(
+                "no usable endpoint in this region; traffic goes to region {region}'s ingress"
+            ),
+            region: Some(region),
+            ingress: ingress.iter().map(|i| i.to_string()).collect(),
+            ready,
+            refused: None,
+        },
+        Decision::Refused(refusal) => FailoverJson {
+            region: None,
+            ingress: Vec::new(),
+            ready: 0,
+            refused: Some(refusal.as_str().to_owned()),
+            detail: format!(
+                "no usable endpoint in this region and no failover: {}",
+                refusal.describe()
+            ),
+        },
+    }
+}
+
+/// `GET /v1/endpoints/{service}`: answered from the local view only. The
+/// first resolve of a service not yet followed subscribes and waits up to
+/// `first_resolve_wait_ms` for it.
+async fn resolve(
+    agent: &ApiContext,
+    key: ServiceKey,
+    zone: Option<Label>,
+    all: bool,
+    traffic: ConnTraffic,
+) -> Result<EndpointsResponse, ApiError> {
+    let views = &agent.views;
+    let answer = match views.lookup_wait(&key).await {
+        Lookup::Serve(answer) => answer,
+        Lookup::Unknown => {
+            // The service may live only in another region.
+            if let Decision::Remote {
+                region,
+                ingress,
+                ready,
+            } = views.failover(&key, traffic, now_ms())
+            {
+                return Ok(EndpointsResponse {
+                    service: key.service.clone(),
+                    namespace: key.namespace.clone(),
+                    port_name: key.port_name.clone(),
+                    shard: shard_of(&key, SHARDS).0,
+                    revision: 0,
+                    age_ms: 0,
+                    stale: false,
+                    mode: "failover".into(),
+                    region: region.clone(),
+                    endpoints: Vec::new(),
+                    failover: Some(failover_json(Decision::Remote {
+                        region,
+                        ingress,
+                        ready,
+                    })),
+                });
+            }
+            return Err(ApiError::not_found(format!("service {key} does not exist")));
+        }
+        Lookup::CannotKnow(reason) | Lookup::Refused(reason) => {
+            return Err(ApiError::unavailable(reason))
+        }
+    };
+    let in_zone = |r: &EndpointRecord| zone.as_ref().is_none_or(|z| &r.zone == z);
+    let endpoints = if all {
+        answer
+            .records
+            .iter()
+            .filter(|r| in_zone(r))
+            .map(|r| {
+                let mut e = EndpointJson::from_record(r);
+                if answer.leaving.contains(&r.instance_id)
+                    && r.state == rollcall_leases::State::Ready
+                {
+                    // A local drain applies to this agent's own data plane at once.
+                    e.state = rollcall_leases::State::Draining.as_str().to_owned();
+                }
+                e
+            })
+            .collect()
+    } else {
+        answer
+            .selection
+            .candidates
+            .iter()
+            .filter(|c| in_zone(&c.record))
+            .map(|c| EndpointJson::from_record(&c.record))
+            .collect()
+    };
+    let failover = answer
+        .selection
+        .candidates
+        .is_empty()
+        .then(|| failover_json(views.failover(&key, traffic, now_ms())));
+    let region = match &failover {
+        Some(FailoverJson {
+            region: Some(r), ..
+        }) => r.clone(),
+        _ => agent.region.clone(),
+    };
+    Ok(EndpointsResponse {
+        service: key.service.clone(),
+        namespace: key.namespace.clone(),
+        port_name: key.port_name.clone(),
+        shard: shard_of(&key, SHARDS).0,
+        revision: answer.revision.get(),
+        age_ms: answer.age_ms,
+        stale: answer.stale,
+        mode: if failover.as_ref().is_some_and(|f| f.region.is_some()) {
+            "failover".into()
+        } else {
+            answer.selection.mode.as_str().into()
+        },
+        region,
+        endpoints,
+        failover,
+    })
 }

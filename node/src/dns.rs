@@ -1,5 +1,5 @@
-//! DNS on loopback (R8): answers names under `svc.rollcall.` from the shared
-//! endpoint view (`Agent::lookup`), the same view the proxy and the resolve
+//! DNS on loopback (R8): answers names under `svc.rollcall.` from the
+//! endpoint view (`view::Views`), the same view the proxy and the resolve
 //! API use, so ejection, empty-set protection and panic apply here too.
 //!
 //! Names (matched case-insensitively; every part must be a valid rollcall
@@ -33,12 +33,15 @@
 //!   `<port>.<service>.<namespace>.…` (this one takes its service's code).
 //!   Negative answers carry the zone's SOA with a minimum of `ttl_s`, so
 //!   resolvers cache them no longer than an answer.
-//! - SERVFAIL when the agent cannot know (`CannotKnow`, `Refused`): an
-//!   NXDOMAIN is cached by resolvers and must never be guessed. `lookup`
-//!   never waits, so the first query of a service this agent does not
-//!   follow yet starts following it and gets SERVFAIL until its snapshot
-//!   arrives; list such services in `agent.services`, or resolve them once
-//!   through the HTTP API.
+//! - SERVFAIL only when the agent truly cannot know (`CannotKnow`,
+//!   `Refused`): not cached and the arbiter unreachable, the watch
+//!   refused, or the service still not arrived after
+//!   `first_resolve_wait_ms`. An NXDOMAIN is cached by resolvers and must
+//!   never be guessed; a SERVFAIL is "Temporary failure in name
+//!   resolution" to a caller, so the first query of a service this agent
+//!   does not follow yet waits for its snapshot, exactly as the HTTP
+//!   resolve does, and then answers what the arbiter said. Other queries
+//!   never wait on it: each UDP query is its own task.
 //! - REFUSED for names outside `svc.rollcall.` and classes other than IN
 //!   (or ANY); FORMERR for a message without exactly one question; NOTIMP
 //!   for opcodes other than QUERY; BADVERS for EDNS versions above 0.
@@ -48,9 +51,9 @@
 //! `rollcall_agent_dns_answers_total{rcode}`.
 //!
 //! Sans-IO core (`classify`, `reply`): the view's answer and the randomness
-//! come in as arguments. The `Handler` around it only asks the agent and
-//! sends; this module changes nothing in the agent beyond what
-//! `Agent::lookup` does (following a service).
+//! come in as arguments. The `Handler` around it only asks the view and
+//! sends; this module changes nothing in the agent beyond what a lookup
+//! does (following a service).
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -69,9 +72,11 @@ use rollcall_config::ConnTraffic;
 use rollcall_leases::{Ingress, InstanceId, Label, ServiceKey};
 use tokio::net::{TcpListener, UdpSocket};
 
-use crate::agent::{Agent, Lookup};
+use rollcall_leases::clock::now_ms;
+
 use crate::endpoints::Candidate;
 use crate::failover::Decision;
+use crate::view::{Lookup, Views};
 
 /// The zone this server answers for.
 pub const ZONE: &str = "svc.rollcall.";
@@ -124,17 +129,17 @@ impl DnsHandle {
     }
 }
 
-/// Starts the DNS server of `agent` on `listen` (UDP and TCP, same port)
-/// with answers valid for `ttl_s` seconds. It serves until
+/// Starts the DNS server over `views` on `listen` (UDP and TCP, same
+/// port) with answers valid for `ttl_s` seconds. It serves until
 /// `DnsHandle::shutdown`.
-pub async fn start(agent: Agent, listen: SocketAddr, ttl_s: u32) -> Result<DnsHandle, DnsError> {
+pub async fn start(views: Views, listen: SocketAddr, ttl_s: u32) -> Result<DnsHandle, DnsError> {
     let (udp, tcp) = bind(listen).await?;
     let local_addr = udp.local_addr().map_err(|source| DnsError::Bind {
         protocol: "UDP",
         addr: listen,
         source,
     })?;
-    let mut server = Server::new(Handler { agent, ttl_s });
+    let mut server = Server::new(Handler { views, ttl_s });
     server.register_socket(udp);
     server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
     tracing::info!(dns = %local_addr, ttl_s, "DNS server started");
@@ -189,6 +194,19 @@ enum Named {
     Targets(ServiceKey),
     /// `<instance>.<port>.<service>.<namespace>`: one SRV target.
     Target(ServiceKey, String),
+}
+
+impl Named {
+    /// The service the name is about, if any.
+    fn key(&self) -> Option<&ServiceKey> {
+        match self {
+            Named::Addresses(key)
+            | Named::Srv(key)
+            | Named::Targets(key)
+            | Named::Target(key, _) => Some(key),
+            Named::Outside | Named::Invalid | Named::Interior => None,
+        }
+    }
 }
 
 /// Reads a lowercased query name.
@@ -497,14 +515,15 @@ fn rcode_label(rcode: ResponseCode) -> &'static str {
 
 /// Serves queries from the agent's endpoint view.
 struct Handler {
-    agent: Agent,
+    views: Views,
     ttl_s: u32,
 }
 
 impl Handler {
-    /// Everything but the sending, synchronously (the view's lock and the
-    /// thread RNG never cross an await).
-    fn answer(&self, request: &Request) -> Reply {
+    /// Everything but the sending. A name of a service not arrived yet
+    /// waits for it (up to `first_resolve_wait_ms`); the answer itself is
+    /// computed without waiting (the thread RNG never crosses an await).
+    async fn answer(&self, request: &Request) -> Reply {
         if request.metadata.op_code != OpCode::Query {
             return Reply::code(ResponseCode::NotImp);
         }
@@ -518,19 +537,24 @@ impl Handler {
             return Reply::code(ResponseCode::Refused);
         }
         let named = classify(query.name());
+        let looked = match named.key() {
+            Some(key) => Some(self.views.lookup_wait(key).await),
+            None => None,
+        };
+        let now = now_ms();
         reply(
             &named,
             query.original().name(),
             query.query_type(),
-            |key| self.agent.lookup(key),
+            |key| looked.unwrap_or_else(|| self.views.lookup(key, now)),
             // DNS cannot tell reads from writes: read-write, the safe side.
-            |key| match self.agent.failover(key, ConnTraffic::ReadWrite) {
+            |key| match self.views.failover(key, ConnTraffic::ReadWrite, now) {
                 Decision::Remote {
                     region, ingress, ..
                 } => Some(Failover { region, ingress }),
                 Decision::Refused(_) => None,
             },
-            self.agent.zone(),
+            self.views.zone(),
             self.ttl_s,
             &mut rand::rng(),
         )
@@ -541,8 +565,8 @@ impl Handler {
         request: &Request,
         mut response_handle: R,
     ) -> ResponseInfo {
-        let reply = self.answer(request);
-        self.agent.metrics().dns_answer(rcode_label(reply.rcode));
+        let reply = self.answer(request).await;
+        self.views.metrics().dns_answer(rcode_label(reply.rcode));
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.response_code = reply.rcode;
         metadata.authoritative =
@@ -612,8 +636,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::agent::Answer;
     use crate::endpoints::{Mode, Selection};
+    use crate::view::Answer;
 
     fn name(s: &str) -> Name {
         Name::from_ascii(s).unwrap().to_lowercase()
@@ -662,12 +686,12 @@ mod tests {
             revision: Revision(1),
             stale: false,
             age_ms: 0,
-            selection: Selection {
+            selection: Arc::new(Selection {
                 mode: Mode::Normal,
                 candidates,
-            },
-            records: records.to_vec(),
-            leaving: BTreeSet::new(),
+            }),
+            records: records.to_vec().into(),
+            leaving: Arc::default(),
         })
     }
 

@@ -229,6 +229,21 @@ impl ServiceMemory {
         }
     }
 
+    /// When the next ejection ends after `now_ms`, if one is running: the
+    /// selection changes then.
+    pub fn next_expiry(&self, now_ms: u64) -> Option<u64> {
+        self.ejections
+            .values()
+            .filter_map(|e| e.until_ms)
+            .filter(|t| *t > now_ms)
+            .min()
+    }
+
+    /// Instances with a failed connect counted since their last success.
+    pub fn failing(&self) -> usize {
+        self.ejections.values().filter(|e| e.failures > 0).count()
+    }
+
     /// Instances ejected now.
     pub fn ejected(&self, now_ms: u64) -> usize {
         self.ejections

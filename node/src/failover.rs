@@ -26,7 +26,8 @@
 //! when it sent it, and the agent adds the time since, so a view it stops
 //! hearing about (the arbiter or the bridge cut off) ages out by itself.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rollcall_config::{ConnTraffic, StaleBehaviour, TrafficClass};
 use rollcall_leases::{
@@ -131,15 +132,13 @@ impl Held {
     }
 }
 
-/// What the agent holds of regions, and its failover state.
-#[derive(Debug, Default)]
+/// What the agent holds of regions: the policies of the services it
+/// follows and the other regions' views. Each service's own failover
+/// memory is its [`Spread`].
+#[derive(Clone, Debug, Default)]
 pub struct Regions {
     policies: BTreeMap<PolicyKey, HeldPolicy>,
     regions: BTreeMap<Label, Held>,
-    /// Per service: the highest local READY weight in the window, and when.
-    demand: HashMap<ServiceKey, (u64, u64)>,
-    /// Per service: failed-over connections decided so far (the spread).
-    sequence: HashMap<ServiceKey, u64>,
     updates: u64,
     /// The last message with its ages zeroed (what "changed" compares).
     last: Option<RegionsUpdate>,
@@ -247,21 +246,16 @@ impl Regions {
             .collect()
     }
 
-    /// Notes the service's READY weight in this region now (every lookup
-    /// does), for the demand estimate.
-    pub fn observe_local(&mut self, service: &ServiceKey, ready_weight: u64, now_ms: u64) {
-        if ready_weight == 0 && !self.demand.contains_key(service) {
-            return;
-        }
-        let entry = self.demand.entry(service.clone()).or_insert((0, now_ms));
-        if ready_weight >= entry.0 || now_ms.saturating_sub(entry.1) > DEMAND_WINDOW_MS {
-            *entry = (ready_weight, now_ms);
-        }
-    }
-
     /// Where a `traffic` connection of `service` goes, its local endpoints
-    /// being unusable, at `now_ms`. Advances the spread when it moves.
-    pub fn decide(&mut self, service: &ServiceKey, traffic: ConnTraffic, now_ms: u64) -> Decision {
+    /// being unusable, at `now_ms`; `spread` is the service's own failover
+    /// memory, advanced when a connection is decided.
+    pub fn decide(
+        &self,
+        service: &ServiceKey,
+        traffic: ConnTraffic,
+        now_ms: u64,
+        spread: &Spread,
+    ) -> Decision {
         let Some(held) = self.policy(service) else {
             return Decision::Refused(Refusal::NoPolicy);
         };
@@ -273,12 +267,8 @@ impl Regions {
         if writes && doc.failover_traffic == TrafficClass::ReadOnly {
             return Decision::Refused(Refusal::ReadOnlyPolicy);
         }
-        let demand = self
-            .demand
-            .get(service)
-            .filter(|(_, at)| now_ms.saturating_sub(*at) <= DEMAND_WINDOW_MS)
-            .map_or(0, |(w, _)| *w);
-        let n = self.sequence.get(service).copied().unwrap_or(0);
+        let demand = spread.demand(now_ms);
+        let n = spread.next.fetch_add(1, Ordering::Relaxed);
         // An even spread in [0, 1): the n-th point of the golden-ratio
         // sequence.
         let mut u = (n as f64 * 0.618_033_988_749_894_9).fract();
@@ -321,7 +311,6 @@ impl Regions {
                     (doc.capacity_limit(name) * summary.weight as f64 / demand as f64).min(1.0)
                 };
                 if u < share {
-                    self.sequence.insert(service.clone(), n + 1);
                     return Decision::Remote {
                         region: region.entry.region.clone(),
                         ingress: region.entry.ingress.clone(),
@@ -339,7 +328,6 @@ impl Regions {
             };
             best = best.max_by_rank(refusal);
         }
-        self.sequence.insert(service.clone(), n + 1);
         Decision::Refused(best)
     }
 
@@ -375,6 +363,51 @@ impl Regions {
             }
         }
         Ok(())
+    }
+}
+
+/// One service's failover memory: its demand estimate (the highest local
+/// READY weight within `DEMAND_WINDOW_MS`, noted at every lookup) and its
+/// place in the even spread of failed-over connections. Atomics, so the
+/// data plane notes and reads it without a lock; each field is exact on
+/// its own, and two threads racing on one lookup can only differ on which
+/// of two equal-time observations stays.
+#[derive(Debug, Default)]
+pub struct Spread {
+    seen: AtomicBool,
+    weight: AtomicU64,
+    at_ms: AtomicU64,
+    next: AtomicU64,
+}
+
+impl Spread {
+    /// Notes the service's READY weight in this region at `now_ms`.
+    pub fn observe_local(&self, ready_weight: u64, now_ms: u64) {
+        let seen = self.seen.load(Ordering::Relaxed);
+        if ready_weight == 0 && !seen {
+            return;
+        }
+        let (weight, at) = (
+            self.weight.load(Ordering::Relaxed),
+            self.at_ms.load(Ordering::Relaxed),
+        );
+        let expired = now_ms.saturating_sub(at) > DEMAND_WINDOW_MS;
+        if !seen || ready_weight > weight || expired || (ready_weight == weight && now_ms > at) {
+            self.weight.store(ready_weight, Ordering::Relaxed);
+            self.at_ms.store(now_ms, Ordering::Relaxed);
+            self.seen.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The demand estimate at `now_ms` (0: none within the window).
+    pub fn demand(&self, now_ms: u64) -> u64 {
+        let fresh = self.seen.load(Ordering::Relaxed)
+            && now_ms.saturating_sub(self.at_ms.load(Ordering::Relaxed)) <= DEMAND_WINDOW_MS;
+        if fresh {
+            self.weight.load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 }
 
@@ -462,8 +495,9 @@ mod tests {
 
     #[test]
     fn the_first_fresh_region_with_capacity_in_order_is_chosen() {
+        let spread = Spread::default();
         let mut r = regions(policy(|_| {}), vec![region("r2", 3, 0), region("r3", 5, 0)]);
-        let d = r.decide(&key(), ConnTraffic::ReadWrite, 1_000);
+        let d = r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread);
         assert_eq!(target(&d), Some("r2"));
         // r2 with nothing READY: r3.
         r.update(
@@ -474,21 +508,22 @@ mod tests {
             2_000,
         );
         assert_eq!(
-            target(&r.decide(&key(), ConnTraffic::ReadOnly, 2_000)),
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 2_000, &spread)),
             Some("r3")
         );
     }
 
     #[test]
     fn a_view_older_than_its_limit_is_never_a_target() {
-        let mut r = regions(policy(|_| {}), vec![region("r2", 3, 4_000)]);
+        let spread = Spread::default();
+        let r = regions(policy(|_| {}), vec![region("r2", 3, 4_000)]);
         assert_eq!(
-            target(&r.decide(&key(), ConnTraffic::ReadOnly, 7_000)),
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 7_000, &spread)),
             Some("r2")
         );
         // 4 s old when received at 1 s; past 10 s at 7.001 s of agent time.
         assert_eq!(
-            r.decide(&key(), ConnTraffic::ReadOnly, 7_001),
+            r.decide(&key(), ConnTraffic::ReadOnly, 7_001, &spread),
             Decision::Refused(Refusal::Stale)
         );
         assert!(!r.status(7_001)[0].fresh);
@@ -496,32 +531,34 @@ mod tests {
 
     #[test]
     fn policy_refusals_name_their_reason() {
-        let mut r = Regions::new();
+        let spread = Spread::default();
+        let r = Regions::new();
         assert_eq!(
-            r.decide(&key(), ConnTraffic::ReadOnly, 0),
+            r.decide(&key(), ConnTraffic::ReadOnly, 0, &spread),
             Decision::Refused(Refusal::NoPolicy)
         );
-        let mut r = regions(policy(|d| d.cross_region = false), vec![region("r2", 3, 0)]);
+        let r = regions(policy(|d| d.cross_region = false), vec![region("r2", 3, 0)]);
         assert_eq!(
-            r.decide(&key(), ConnTraffic::ReadOnly, 1_000),
+            r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread),
             Decision::Refused(Refusal::CrossRegionOff)
         );
-        let mut r = regions(
+        let r = regions(
             policy(|d| d.failover_traffic = TrafficClass::ReadOnly),
             vec![region("r2", 3, 0)],
         );
         assert_eq!(
-            r.decide(&key(), ConnTraffic::ReadWrite, 1_000),
+            r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread),
             Decision::Refused(Refusal::ReadOnlyPolicy)
         );
         assert_eq!(
-            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000)),
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread)),
             Some("r2")
         );
     }
 
     #[test]
     fn single_writer_writes_move_only_to_a_declared_transfer() {
+        let spread = Spread::default();
         let owned = |transfer: Option<&str>| {
             policy(|d| {
                 d.single_writer = Some(SingleWriter {
@@ -530,21 +567,21 @@ mod tests {
                 })
             })
         };
-        let mut r = regions(owned(None), vec![region("r2", 3, 0), region("r3", 3, 0)]);
+        let r = regions(owned(None), vec![region("r2", 3, 0), region("r3", 3, 0)]);
         assert_eq!(
-            r.decide(&key(), ConnTraffic::ReadWrite, 1_000),
+            r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread),
             Decision::Refused(Refusal::SingleWriter)
         );
         assert_eq!(
-            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000)),
+            target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread)),
             Some("r2")
         );
-        let mut r = regions(
+        let r = regions(
             owned(Some("r3")),
             vec![region("r2", 3, 0), region("r3", 3, 0)],
         );
         assert_eq!(
-            target(&r.decide(&key(), ConnTraffic::ReadWrite, 1_000)),
+            target(&r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread)),
             Some("r3")
         );
         assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r3").is_ok());
@@ -556,21 +593,22 @@ mod tests {
 
     #[test]
     fn capacity_limits_spread_the_demand_and_spill_in_order() {
+        let spread = Spread::default();
         // Local demand 1000; r2 holds 300 with a limit of 0.5: it takes
         // 150/1000 = 15% of the moved connections, r3 (limit 1.0, 5000)
         // the rest.
-        let mut r = regions(
+        let r = regions(
             policy(|d| {
                 d.capacity_limits.insert("r2".into(), 0.5);
                 d.capacity_limits.insert("r3".into(), 1.0);
             }),
             vec![region("r2", 3, 0), region("r3", 50, 0)],
         );
-        r.observe_local(&key(), 1_000, 500);
-        r.observe_local(&key(), 0, 900);
+        spread.observe_local(1_000, 500);
+        spread.observe_local(0, 900);
         let mut counts = BTreeMap::new();
         for _ in 0..1_000 {
-            let d = r.decide(&key(), ConnTraffic::ReadOnly, 1_000);
+            let d = r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread);
             *counts.entry(target(&d).map(str::to_owned)).or_insert(0) += 1;
         }
         let r2 = counts.get(&Some("r2".to_owned())).copied().unwrap_or(0);
@@ -579,14 +617,15 @@ mod tests {
         assert_eq!(r2 + r3, 1_000, "{counts:?}");
 
         // Only r2, limited: 15% move, the rest are refused for the limit.
+        let spread = Spread::default();
         let mut r = regions(
             policy(|d| d.failover_order = vec!["r2".into()]),
             vec![region("r2", 3, 0)],
         );
-        r.observe_local(&key(), 1_000, 500);
+        spread.observe_local(1_000, 500);
         let refused = (0..100)
             .filter(|_| {
-                r.decide(&key(), ConnTraffic::ReadOnly, 1_000)
+                r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread)
                     == Decision::Refused(Refusal::CapacityLimit)
             })
             .count();
@@ -600,10 +639,10 @@ mod tests {
             },
             later,
         );
-        r.observe_local(&key(), 0, later);
-        assert!(
-            (0..20).all(|_| target(&r.decide(&key(), ConnTraffic::ReadOnly, later)) == Some("r2"))
-        );
+        spread.observe_local(0, later);
+        assert!((0..20).all(
+            |_| target(&r.decide(&key(), ConnTraffic::ReadOnly, later, &spread)) == Some("r2")
+        ));
     }
 
     mod invariants {
@@ -669,11 +708,12 @@ mod tests {
             ) {
                 let doc = held.policy.document().clone();
                 let mut r = Regions::new();
+                let spread = Spread::default();
                 r.update(RegionsUpdate { policies: vec![held], regions: entries.clone() }, 1_000);
-                r.observe_local(&key(), demand, 1_000);
+                spread.observe_local(demand, 1_000);
                 let traffic = if writes { ConnTraffic::ReadWrite } else { ConnTraffic::ReadOnly };
                 for _ in 0..tries {
-                    if let Decision::Remote { region, ingress, ready } = r.decide(&key(), traffic, now) {
+                    if let Decision::Remote { region, ingress, ready } = r.decide(&key(), traffic, now, &spread) {
                         let name = region.as_str();
                         prop_assert!(doc.cross_region);
                         prop_assert!(doc.failover_order.iter().any(|o| o == name));

@@ -24,16 +24,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_config::ConnTraffic;
+use rollcall_config::{ConnTraffic, IngressConfig};
+use rollcall_leases::clock::now_ms;
 use rollcall_leases::ServiceKey;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
-use crate::agent::{Agent, Lookup};
 use crate::failover::Refusal;
 use crate::metrics::{RefusalLabel, ServiceLabel};
-use crate::proxy::{connect_local, pipe, ActiveConnections};
+use crate::proxy::{accept_loop, connect_local, pipe};
+use crate::shutdown::Shutdown;
+use crate::view::{Lookup, Views};
 
 /// The first word of the preamble.
 pub const MAGIC: &str = "ROLLCALL-INGRESS/1";
@@ -84,41 +86,43 @@ pub struct IngressHandle {
 }
 
 impl IngressHandle {
-    /// Stops accepting and ends every connection it carries.
-    pub async fn shutdown(self) {
-        self.task.abort();
+    /// Waits until the gateway stopped after the shutdown signal (open
+    /// connections get the proxy's grace to finish).
+    pub async fn stopped(self) {
         let _ = self.task.await;
     }
 }
 
-/// Binds `listen` and serves until `IngressHandle::shutdown`.
+/// Binds `listen` and serves until the shutdown signal.
 pub async fn start(
-    agent: Agent,
+    views: Views,
     listen: SocketAddr,
-    active: ActiveConnections,
+    config: IngressConfig,
+    first_resolve_wait_ms: u64,
+    shutdown: Shutdown,
 ) -> std::io::Result<IngressHandle> {
     let listener = TcpListener::bind(listen).await?;
     let local_addr = listener.local_addr()?;
-    let agent = Arc::new((agent, active));
-    let task = tokio::spawn(async move {
-        let mut connections = JoinSet::new();
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((client, peer)) => {
-                        connections.spawn(serve(agent.clone(), client, peer));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "ingress accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            }
-        }
+    let gateway = Arc::new(Gateway {
+        views,
+        config,
+        first_resolve_wait_ms,
     });
+    let task = tokio::spawn(accept_loop(
+        listener,
+        "ingress gateway".into(),
+        move |client, peer| serve(gateway.clone(), client, peer),
+        shutdown,
+    ));
     tracing::info!(listen = %local_addr, "ingress gateway listening");
     Ok(IngressHandle { local_addr, task })
+}
+
+/// What every connection of the gateway shares.
+struct Gateway {
+    views: Views,
+    config: IngressConfig,
+    first_resolve_wait_ms: u64,
 }
 
 /// Reads the preamble line; what the client sent after it stays buffered.
@@ -140,10 +144,10 @@ async fn read_preamble(
     String::from_utf8(line).map_err(|_| "the preamble is not UTF-8".into())
 }
 
-async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer: SocketAddr) {
-    let (agent, active) = &*shared;
+async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
+    let views = &gateway.views;
     let refuse = |service: &str, reason: &str, detail: &str| {
-        agent
+        views
             .metrics()
             .ingress_refused
             .get_or_create(&RefusalLabel {
@@ -153,7 +157,7 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
             .inc();
         tracing::debug!(peer = %peer, service, reason, detail, "ingress connection refused");
     };
-    let timeout = Duration::from_millis(agent.config().ingress.preamble_timeout_ms);
+    let timeout = Duration::from_millis(gateway.config.preamble_timeout_ms);
     let mut reader = BufReader::with_capacity(4096, client);
     let parsed = read_preamble(&mut reader, timeout)
         .await
@@ -165,11 +169,11 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
     let name = service.to_string();
     // The first connection of a service makes this agent follow it; its
     // policy arrives right behind its endpoints.
-    let answer = agent.lookup_wait(&service).await;
+    let answer = views.lookup_wait(&service).await;
     let deadline =
-        tokio::time::Instant::now() + Duration::from_millis(agent.config().first_resolve_wait_ms);
+        tokio::time::Instant::now() + Duration::from_millis(gateway.first_resolve_wait_ms);
     let admitted = loop {
-        match agent.ingress_admits(&service, traffic) {
+        match views.ingress_admits(&service, traffic) {
             Err(Refusal::NoPolicy) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -181,7 +185,7 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
     }
     let answer = match answer {
         Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
-        _ => match agent.lookup(&service) {
+        _ => match views.lookup(&service, now_ms()) {
             Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => answer,
             _ => {
                 return refuse(
@@ -192,7 +196,8 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
             }
         },
     };
-    let Some(mut upstream) = connect_local(agent, &service, &answer, active).await else {
+    let view = views.service(&service);
+    let Some(mut upstream) = connect_local(views, &view, &answer).await else {
         return refuse(
             &name,
             "no_local_endpoint",
@@ -205,7 +210,7 @@ async fn serve(shared: Arc<(Agent, ActiveConnections)>, client: TcpStream, peer:
     if !early.is_empty() && upstream.stream.write_all(&early).await.is_err() {
         return;
     }
-    agent
+    views
         .metrics()
         .ingress_forwarded
         .get_or_create(&ServiceLabel {

@@ -5,13 +5,29 @@
 //! Role: keep serving callers from the local cache whatever the control plane
 //! does. It must never forward a caller to the arbiter, and never invent
 //! catalog truth: local ejection and pending writes stay local.
+//!
+//! Module map. Sans-IO state machines (time and randomness come in as
+//! arguments): `agent_state` (every decision of the agent), `sync`
+//! (catalog views), `link` (backoff, renewals, gossip down verdicts),
+//! `health` (check schedules and verdicts), `endpoints` (selection rules:
+//! protection, panic, ejection, slow start), `selector` (one endpoint per
+//! connection), `failover` (other regions, R9), `registrations` (the local
+//! instances). The published view the data plane reads: `view`. Drivers
+//! that own IO: `agent` (the agent actor and the process), `session` and `store` (its
+//! session and file actors; the prober actor is in `prober`),
+//! `api` (HTTP), `dns`, `proxy`, `ingress`, `prober`, `cache` and
+//! `durable` (files), `runtime` (the actix System), `shutdown` (the one
+//! signal). Data types: `api_types`, `metrics`.
+//!
+//! Dependencies inside the crate point one way: the data plane (`proxy`,
+//! `dns`, `ingress`, `api`) reads `view` and never reaches `agent`;
+//! `agent` drives `agent_state` and starts the data plane.
 
 pub mod agent;
+pub mod agent_state;
 pub mod api;
 pub mod api_types;
 pub mod cache;
-pub mod dev;
-pub mod dev_regions;
 pub mod dns;
 pub mod durable;
 pub mod endpoints;
@@ -23,5 +39,10 @@ pub mod metrics;
 pub mod prober;
 pub mod proxy;
 pub mod registrations;
+pub mod runtime;
 pub mod selector;
+pub mod session;
+pub mod shutdown;
+pub mod store;
 pub mod sync;
+pub mod view;

@@ -24,13 +24,16 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use actix::prelude::*;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::health::ProbeKind;
+use crate::agent_state::Input;
+use crate::health::{ProbeKind, ProbeTask};
+use crate::metrics::AgentMetrics;
 
 /// Why a [`Prober`] could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +227,60 @@ fn describe_http_error(e: &reqwest::Error) -> String {
 
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1_000.0
+}
+
+// ----- the prober actor -----
+
+/// Run one probe.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RunProbe {
+    /// The instance.
+    pub instance: rollcall_leases::InstanceId,
+    /// Its checker's generation.
+    pub generation: Option<rollcall_leases::Generation>,
+    /// What to probe.
+    pub task: ProbeTask,
+}
+
+/// Owns the prober; each probe runs on its own task and its outcome goes
+/// back to the agent as a message.
+pub struct ProberActor {
+    /// The prober.
+    pub prober: Arc<Prober>,
+    /// Where outcomes go.
+    pub agent: Recipient<Input>,
+    /// Probe latency and queue wait are observed here.
+    pub metrics: Arc<AgentMetrics>,
+}
+
+impl Actor for ProberActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<RunProbe> for ProberActor {
+    type Result = ();
+
+    fn handle(&mut self, probe: RunProbe, _: &mut Context<Self>) {
+        let (prober, agent, metrics) = (
+            self.prober.clone(),
+            self.agent.clone(),
+            self.metrics.clone(),
+        );
+        tokio::spawn(async move {
+            let task = probe.task;
+            let outcome = prober.run(task.target, &task.kind, task.timeout_ms).await;
+            metrics.probe_latency.observe(outcome.latency_ms / 1000.0);
+            metrics.probe_queue_wait.observe(outcome.waited_ms / 1000.0);
+            agent.do_send(Input::Probed {
+                instance: probe.instance,
+                generation: probe.generation,
+                which: task.which,
+                passed: outcome.passed,
+                detail: outcome.detail,
+            });
+        });
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The local TCP proxy (R8): one listener per `[[proxy]]` entry; each
 //! accepted connection is forwarded to one endpoint of the service.
 //!
-//! A thin driver: which endpoints are usable comes from the agent's shared
-//! endpoint view (`Agent::lookup`), which one to use from `selector`. This
+//! A thin driver: which endpoints are usable comes from the service's
+//! endpoint view (`view::ServiceView`, read without any agent-wide lock),
+//! which one to use from `selector`. This
 //! module owns the sockets: connect with a short timeout, retry on another
 //! endpoint while nothing of the client's has been read, then copy bytes
 //! both ways. It must never retry once a byte of the client's has been
@@ -18,17 +19,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use rand::seq::SliceRandom;
 use rollcall_config::{ConnTraffic, ProxyEntry};
+use rollcall_leases::clock::now_ms;
 use rollcall_leases::{EndpointRecord, Ingress, InstanceId, ServiceKey, State};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::agent::{Agent, Answer, Lookup};
 use crate::failover::Decision;
 use crate::metrics::ServiceLabel;
+use crate::shutdown::Shutdown;
+use crate::view::{ActiveGuard, Answer, Lookup, ServiceView, Views};
 
 /// Why a proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,48 +59,6 @@ pub enum ProxyError {
 /// streams move in few syscalls (tokio's default is 8 KiB).
 const COPY_BUFFER: usize = 64 * 1024;
 
-/// How many proxied connections are open to each instance, across every
-/// proxy that shares this value. The selector balances on it, and the
-/// agent's drain sequence waits for a drained instance's count to reach
-/// zero. A connect in progress already counts, so a burst of new
-/// connections spreads instead of piling onto one endpoint. Cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct ActiveConnections {
-    counts: Arc<DashMap<InstanceId, usize>>,
-}
-
-impl ActiveConnections {
-    /// Connections open (or connecting) to `id` through the proxy.
-    pub fn count(&self, id: &InstanceId) -> usize {
-        self.counts.get(id).map_or(0, |c| *c)
-    }
-
-    /// Counts one more connection to `id` until the guard is dropped.
-    pub(crate) fn open(&self, id: &InstanceId) -> ActiveGuard {
-        *self.counts.entry(id.clone()).or_default() += 1;
-        ActiveGuard {
-            counts: self.counts.clone(),
-            id: id.clone(),
-        }
-    }
-}
-
-/// One counted connection; dropping it (the connection ended, failed, or
-/// its task was aborted) takes it off the count.
-pub(crate) struct ActiveGuard {
-    counts: Arc<DashMap<InstanceId, usize>>,
-    id: InstanceId,
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.counts.remove_if_mut(&self.id, |_, count| {
-            *count = count.saturating_sub(1);
-            *count == 0
-        });
-    }
-}
-
 /// A running proxy listener.
 pub struct ProxyHandle {
     /// The address the listener is bound to (the real port when the entry
@@ -109,25 +69,26 @@ pub struct ProxyHandle {
     task: JoinHandle<()>,
 }
 
+/// How long connections still open at shutdown may go on, ms.
+pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
+
 impl ProxyHandle {
-    /// Stops accepting and ends every connection this proxy carries (their
-    /// active counts go back down). Dropping the handle instead leaves the
-    /// proxy running.
-    pub async fn shutdown(self) {
-        self.task.abort();
+    /// Waits until the proxy stopped: after the shutdown signal it accepts
+    /// nothing new and gives its open connections `SHUTDOWN_GRACE_MS` to
+    /// finish before closing them.
+    pub async fn stopped(self) {
         let _ = self.task.await;
         tracing::info!(service = %self.service, listen = %self.local_addr, "proxy stopped");
     }
 }
 
-/// Binds `entry.listen` and serves it until `ProxyHandle::shutdown`. The
+/// Binds `entry.listen` and serves it until the shutdown signal. The
 /// agent follows the service from now on, so its endpoints are usually
-/// there before the first caller. Share one `active` between all proxies
-/// and the drain sequence.
+/// there before the first caller.
 pub async fn start(
-    agent: Agent,
+    views: Views,
     entry: &ProxyEntry,
-    active: ActiveConnections,
+    shutdown: Shutdown,
 ) -> Result<ProxyHandle, ProxyError> {
     let service: ServiceKey = entry
         .service
@@ -143,16 +104,19 @@ pub async fn start(
     };
     let listener = TcpListener::bind(entry.listen).await.map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
-    // Only to start following the service; callers get a fresh lookup.
-    let _ = agent.lookup(&service);
+    // The view of the service (following it from now on), held for
+    // every connection: no lookup by key on the hot path.
+    let view = views.service(&service);
+    let forward = Arc::new(Forward {
+        views,
+        view,
+        traffic: entry.traffic,
+    });
     let task = tokio::spawn(accept_loop(
         listener,
-        Arc::new(Forward {
-            agent,
-            service: service.clone(),
-            traffic: entry.traffic,
-            active,
-        }),
+        format!("proxy for {service}"),
+        move |client, peer| forward.clone().forward(client, peer),
+        shutdown,
     ));
     tracing::info!(service = %service, listen = %local_addr, "proxy listening");
     Ok(ProxyHandle {
@@ -164,30 +128,49 @@ pub async fn start(
 
 /// What every connection of one proxy shares.
 struct Forward {
-    agent: Agent,
-    service: ServiceKey,
+    views: Views,
+    view: Arc<ServiceView>,
     traffic: ConnTraffic,
-    active: ActiveConnections,
 }
 
-/// Accepts until aborted. The connections' tasks live in a `JoinSet`, so
-/// aborting this loop ends them too.
-async fn accept_loop(listener: TcpListener, forward: Arc<Forward>) {
+/// Accepts until the shutdown signal, then lets open connections finish
+/// for `SHUTDOWN_GRACE_MS` (the proxy's and the ingress gateway's). The
+/// connections' tasks live in a `JoinSet`, so dropping it ends those still
+/// open.
+pub(crate) async fn accept_loop<S, Fut>(
+    listener: TcpListener,
+    name: String,
+    serve: S,
+    mut shutdown: Shutdown,
+) where
+    S: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((client, peer)) => {
-                    connections.spawn(forward.clone().serve(client, peer));
+                    connections.spawn(serve(client, peer));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off a little
                     // rather than spin.
-                    tracing::warn!(service = %forward.service, error = %e, "proxy accept failed");
+                    tracing::warn!(listener = %name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = shutdown.fired() => break,
+        }
+    }
+    drop(listener);
+    let grace = tokio::time::sleep(Duration::from_millis(SHUTDOWN_GRACE_MS));
+    tokio::pin!(grace);
+    while !connections.is_empty() {
+        tokio::select! {
+            _ = connections.join_next() => {}
+            _ = &mut grace => break,
         }
     }
 }
@@ -201,22 +184,23 @@ pub(crate) struct Upstream {
 
 /// Connects to one of `answer`'s candidates, retrying on another while
 /// nothing of the client's has been read; `None` when every try failed.
-/// Failures and successes feed the agent's local ejection.
+/// Failures and successes feed the view's local ejection.
 pub(crate) async fn connect_local(
-    agent: &Agent,
-    service: &ServiceKey,
+    views: &Views,
+    view: &ServiceView,
     answer: &Answer,
-    active: &ActiveConnections,
 ) -> Option<Upstream> {
     let candidates = &answer.selection.candidates;
-    let config = &agent.config().data_plane;
+    let config = views.data_plane();
+    let active = views.active();
+    let service = view.key();
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let mut tried = BTreeSet::new();
     for _ in 0..=config.retries {
         let count = |id: &InstanceId| active.count(id);
         let i = crate::selector::choose(
             candidates,
-            agent.zone(),
+            views.zone(),
             &count,
             &tried,
             config.local_zone_min_share,
@@ -228,8 +212,8 @@ pub(crate) async fn connect_local(
         let target = SocketAddr::new(record.address, record.port);
         let failure = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
             Ok(Ok(stream)) => {
-                agent.connect_succeeded(service, instance);
-                let metrics = agent.metrics();
+                view.connect_succeeded(instance);
+                let metrics = views.metrics();
                 metrics.proxied_connections.inc();
                 if record.state != State::Ready {
                     metrics.connections_to_not_ready.inc();
@@ -248,7 +232,7 @@ pub(crate) async fn connect_local(
         };
         drop(guard);
         tracing::debug!(service = %service, instance = %instance, address = %target, error = %failure, "proxy connect failed");
-        agent.connect_failed(service, instance);
+        view.connect_failed(views, instance, now_ms());
         tried.insert(instance.clone());
     }
     None
@@ -258,12 +242,12 @@ pub(crate) async fn connect_local(
 /// as many tries as `data_plane.retries` allows) and opens with the
 /// ingress preamble; `None` when none answered.
 async fn connect_remote(
-    agent: &Agent,
+    views: &Views,
     service: &ServiceKey,
     traffic: ConnTraffic,
     ingress: &[Ingress],
 ) -> Option<TcpStream> {
-    let config = &agent.config().data_plane;
+    let config = views.data_plane();
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let mut order: Vec<&Ingress> = ingress.iter().collect();
     order.shuffle(&mut rand::rng());
@@ -303,13 +287,15 @@ impl Forward {
     /// before anything of the client's is read), then copy both ways. With
     /// no usable local endpoint, the service's policy may send it to
     /// another region's ingress (R9).
-    async fn serve(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
-        let service = &self.service;
-        let local_failure = match self.agent.lookup_wait(service).await {
+    async fn forward(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
+        let service = self.view.key();
+        let answer = match self.view.lookup(&self.views, now_ms()) {
+            Lookup::CannotKnow(_) => self.views.lookup_wait(service).await,
+            answer => answer,
+        };
+        let local_failure = match answer {
             Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => {
-                if let Some(mut upstream) =
-                    connect_local(&self.agent, service, &answer, &self.active).await
-                {
+                if let Some(mut upstream) = connect_local(&self.views, &self.view, &answer).await {
                     let instance = &upstream.record.instance_id;
                     tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
                     let result = pipe(&mut client, &mut upstream.stream).await;
@@ -325,12 +311,12 @@ impl Forward {
                 return;
             }
         };
-        match self.agent.failover(service, self.traffic) {
+        match self.views.failover(service, self.traffic, now_ms()) {
             Decision::Remote {
                 region, ingress, ..
             } => {
                 let Some(mut remote) =
-                    connect_remote(&self.agent, service, self.traffic, &ingress).await
+                    connect_remote(&self.views, service, self.traffic, &ingress).await
                 else {
                     self.no_backend(
                         peer,
@@ -351,13 +337,14 @@ impl Forward {
 
     /// Closes the client's connection (dropped by the caller) and counts it.
     fn no_backend(&self, peer: SocketAddr, reason: &str) {
-        self.agent
+        let service = self.view.key();
+        self.views
             .metrics()
             .no_backend
             .get_or_create(&ServiceLabel {
-                service: self.service.to_string(),
+                service: service.to_string(),
             })
             .inc();
-        tracing::debug!(service = %self.service, peer = %peer, reason = %reason, "proxy has no backend; connection closed");
+        tracing::debug!(service = %service, peer = %peer, reason = %reason, "proxy has no backend; connection closed");
     }
 }

@@ -5,8 +5,10 @@
 //! committed and reconciles the rest with the catalog by instance id and
 //! generation.
 //!
-//! This module keeps the records and their file; talking to the arbiter is
-//! the agent's job.
+//! This module keeps the records (`Registrations`, plain data the agent's
+//! state machine owns) and their file (`RegistrationsFile`, which the
+//! agent's store actor writes); talking to the arbiter is the state
+//! machine's job.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,23 +66,28 @@ pub enum RegistrationsError {
     },
 }
 
-/// The local instances and their file.
-#[derive(Debug)]
-pub struct Registrations {
+/// The registrations file of a data directory.
+#[derive(Clone, Debug)]
+pub struct RegistrationsFile {
     path: PathBuf,
-    items: BTreeMap<InstanceId, LocalInstance>,
 }
 
-impl Registrations {
-    /// Loads `data_dir/registrations.json` (checksummed), or starts empty.
-    pub fn open(data_dir: &Path) -> Result<Self, RegistrationsError> {
-        let path = data_dir.join("registrations.json");
-        let items = match durable::read_verified(&path, MAX_FILE_BYTES)? {
+impl RegistrationsFile {
+    /// `data_dir/registrations.json`.
+    pub fn new(data_dir: &Path) -> Self {
+        RegistrationsFile {
+            path: data_dir.join("registrations.json"),
+        }
+    }
+
+    /// Loads the file (checksummed), or nothing when there is none.
+    pub fn load(&self) -> Result<Registrations, RegistrationsError> {
+        let items = match durable::read_verified(&self.path, MAX_FILE_BYTES)? {
             None => BTreeMap::new(),
             Some(bytes) => {
                 let list: Vec<LocalInstance> =
                     serde_json::from_slice(&bytes).map_err(|e| RegistrationsError::Parse {
-                        path: path.clone(),
+                        path: self.path.clone(),
                         detail: e.to_string(),
                     })?;
                 list.into_iter()
@@ -88,15 +95,28 @@ impl Registrations {
                     .collect()
             }
         };
-        Ok(Registrations { path, items })
+        Ok(Registrations { items })
     }
 
-    /// Writes the file (temp file, fsync, rename, directory fsync).
-    pub fn save(&self) -> Result<(), RegistrationsError> {
-        let list: Vec<&LocalInstance> = self.items.values().collect();
-        let bytes = serde_json::to_vec_pretty(&list).expect("registrations always serialize");
-        durable::write_atomic(&self.path, &bytes)?;
+    /// Writes what `Registrations::encode` gave (temp file, fsync, rename,
+    /// directory fsync).
+    pub fn write(&self, bytes: &[u8]) -> Result<(), RegistrationsError> {
+        durable::write_atomic(&self.path, bytes)?;
         Ok(())
+    }
+}
+
+/// The local instances.
+#[derive(Clone, Debug, Default)]
+pub struct Registrations {
+    items: BTreeMap<InstanceId, LocalInstance>,
+}
+
+impl Registrations {
+    /// The file's contents for these registrations.
+    pub fn encode(&self) -> Vec<u8> {
+        let list: Vec<&LocalInstance> = self.items.values().collect();
+        serde_json::to_vec_pretty(&list).expect("registrations always serialize")
     }
 
     /// One local instance.
@@ -165,14 +185,15 @@ mod tests {
     #[test]
     fn registrations_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let mut regs = Registrations::open(dir.path()).unwrap();
+        let file = RegistrationsFile::new(dir.path());
+        let mut regs = file.load().unwrap();
         regs.put(instance("a"));
         let mut b = instance("b");
         b.generation = None;
         b.committed = false;
         regs.put(b.clone());
-        regs.save().unwrap();
-        let back = Registrations::open(dir.path()).unwrap();
+        file.write(&regs.encode()).unwrap();
+        let back = file.load().unwrap();
         assert_eq!(
             back.get(&InstanceId::new("a").unwrap()),
             Some(&instance("a"))
@@ -183,15 +204,16 @@ mod tests {
     #[test]
     fn a_corrupt_file_is_an_error_never_an_empty_list() {
         let dir = tempfile::tempdir().unwrap();
-        let mut regs = Registrations::open(dir.path()).unwrap();
+        let file = RegistrationsFile::new(dir.path());
+        let mut regs = file.load().unwrap();
         regs.put(instance("a"));
-        regs.save().unwrap();
+        file.write(&regs.encode()).unwrap();
         let path = dir.path().join("registrations.json");
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 2;
         bytes[last] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
-        let err = Registrations::open(dir.path()).unwrap_err();
+        let err = file.load().unwrap_err();
         assert!(err.to_string().contains("move it away"), "{err}");
     }
 }

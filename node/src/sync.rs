@@ -78,17 +78,17 @@ pub struct SyncStats {
 
 /// Every followed service.
 #[derive(Debug)]
-pub struct Sync {
+pub struct CatalogSync {
     shard: ShardId,
     services: BTreeMap<ServiceKey, Tracked>,
     connected: bool,
     stats: SyncStats,
 }
 
-impl Sync {
+impl CatalogSync {
     /// Nothing followed yet.
     pub fn new(shard: ShardId) -> Self {
-        Sync {
+        CatalogSync {
             shard,
             services: BTreeMap::new(),
             connected: false,
@@ -365,7 +365,7 @@ mod tests {
     }
 
     /// Two followed services, both synced from the catalog's deltas.
-    fn setup() -> (Catalog, Sync) {
+    fn setup() -> (Catalog, CatalogSync) {
         let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
         apply(
             &mut cat,
@@ -378,7 +378,7 @@ mod tests {
         );
         register(&mut cat, "a1", "a");
         register(&mut cat, "b1", "b");
-        let mut sync = Sync::new(ShardId(0));
+        let mut sync = CatalogSync::new(ShardId(0));
         let mut out = Vec::new();
         sync.follow(svc("a"), &mut out);
         sync.follow(svc("b"), &mut out);

@@ -18,7 +18,7 @@ use rollcall_leases::{
 use rollcall_node::agent::{Agent, AgentHandle};
 use serde_json::Value;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn register_resolve_drain() {
     let cluster = Cluster::start().await;
     let agent = cluster.agent("node-a").await;
@@ -100,7 +100,7 @@ fn registration(id: &str, service: &str, node: &str, epoch: AgentEpoch) -> Regis
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_stale_generation_cannot_touch_its_successor() {
     let cluster = Cluster::start().await;
     let (_agent, http) = connected_agent(&cluster, "node-a").await;
@@ -149,7 +149,7 @@ async fn a_stale_generation_cannot_touch_its_successor() {
     assert_eq!(status, 200, "{body}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn agents_resume_by_delta_after_an_arbiter_restart() {
     let mut cluster = Cluster::start().await;
     let (_a, http_a) = connected_agent(&cluster, "node-a").await;
@@ -197,7 +197,7 @@ async fn agents_resume_by_delta_after_an_arbiter_restart() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_restarted_agent_serves_its_cache_while_the_arbiter_is_down() {
     let mut cluster = Cluster::start().await;
     let (agent, http) = connected_agent(&cluster, "node-a").await;
@@ -231,7 +231,7 @@ async fn a_restarted_agent_serves_its_cache_while_the_arbiter_is_down() {
     wait_ready(&http, "web", &["web-1"]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_drain_while_the_arbiter_is_down_applies_locally_then_commits() {
     let mut cluster = Cluster::start().await;
     let (_a, http) = connected_agent(&cluster, "node-a").await;
@@ -270,7 +270,7 @@ async fn a_drain_while_the_arbiter_is_down_applies_locally_then_commits() {
     assert_eq!(endpoint(&body, "web-2").unwrap()["state"], "READY");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_registration_while_the_arbiter_is_down_is_pending_until_it_returns() {
     let mut cluster = Cluster::start().await;
     let (_a, http_a) = connected_agent(&cluster, "node-a").await;
@@ -308,7 +308,7 @@ async fn a_registration_while_the_arbiter_is_down_is_pending_until_it_returns() 
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_corrupt_cache_file_is_discarded_and_refetched() {
     let cluster = Cluster::start().await;
     let (agent, http) = connected_agent(&cluster, "node-a").await;
@@ -356,7 +356,7 @@ async fn a_corrupt_cache_file_is_discarded_and_refetched() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_certificate_for_another_node_gets_no_lease_and_writes_nothing() {
     let cluster = Cluster::start().await;
     let admin = cluster.admin();
@@ -424,7 +424,7 @@ async fn a_certificate_for_another_node_gets_no_lease_and_writes_nothing() {
     conn.close("test over");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_controller_writes_only_the_services_of_its_grant() {
     let cluster = Cluster::start_with(|c| {
         c.controllers = vec![ControllerGrant {
@@ -480,7 +480,7 @@ async fn a_controller_writes_only_the_services_of_its_grant() {
     conn.close("test over");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn every_change_through_the_agent_is_audited() {
     let cluster = Cluster::start().await;
     let (_agent, http) = connected_agent(&cluster, "node-a").await;
@@ -524,7 +524,7 @@ async fn every_change_through_the_agent_is_audited() {
     assert_eq!(admin.get_without_token("/v1/audit").await, 401);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn bad_registrations_change_nothing() {
     let cluster = Cluster::start().await;
     let (_agent, http) = connected_agent(&cluster, "node-a").await;

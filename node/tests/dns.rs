@@ -71,9 +71,13 @@ async fn agent_with_dns(cluster: &Cluster) -> (AgentHandle, Http, DnsHandle) {
     let handle = cluster.agent("node-a").await;
     let http = Http::of(&handle);
     http.wait_connected().await;
-    let dns = dns::start(handle.agent.clone(), "127.0.0.1:0".parse().unwrap(), 1)
-        .await
-        .unwrap();
+    let dns = dns::start(
+        handle.agent.views().clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1,
+    )
+    .await
+    .unwrap();
     (handle, http, dns)
 }
 
@@ -93,7 +97,7 @@ async fn wait_ready(http: &Http, service: &str, want: &[&str]) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_srv_and_tcp_answers_list_the_ready_endpoints() {
     let cluster = Cluster::start().await;
     let (handle, http, dns) = agent_with_dns(&cluster).await;
@@ -192,7 +196,7 @@ async fn a_srv_and_tcp_answers_list_the_ready_endpoints() {
     dns.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn negative_answers_say_only_what_the_arbiter_said() {
     let cluster = Cluster::start().await;
     let (handle, http, dns) = agent_with_dns(&cluster).await;
@@ -249,7 +253,7 @@ async fn negative_answers_say_only_what_the_arbiter_said() {
     dns.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn servfail_when_the_agent_cannot_know() {
     let mut cluster = Cluster::start().await;
     let (_handle, http, dns) = agent_with_dns(&cluster).await;

@@ -48,7 +48,7 @@ async fn zone(cluster: &Cluster) -> Vec<AgentHandle> {
     agents
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_killed_agent_leaves_every_answer_through_a_gossip_verdict() {
     let cluster = Cluster::start().await;
     let mut agents = zone(&cluster).await;
@@ -94,7 +94,7 @@ async fn a_killed_agent_leaves_every_answer_through_a_gossip_verdict() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn cutting_only_an_agents_gossip_removes_nothing() {
     let cluster = Cluster::start().await;
     let agents = zone(&cluster).await;

@@ -50,7 +50,7 @@ async fn register(http: &Http, body: Value) -> (u16, Value) {
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_failing_readiness_check_takes_the_instance_out_and_passing_brings_it_back() {
     let cluster = Cluster::start().await;
     let agent = cluster.agent("node-a").await;
@@ -99,7 +99,7 @@ async fn a_failing_readiness_check_takes_the_instance_out_and_passing_brings_it_
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_ttl_instance_that_stops_heartbeating_goes_unhealthy() {
     let cluster = Cluster::start().await;
     let agent = cluster.agent("node-a").await;
@@ -129,7 +129,7 @@ async fn a_ttl_instance_that_stops_heartbeating_goes_unhealthy() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_closed_session_marks_the_instance_unhealthy() {
     let cluster = Cluster::start().await;
     let agent = cluster.agent("node-a").await;
@@ -202,7 +202,7 @@ async fn over_socket(
     (status, answer)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn workloads_touch_only_their_own_services() {
     let cluster = Cluster::start().await;
     let uid = nix_like_uid();

@@ -10,7 +10,7 @@ use common::{eventually, Cluster, Http};
 use named::{backend, through};
 use rollcall_config::{ProxyEntry, ServicePattern, StaleBehaviour, StalenessOverride};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_refuses() {
     let mut cluster = Cluster::start().await;
     let mut config = cluster.agent_config("node-a");
@@ -88,7 +88,7 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
     assert!(refused > 0.0, "{metrics}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_drained_instance_is_deregistered_after_the_drain_window() {
     let cluster = Cluster::start().await;
     let mut config = cluster.agent_config("node-a");

@@ -13,9 +13,11 @@ use std::time::Duration;
 use common::{eventually, Cluster, Http};
 use rollcall_config::ProxyEntry;
 use rollcall_leases::{InstanceId, ServiceKey};
-use rollcall_node::agent::{AgentHandle, Lookup};
+use rollcall_node::agent::AgentHandle;
 use rollcall_node::metrics::ServiceLabel;
-use rollcall_node::proxy::{ActiveConnections, ProxyHandle};
+use rollcall_node::proxy::ProxyHandle;
+use rollcall_node::shutdown::{self, Trigger};
+use rollcall_node::view::Lookup;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -131,17 +133,38 @@ async fn backends(http: &Http, spec: &[(&str, u32, Behaviour)]) -> Vec<Backend> 
     out
 }
 
+/// A proxy of its own, stopped by its own shutdown signal.
+struct TestProxy {
+    handle: ProxyHandle,
+    local_addr: SocketAddr,
+    trigger: Trigger,
+}
+
+impl TestProxy {
+    async fn shutdown(self) {
+        self.trigger.fire();
+        self.handle.stopped().await;
+    }
+}
+
 /// Starts the proxy for web and waits until the agent's view serves
-/// exactly `ready` candidates.
-async fn proxy(handle: &AgentHandle, active: &ActiveConnections, ready: usize) -> ProxyHandle {
+/// exactly `ready` candidates. The proxy counts its connections in the
+/// agent's `active`.
+async fn proxy(handle: &AgentHandle, ready: usize) -> TestProxy {
     let entry = ProxyEntry {
         service: SERVICE.into(),
         listen: "127.0.0.1:0".parse().unwrap(),
         traffic: Default::default(),
     };
-    let proxy = rollcall_node::proxy::start(handle.agent.clone(), &entry, active.clone())
+    let (trigger, signal) = shutdown::channel();
+    let proxy = rollcall_node::proxy::start(handle.agent.views().clone(), &entry, signal)
         .await
         .unwrap();
+    let proxy = TestProxy {
+        local_addr: proxy.local_addr,
+        handle: proxy,
+        trigger,
+    };
     let key = key();
     eventually(&format!("the view serves {ready} candidates"), || async {
         match handle.agent.lookup(&key) {
@@ -171,7 +194,7 @@ async fn open(proxy: SocketAddr) -> (BufReader<TcpStream>, String) {
     (stream, line.trim_end().to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn held_connections_spread_in_proportion_to_weight() {
     let cluster = Cluster::start().await;
     let (handle, http) = agent(&cluster).await;
@@ -182,8 +205,8 @@ async fn held_connections_spread_in_proportion_to_weight() {
         ("web-d", 400, Behaviour::Echo),
     ];
     let _backends = backends(&http, &spec).await;
-    let active = ActiveConnections::default();
-    let proxy = proxy(&handle, &active, 4).await;
+    let active = handle.agent.views().active().clone();
+    let proxy = proxy(&handle, 4).await;
 
     let mut held = Vec::new();
     let mut counts: HashMap<String, usize> = HashMap::new();
@@ -211,7 +234,7 @@ async fn held_connections_spread_in_proportion_to_weight() {
     proxy.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_drained_backend_gets_no_new_connections_and_keeps_its_open_ones() {
     let cluster = Cluster::start().await;
     let (handle, http) = agent(&cluster).await;
@@ -220,8 +243,8 @@ async fn a_drained_backend_gets_no_new_connections_and_keeps_its_open_ones() {
         ("web-b", 100, Behaviour::Echo),
     ];
     let _backends = backends(&http, &spec).await;
-    let active = ActiveConnections::default();
-    let proxy = proxy(&handle, &active, 2).await;
+    let active = handle.agent.views().active().clone();
+    let proxy = proxy(&handle, 2).await;
 
     // Held connections alternate between the two; keep one to web-a.
     let mut before = Vec::new();
@@ -259,7 +282,7 @@ async fn a_drained_backend_gets_no_new_connections_and_keeps_its_open_ones() {
     proxy.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_refusing_backend_is_retried_around_and_ejected() {
     let cluster = Cluster::start().await;
     let (handle, http) = agent(&cluster).await;
@@ -269,8 +292,7 @@ async fn a_refusing_backend_is_retried_around_and_ejected() {
         ("web-c", 100, Behaviour::Echo),
     ];
     let mut backends = backends(&http, &spec).await;
-    let active = ActiveConnections::default();
-    let proxy = proxy(&handle, &active, 3).await;
+    let proxy = proxy(&handle, 3).await;
     backends[2].kill().await;
 
     for _ in 0..50 {
@@ -290,7 +312,7 @@ async fn a_refusing_backend_is_retried_around_and_ejected() {
     proxy.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_backend_that_accepts_and_stalls_never_causes_a_duplicate() {
     let cluster = Cluster::start().await;
     let (handle, http) = agent(&cluster).await;
@@ -303,8 +325,8 @@ async fn a_backend_that_accepts_and_stalls_never_causes_a_duplicate() {
     ];
     let backends = backends(&http, &spec).await;
     let (stall, ok) = (&backends[0], &backends[1]);
-    let active = ActiveConnections::default();
-    let proxy = proxy(&handle, &active, 2).await;
+    let active = handle.agent.views().active().clone();
+    let proxy = proxy(&handle, 2).await;
 
     let mut clients = Vec::new();
     for n in 0..5 {
@@ -340,7 +362,7 @@ async fn a_backend_that_accepts_and_stalls_never_causes_a_duplicate() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn no_ready_endpoint_closes_the_connection_at_once() {
     let cluster = Cluster::start().await;
     let (handle, http) = agent(&cluster).await;
@@ -351,8 +373,7 @@ async fn no_ready_endpoint_closes_the_connection_at_once() {
         (http.ready_ids("web").await == Some(Vec::new())).then_some(())
     })
     .await;
-    let active = ActiveConnections::default();
-    let proxy = proxy(&handle, &active, 0).await;
+    let proxy = proxy(&handle, 0).await;
 
     let mut client = TcpStream::connect(proxy.local_addr).await.unwrap();
     let mut buf = [0u8; 16];

@@ -287,10 +287,11 @@ fn starting_at(node: &str, addrs: &[String], first: usize) -> Vec<String> {
     order
 }
 
-fn counter(handle: &AgentHandle, name: &str) -> f64 {
+async fn counter(handle: &AgentHandle, name: &str) -> f64 {
     handle
         .agent
         .metrics_text()
+        .await
         .lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -307,7 +308,7 @@ fn assert_contiguous(audit: &[Value]) {
     assert_eq!(revisions, expected, "revisions are contiguous");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn killing_the_leader_during_writes_loses_no_acknowledged_write_and_agents_resume_by_delta() {
     let mut group = Group::start(|_| {}).await;
     let leader = group.leader().await;
@@ -340,7 +341,7 @@ async fn killing_the_leader_during_writes_loses_no_acknowledged_write_and_agents
         v.ready_ids("web").await.filter(|ids| ids.len() == 1)
     })
     .await;
-    let snapshots_before = counter(&watcher, "rollcall_agent_snapshots_applied_total");
+    let snapshots_before = counter(&watcher, "rollcall_agent_snapshots_applied_total").await;
 
     let mut acknowledged = Vec::new();
     let mut pending = Vec::new();
@@ -374,9 +375,9 @@ async fn killing_the_leader_during_writes_loses_no_acknowledged_write_and_agents
         v.status().await["arbiter"]["address"],
         group.quic_addrs()[leader]
     );
-    assert!(counter(&watcher, "rollcall_agent_reconnects_total") >= 1.0);
+    assert!(counter(&watcher, "rollcall_agent_reconnects_total").await >= 1.0);
     assert_eq!(
-        counter(&watcher, "rollcall_agent_snapshots_applied_total"),
+        counter(&watcher, "rollcall_agent_snapshots_applied_total").await,
         snapshots_before,
         "the watcher resumed by delta on the other replica, no snapshot"
     );
@@ -413,7 +414,7 @@ async fn killing_the_leader_during_writes_loses_no_acknowledged_write_and_agents
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_minority_partition_refuses_writes_while_the_majority_accepts_them() {
     let group = Group::start(|_| {}).await;
     let leader = group.leader().await;
@@ -469,7 +470,7 @@ async fn a_minority_partition_refuses_writes_while_the_majority_accepts_them() {
     majority.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_wiped_follower_rejoins_from_a_snapshot() {
     let mut group = Group::start(|c| c.store.compact_every = 20).await;
     let leader = group.leader().await;
@@ -546,7 +547,7 @@ async fn report_down(group: &Group, on: usize, node: &str, epoch: AgentEpoch) ->
     answer
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_about_a_live_agent()
 {
     let mut group = Group::start(|c| {
@@ -628,7 +629,7 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn without_quorum_agents_serve_their_cache_keep_writes_pending_and_send_them_when_it_returns()
 {
     let mut group = Group::start(|_| {}).await;
@@ -669,7 +670,7 @@ async fn without_quorum_agents_serve_their_cache_keep_writes_pending_and_send_th
     agent.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn an_agent_certificate_cannot_speak_raft() {
     let group = Group::start(|_| {}).await;
     let _ = group.leader().await;
@@ -689,7 +690,7 @@ async fn an_agent_certificate_cannot_speak_raft() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn membership_changes_sent_to_a_follower_reach_the_leader() {
     let group = Group::start(|_| {}).await;
     let leader = group.leader().await;

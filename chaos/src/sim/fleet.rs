@@ -22,7 +22,7 @@ use rollcall_leases::{
 use rollcall_node::api_types::{Check, CheckKind, ValidChecks};
 use rollcall_node::health::{InstanceHealth, Which};
 use rollcall_node::link::{Backoff, DownVerdicts};
-use rollcall_node::sync::Sync;
+use rollcall_node::sync::CatalogSync;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::scenario::SimScenario;
@@ -78,7 +78,7 @@ impl World {
                 zone,
                 zone_index,
                 epoch: AgentEpoch(1),
-                sync: Sync::new(ShardId(0)),
+                sync: CatalogSync::new(ShardId(0)),
                 follows: Vec::new(),
                 instances: Vec::new(),
                 connecting: None,

@@ -49,7 +49,7 @@ use rollcall_node::api_types::ValidChecks;
 use rollcall_node::endpoints::ServiceMemory;
 use rollcall_node::health::InstanceHealth;
 use rollcall_node::link::{Backoff, DownVerdicts};
-use rollcall_node::sync::Sync;
+use rollcall_node::sync::CatalogSync;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::scenario::{Action, SimScenario, Step};
@@ -265,7 +265,7 @@ pub(super) struct Agent {
     pub(super) zone: u32,
     pub(super) zone_index: usize,
     pub(super) epoch: AgentEpoch,
-    pub(super) sync: Sync,
+    pub(super) sync: CatalogSync,
     pub(super) follows: Vec<u32>,
     pub(super) instances: Vec<u32>,
     /// Hello sent under this session number.

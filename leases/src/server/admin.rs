@@ -39,6 +39,7 @@ use rollcall_config::{ConfigFile, PolicyFile};
 
 use crate::audit::AuditQuery;
 use crate::catalog::Rejection;
+use crate::clock::now_ms;
 use crate::command::Command;
 use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
@@ -49,7 +50,7 @@ use crate::protocol::{
 };
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::remote::{RegionView, RemoteViews};
-use crate::server::core::{now_ms, raft_json, AdminQuery, CoreMsg};
+use crate::server::core::{raft_json, AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
 use crate::server::peer::{self, Peers};
 

@@ -24,24 +24,24 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use foldhash::HashMap;
 use openraft::ServerState;
 use rollcall_config::ArbiterConfig;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::catalog::{Applied, Catalog, Effect, Rejection};
+use crate::catalog::{Applied, Effect, Rejection};
+use crate::clock::now_ms;
 use crate::command::{Command, Envelope};
 use crate::distribution::{AgentId, DistParams, Distributor, Output};
 use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
 use crate::ids::{AgentEpoch, Revision};
 use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
-use crate::name::{Label, NodeId, PrincipalName, ServiceKey};
+use crate::name::{NodeId, PrincipalName, ServiceKey};
 use crate::protocol::{
-    Heard, NodeInstance, PeerRequest, PeerResponse, RejectKind, Request, Response, ServiceUpdate,
-    SessionDown, SessionUp,
+    Heard, PeerRequest, PeerResponse, Request, Response, ServiceUpdate, SessionDown, SessionUp,
 };
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
 use crate::regions::{regions_update, RegionsEpoch, RegionsFeed};
@@ -50,6 +50,7 @@ use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
 };
 use crate::server::peer::{self, PeerError, Peers};
+use crate::sessions::{down_outcome, Authorized, DownOutcome, Rules};
 
 /// What a connection's writer must do.
 #[derive(Debug)]
@@ -132,13 +133,6 @@ pub enum CoreMsg {
         /// Where the answer goes.
         reply: oneshot::Sender<PeerResponse>,
     },
-}
-
-/// The wall clock in ms since the Unix epoch: the time stamped on commands.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 struct Conn {
@@ -247,7 +241,8 @@ pub struct Replica {
 /// The core's state.
 pub struct Core {
     config: ArbiterConfig,
-    region: Label,
+    /// Who may hold, watch and write what (R10).
+    rules: Rules,
     replica: Replica,
     standing: Standing,
     mark: AppliedMark,
@@ -309,8 +304,8 @@ impl Core {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Core {
             leader: LeaderMemory::new(LeaderParams::from(&config), me, now),
+            rules: Rules::new(&config, region),
             config,
-            region,
             replica,
             standing: Standing::Follower { leader: None },
             mark,
@@ -519,7 +514,7 @@ impl Core {
         }
         match (msg, session) {
             (SessionUp::Hello { node, epoch, zone }, None) => {
-                if let Err(reason) = self.may_hold_lease(&identity, &node) {
+                if let Err(reason) = self.rules.may_hold_lease(&identity, &node) {
                     self.refuse(agent, reason);
                     return;
                 }
@@ -549,7 +544,7 @@ impl Core {
             ) => {
                 let ours = self.replica.applied.lock().params().shard;
                 let allowed = if shard == ours {
-                    self.may_watch(&node, &service)
+                    self.rules.may_watch(&node, &service)
                 } else {
                     Err(format!(
                         "this arbiter serves shard {ours}, not shard {shard}"
@@ -612,66 +607,6 @@ impl Core {
             .map_err(|e| e.to_string())
     }
 
-    fn may_hold_lease(&self, identity: &Identity, node: &NodeId) -> Result<(), String> {
-        if identity.region != self.region {
-            return Err(format!(
-                "certificate is for region {}, this arbiter serves region {}",
-                identity.region, self.region
-            ));
-        }
-        if identity.principal.role != Role::Agent {
-            return Err(format!(
-                "a {} certificate cannot hold a node lease; use an agent certificate",
-                identity.principal.role.as_str()
-            ));
-        }
-        if identity.principal.name.as_str() != node.as_str() {
-            return Err(format!("certificate names node {}, not {node}: an agent may hold only its own node's lease", identity.principal.name));
-        }
-        Ok(())
-    }
-
-    fn may_watch(&self, node: &NodeId, service: &ServiceKey) -> Result<(), String> {
-        let rules: Vec<_> = self
-            .config
-            .watch_rules
-            .iter()
-            .filter(|r| r.nodes.iter().any(|n| n == node.as_str()))
-            .collect();
-        if rules.is_empty() {
-            return Ok(());
-        }
-        let allowed = rules.iter().flat_map(|r| &r.services).any(|p| {
-            p.matches(
-                service.namespace.as_str(),
-                service.service.as_str(),
-                service.port_name.as_str(),
-            )
-        });
-        if allowed {
-            Ok(())
-        } else {
-            Err(format!(
-                "node {node} may not watch {service} (arbiter watch_rules)"
-            ))
-        }
-    }
-
-    fn controller_may_write(&self, name: &PrincipalName, service: &ServiceKey) -> bool {
-        self.config
-            .controllers
-            .iter()
-            .filter(|c| c.name == name.as_str())
-            .flat_map(|c| &c.services)
-            .any(|p| {
-                p.matches(
-                    service.namespace.as_str(),
-                    service.service.as_str(),
-                    service.port_name.as_str(),
-                )
-            })
-    }
-
     fn request(
         &mut self,
         agent: AgentId,
@@ -685,7 +620,12 @@ impl Core {
         };
         let identity = conn.identity.clone();
         let session = conn.session.clone();
-        match self.authorize(&identity, session.as_ref(), request) {
+        let authorized = {
+            let cat = self.replica.applied.lock();
+            self.rules
+                .authorize(&identity, session.as_ref(), request, &cat)
+        };
+        match authorized {
             Ok(Authorized::Command(command)) => {
                 proposals.push((self.envelope(&identity, command, now), Then::Reply(reply)))
             }
@@ -710,22 +650,8 @@ impl Core {
                 proposals,
             ),
             Ok(Authorized::List(node)) => {
-                let instances = self
-                    .replica
-                    .applied
-                    .lock()
-                    .instances_on(&node)
-                    .into_iter()
-                    .map(|(service, r)| NodeInstance {
-                        service,
-                        instance_id: r.instance_id.clone(),
-                        generation: r.generation,
-                        state: r.state,
-                        reason: r.reason.clone(),
-                        origin: r.origin.role,
-                    })
-                    .collect();
-                let _ = reply.send(Response::Instances(instances));
+                let cat = self.replica.applied.lock();
+                let _ = reply.send(crate::answers::node_instances(&cat, &node));
             }
             Err(response) => {
                 self.metrics.rejections.inc();
@@ -1015,134 +941,6 @@ impl Core {
         }
     }
 
-    /// Checks that `identity` may make `request` (R10) and turns it into a
-    /// command. Agents write only their own node's instances; controllers
-    /// only the services their grant names.
-    fn authorize(
-        &self,
-        identity: &Identity,
-        session: Option<&(NodeId, AgentEpoch)>,
-        request: Request,
-    ) -> Result<Authorized, Response> {
-        let forbidden = |message: String| Response::Rejected {
-            kind: RejectKind::Forbidden,
-            message,
-        };
-        if identity.region != self.region {
-            return Err(forbidden(format!(
-                "certificate is for region {}, this arbiter serves region {}",
-                identity.region, self.region
-            )));
-        }
-        let role = identity.principal.role;
-        let name = &identity.principal.name;
-        let owner_check = |node: &NodeId, service: &ServiceKey| -> Result<(), Response> {
-            match role {
-                Role::Agent if node.as_str() == name.as_str() => Ok(()),
-                Role::Agent => Err(forbidden(format!("agent {name} may write only instances on its own node, not on {node}"))),
-                Role::Controller if self.controller_may_write(name, service) => Ok(()),
-                Role::Controller => Err(forbidden(format!("controller {name} has no grant for service {service} (arbiter [[controllers]])"))),
-                other => Err(forbidden(format!("a {} certificate cannot write instances", other.as_str()))),
-            }
-        };
-        let existing = |id: &crate::name::InstanceId| -> Result<(NodeId, ServiceKey), Response> {
-            let cat = self.replica.applied.lock();
-            match (cat.instance(id), cat.service_of(id)) {
-                (Some(r), Some(key)) => Ok((r.node_id.clone(), key.clone())),
-                _ => Err(Response::Rejected {
-                    kind: RejectKind::NotFound,
-                    message: format!("instance {id} is not registered"),
-                }),
-            }
-        };
-        let command = match request {
-            Request::Register(reg) => {
-                owner_check(&reg.node, &reg.service)?;
-                Command::Register(reg)
-            }
-            Request::Transition {
-                instance_id,
-                generation,
-                to,
-                reason,
-            } => {
-                let (node, service) = existing(&instance_id)?;
-                owner_check(&node, &service)?;
-                Command::Transition {
-                    instance_id,
-                    generation,
-                    to,
-                    reason,
-                }
-            }
-            Request::SetLiveness {
-                instance_id,
-                generation,
-                liveness,
-            } => {
-                let (node, service) = existing(&instance_id)?;
-                owner_check(&node, &service)?;
-                Command::SetLiveness {
-                    instance_id,
-                    generation,
-                    liveness,
-                }
-            }
-            Request::Deregister {
-                instance_id,
-                generation,
-            } => {
-                let (node, service) = existing(&instance_id)?;
-                owner_check(&node, &service)?;
-                Command::Deregister {
-                    instance_id,
-                    generation,
-                }
-            }
-            Request::Leave { epoch } => match (role, session) {
-                (Role::Agent, Some((node, _))) => Command::RevokeLease {
-                    node: node.clone(),
-                    epoch,
-                },
-                _ => return Err(forbidden("only an agent with a session can leave".into())),
-            },
-            Request::ReportDown { node, epoch } => match (role, session) {
-                (Role::Agent, Some((reporter, _))) => {
-                    return Ok(Authorized::Down {
-                        reporter: reporter.clone(),
-                        node,
-                        epoch,
-                    })
-                }
-                _ => {
-                    return Err(forbidden(
-                        "only an agent with a session can report a down verdict".into(),
-                    ))
-                }
-            },
-            Request::NodeInstances => match (role, session) {
-                (Role::Agent, Some((node, _))) => return Ok(Authorized::List(node.clone())),
-                _ => {
-                    return Err(forbidden(
-                        "only an agent with a session can list its node's records".into(),
-                    ))
-                }
-            },
-            Request::AwaitPropagation {
-                service,
-                revision,
-                timeout_ms,
-            } => {
-                return Ok(Authorized::Await {
-                    service,
-                    revision,
-                    timeout_ms: timeout_ms.min(30_000),
-                });
-            }
-        };
-        Ok(Authorized::Command(command))
-    }
-
     fn envelope(&self, identity: &Identity, command: Command, now: u64) -> Envelope {
         Envelope {
             at_ms: now,
@@ -1350,7 +1148,7 @@ impl Core {
             Then::Reply(reply) => {
                 let response = match decided {
                     Decided::Local(result) => {
-                        response_of(&self.replica.applied.lock(), env, result)
+                        crate::answers::response(&self.replica.applied.lock(), env, result)
                     }
                     Decided::Remote(response) => response,
                 };
@@ -1373,7 +1171,7 @@ impl Core {
                 let cat = self.replica.applied.lock();
                 let lease = cat.leases().get(node).map(|l| l.id).unwrap_or_default();
                 let welcome = SessionDown::Welcome {
-                    region: self.region.clone(),
+                    region: self.rules.region.clone(),
                     shard: cat.params().shard,
                     revision: cat.revision(),
                     lease,
@@ -1537,35 +1335,29 @@ impl Core {
         proposals: &mut Vec<(Envelope, Then)>,
     ) {
         for verdict in verdicts {
-            match verdict {
-                Verdict::Partition {
-                    node,
-                    reporters,
-                    heard_ago_ms,
-                    waiting,
-                } => {
-                    self.metrics.down_reports_ignored.inc();
-                    tracing::warn!(node = %node, reporters = ?reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
-                    let message = format!("node {node}'s session with this arbiter is alive (heard {heard_ago_ms} ms ago): treated as a partition inside the zone; nothing removed");
+            if let Verdict::Partition {
+                node, reporters, ..
+            } = &verdict
+            {
+                self.metrics.down_reports_ignored.inc();
+                tracing::warn!(node = %node, reporters = ?reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+            }
+            match down_outcome(verdict) {
+                DownOutcome::Answer { waiting, answer } => {
                     for reply in waiting {
-                        let _ = reply.send(Response::Rejected {
-                            kind: RejectKind::Invalid,
-                            message: message.clone(),
-                        });
+                        let _ = reply.send(answer.clone());
                     }
                 }
-                Verdict::Down { envelope, waiting } => {
-                    let mut replies = waiting.into_iter();
-                    match replies.next() {
-                        Some(reply) => proposals.push((envelope, Then::Reply(reply))),
-                        None => proposals.push((envelope, Then::Nothing)),
-                    }
-                    for reply in replies {
-                        let _ = reply.send(Response::Committed {
-                            revision: None,
-                            generation: None,
-                            state: None,
-                        });
+                DownOutcome::Propose {
+                    envelope,
+                    first,
+                    others,
+                    answer,
+                } => {
+                    let then = first.map_or(Then::Nothing, Then::Reply);
+                    proposals.push((envelope, then));
+                    for reply in others {
+                        let _ = reply.send(answer.clone());
                     }
                 }
             }
@@ -1811,7 +1603,7 @@ impl Core {
         let raft = self.replica.raft.metrics().borrow().clone();
         serde_json::json!({
             "name": self.config.name,
-            "region": self.region.as_str(),
+            "region": self.rules.region.as_str(),
             "shard": cat.params().shard.0,
             "revision": cat.revision().0,
             "services": cat.services().len(),
@@ -1866,61 +1658,4 @@ fn no_leader() -> Response {
          majority of replicas are reachable); the write is not committed; retry"
             .into(),
     )
-}
-
-enum Authorized {
-    Command(Command),
-    Down {
-        reporter: NodeId,
-        node: NodeId,
-        epoch: AgentEpoch,
-    },
-    List(NodeId),
-    Await {
-        service: ServiceKey,
-        revision: Revision,
-        timeout_ms: u64,
-    },
-}
-
-/// The answer to a committed or rejected request.
-fn response_of(catalog: &Catalog, env: &Envelope, result: Result<Applied, Rejection>) -> Response {
-    match result {
-        Ok(applied) => {
-            let generation = match applied.effect {
-                Effect::Registered { generation, .. } => Some(generation),
-                _ => None,
-            };
-            let instance = match &env.command {
-                Command::Register(r) => Some(&r.instance_id),
-                Command::Transition { instance_id, .. }
-                | Command::SetLiveness { instance_id, .. } => Some(instance_id),
-                _ => None,
-            };
-            let state = instance
-                .and_then(|id| catalog.instance(id))
-                .map(|r| r.state);
-            Response::Committed {
-                revision: applied.revision,
-                generation,
-                state,
-            }
-        }
-        Err(rejection) => {
-            let kind = match rejection {
-                Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
-                Rejection::UnknownInstance { .. }
-                | Rejection::UnknownService { .. }
-                | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
-                Rejection::NotHomeRegion { .. } | Rejection::HomeHere { .. } => {
-                    RejectKind::Forbidden
-                }
-                _ => RejectKind::Invalid,
-            };
-            Response::Rejected {
-                kind,
-                message: rejection.to_string(),
-            }
-        }
-    }
 }

@@ -18,6 +18,17 @@ use rollcall_leases::{Label, PrincipalName, Role};
 use rollcall_node::agent::{Agent, AgentHandle};
 use serde_json::Value;
 
+/// The runtime agents run in (`rollcall_node::runtime`): an actix System
+/// over a two-worker tokio runtime, for
+/// `#[actix_rt::test(system = "crate::common::AgentSystem")]`.
+pub struct AgentSystem;
+
+impl AgentSystem {
+    pub fn new() -> actix::SystemRunner {
+        rollcall_node::runtime::system(Some(2))
+    }
+}
+
 /// How long a test waits for something that should happen in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 

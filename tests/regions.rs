@@ -6,15 +6,17 @@
 //! API. Waits poll with a generous deadline and assert what happens, never
 //! how fast.
 
+#[path = "../node/tests/common/mod.rs"]
 mod common;
+#[path = "../node/tests/named/mod.rs"]
 mod named;
 
 use std::net::SocketAddr;
 
 use common::{eventually, Http};
 use named::{backend, line, through};
+use rollcall::dev_regions::{DevRegions, RegionsOptions};
 use rollcall_config::{ConnTraffic, ProxyEntry};
-use rollcall_node::dev_regions::{DevRegions, RegionsOptions};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -143,7 +145,7 @@ async fn put_instance(agent: &Http, body: Value) {
     assert_eq!(status, 200, "{answer}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
     let dir = tempfile::tempdir().unwrap();
     let mut options =

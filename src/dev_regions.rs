@@ -21,8 +21,8 @@ use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role};
 use rollcall_region_bridge::{Bridge, BridgeTls};
 
-use crate::agent::{Agent, AgentHandle};
 use crate::dev::DevError;
+use rollcall_node::agent::{Agent, AgentHandle};
 
 /// Most regions `--regions` starts.
 pub const MAX_REGIONS: u8 = 9;
@@ -165,6 +165,7 @@ impl DevRegions {
             };
             agent_config.ingress.listen = Some(port(base, kk, 2)?);
             let agent = Agent::start(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?;
+            crate::dev::connected(&agent).await?;
             let ingress = agent
                 .ingress_addr
                 .map(|a| a.to_string())
@@ -325,7 +326,9 @@ impl DevRegions {
             arbiters: vec![region.arbiter.quic_addr.to_string()],
             ..AgentConfig::default()
         };
-        Ok(Agent::start(config, Some(&tls)).await?)
+        let agent = Agent::start(config, Some(&tls)).await?;
+        crate::dev::connected(&agent).await?;
+        Ok(agent)
     }
 
     /// Stops region `k`'s bridge (0 is r1): the other regions stop

@@ -12,7 +12,7 @@ use rollcall_leases::server::{ArbiterServer, ServerError};
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role};
 
-use crate::agent::{Agent, AgentError, AgentHandle};
+use rollcall_node::agent::{Agent, AgentError, AgentHandle};
 
 /// Where `rollcall dev` listens and keeps its data.
 #[derive(Clone, Debug)]
@@ -61,6 +61,28 @@ pub struct Dev {
 }
 
 const REGION: &str = "r1";
+
+/// How long a launcher waits for its agent's first session.
+const CONNECT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until `agent` holds a session with an arbiter, so the first
+/// write a user pastes commits instead of answering pending.
+pub async fn connected(agent: &AgentHandle) -> Result<(), DevError> {
+    let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
+    loop {
+        let status = agent.agent.status().await;
+        if status.is_some_and(|s| s.arbiter.connected) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(DevError::Options(format!(
+                "the agent has no arbiter session after {} s; see the log above",
+                CONNECT_PATIENCE.as_secs()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
 const NODE: &str = "dev-node";
 
 impl Dev {
@@ -143,6 +165,7 @@ impl Dev {
             ..AgentConfig::default()
         };
         let agent = Agent::start(agent_config, Some(&agent_tls)).await?;
+        connected(&agent).await?;
         Ok(Dev {
             arbiters,
             agent,

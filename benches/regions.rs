@@ -11,23 +11,23 @@
 //!     instance on the caller's own node, and on another node of r1 (the
 //!     deregistration then reaches the caller's agent through the arbiter).
 //!
-//! Run: `cargo bench -p rollcall-node --bench regions` (env ROUNDS,
+//! Run: `cargo bench -p rollcall --bench regions` (env ROUNDS,
 //! default 40; SERVICES, default 2000; WINDOW_S, default 20). Everything
 //! shares 2 cores. `cargo test` runs it as a smoke test (2 rounds, 20
 //! services, 2 s windows): every round must measure its time and the
 //! summaries must cross.
 
-#[path = "../../leases/benches/support/mod.rs"]
+#[path = "../leases/benches/support/mod.rs"]
 mod support;
 
-#[path = "../tests/named/mod.rs"]
+#[path = "../node/tests/named/mod.rs"]
 mod named;
 
 use std::time::{Duration, Instant};
 
 use named::{backend, through};
+use rollcall::dev_regions::{DevRegions, RegionsOptions};
 use rollcall_config::{ConnTraffic, ProxyEntry};
-use rollcall_node::dev_regions::{DevRegions, RegionsOptions};
 use serde_json::{json, Value};
 
 struct Api {
@@ -116,12 +116,7 @@ fn main() {
     let rounds = support::sized("ROUNDS", 40, 2);
     let services = support::sized("SERVICES", 2_000, 20);
     let window = Duration::from_secs(support::sized("WINDOW_S", 20, 2) as u64);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
+    rollcall_node::runtime::block_on(Some(2), async move {
         let dir = tempfile::tempdir().unwrap();
         let mut options =
             RegionsOptions::new(3, dir.path().to_path_buf(), "127.0.0.1:0".parse().unwrap());
@@ -162,7 +157,11 @@ fn main() {
             // Rounds start at different phases of the sync interval.
             tokio::time::sleep(Duration::from_millis(137)).await;
         }
-        report("(a) policy committed in r1 -> visible in r2's agent", visible, rounds);
+        report(
+            "(a) policy committed in r1 -> visible in r2's agent",
+            visible,
+            rounds,
+        );
 
         // (c) Last local endpoint gone → first connection answered in r2.
         let other = dev.start_agent(0, "node-b").await.unwrap();
@@ -178,40 +177,40 @@ fn main() {
                 other.agent.token().to_owned(),
             ),
         ] {
-        let r1_api = format!("http://{api_addr}");
-        let mut failover = Vec::new();
-        for round in 0..rounds {
-            let id = format!("web-r1-{round}");
-            let url = format!("{r1_api}/v1/agent/instances");
-            let body = json!({"namespace": "shop", "service": "web", "instance_id": id,
+            let r1_api = format!("http://{api_addr}");
+            let mut failover = Vec::new();
+            for round in 0..rounds {
+                let id = format!("web-r1-{round}");
+                let url = format!("{r1_api}/v1/agent/instances");
+                let body = json!({"namespace": "shop", "service": "web", "instance_id": id,
                 "address": "127.0.0.1", "port": web1});
-            let (status, answer) = api
-                .call(reqwest::Method::PUT, url, &token, Some(body))
-                .await;
-            assert_eq!(status, 200, "{answer}");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while through(proxy).await.as_deref() != Some("web-r1") {
-                assert!(Instant::now() < deadline, "web-r1 never served locally");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let url = format!("{r1_api}/v1/agent/instances/{id}");
-            let started = Instant::now();
-            let (status, body) = api.call(reqwest::Method::DELETE, url, &token, None).await;
-            assert_eq!(status, 200, "{body}");
-            loop {
-                if through(proxy).await.as_deref() == Some("web-r2") {
-                    break;
+                let (status, answer) = api
+                    .call(reqwest::Method::PUT, url, &token, Some(body))
+                    .await;
+                assert_eq!(status, 200, "{answer}");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while through(proxy).await.as_deref() != Some("web-r1") {
+                    assert!(Instant::now() < deadline, "web-r1 never served locally");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                assert!(started.elapsed() < Duration::from_secs(30), "no failover");
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                let url = format!("{r1_api}/v1/agent/instances/{id}");
+                let started = Instant::now();
+                let (status, body) = api.call(reqwest::Method::DELETE, url, &token, None).await;
+                assert_eq!(status, 200, "{body}");
+                loop {
+                    if through(proxy).await.as_deref() == Some("web-r2") {
+                        break;
+                    }
+                    assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                failover.push(started.elapsed().as_secs_f64() * 1000.0);
             }
-            failover.push(started.elapsed().as_secs_f64() * 1000.0);
-        }
-        report(
-            &format!("{label} -> first connection answered in r2"),
-            failover,
-            rounds,
-        );
+            report(
+                &format!("{label} -> first connection answered in r2"),
+                failover,
+                rounds,
+            );
         }
         other.shutdown().await;
 
@@ -223,7 +222,15 @@ fn main() {
         let before = sent_bytes(&dev, 0, "r2");
         let started = Instant::now();
         for i in 0..services {
-            register(&api, &dev, 0, &format!("load/svc-{i}"), &format!("i-{i}"), 9).await;
+            register(
+                &api,
+                &dev,
+                0,
+                &format!("load/svc-{i}"),
+                &format!("i-{i}"),
+                9,
+            )
+            .await;
         }
         let registered = started.elapsed();
         // The full view has crossed once r2 holds every summary.
@@ -242,11 +249,17 @@ fn main() {
             if held >= services {
                 break;
             }
-            assert!(Instant::now() < deadline, "r2 never held r1's {services} summaries ({held})");
+            assert!(
+                Instant::now() < deadline,
+                "r2 never held r1's {services} summaries ({held})"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let sync_bytes = sent_bytes(&dev, 0, "r2") - before;
-        assert!(sync_bytes > 0, "r1 sent r2 no summary bytes: this measured nothing");
+        assert!(
+            sync_bytes > 0,
+            "r1 sent r2 no summary bytes: this measured nothing"
+        );
         println!(
             "(b) {services} services registered in r1 in {:.1} s; r1 -> r2 sent {sync_bytes} bytes until r2 held them all ({:.0} bytes per service)",
             registered.as_secs_f64(),
@@ -266,7 +279,15 @@ fn main() {
         let mut n = 0usize;
         while churn_start.elapsed() < window {
             let i = n % services;
-            register(&api, &dev, 0, &format!("load/svc-{i}"), &format!("j-{n}"), 9).await;
+            register(
+                &api,
+                &dev,
+                0,
+                &format!("load/svc-{i}"),
+                &format!("j-{n}"),
+                9,
+            )
+            .await;
             n += 1;
             let next = Duration::from_millis(50 * n as u64);
             if let Some(wait) = next.checked_sub(churn_start.elapsed()) {

@@ -1,0 +1,70 @@
+//! What the arbiter answers an agent's request, from the catalog: the
+//! response to a decided command, and the list of a node's records. Pure:
+//! the arbiter core and the fleet simulator both answer with these.
+
+use crate::catalog::{Applied, Catalog, Effect, Rejection};
+use crate::command::{Command, Envelope};
+use crate::name::NodeId;
+use crate::protocol::{NodeInstance, RejectKind, Response};
+
+/// The answer to a command decided by the catalog: committed (with the
+/// revision, a registration's generation and the instance's state after
+/// it) or rejected with the class of refusal.
+pub fn response(catalog: &Catalog, env: &Envelope, result: Result<Applied, Rejection>) -> Response {
+    match result {
+        Ok(applied) => {
+            let generation = match applied.effect {
+                Effect::Registered { generation, .. } => Some(generation),
+                _ => None,
+            };
+            let instance = match &env.command {
+                Command::Register(r) => Some(&r.instance_id),
+                Command::Transition { instance_id, .. }
+                | Command::SetLiveness { instance_id, .. } => Some(instance_id),
+                _ => None,
+            };
+            let state = instance
+                .and_then(|id| catalog.instance(id))
+                .map(|r| r.state);
+            Response::Committed {
+                revision: applied.revision,
+                generation,
+                state,
+            }
+        }
+        Err(rejection) => {
+            let kind = match rejection {
+                Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
+                Rejection::UnknownInstance { .. }
+                | Rejection::UnknownService { .. }
+                | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
+                Rejection::NotHomeRegion { .. } | Rejection::HomeHere { .. } => {
+                    RejectKind::Forbidden
+                }
+                _ => RejectKind::Invalid,
+            };
+            Response::Rejected {
+                kind,
+                message: rejection.to_string(),
+            }
+        }
+    }
+}
+
+/// `NodeInstances`: every record on `node`, for its agent's reconcile.
+pub fn node_instances(catalog: &Catalog, node: &NodeId) -> Response {
+    Response::Instances(
+        catalog
+            .instances_on(node)
+            .into_iter()
+            .map(|(service, r)| NodeInstance {
+                service,
+                instance_id: r.instance_id.clone(),
+                generation: r.generation,
+                state: r.state,
+                reason: r.reason.clone(),
+                origin: r.origin.role,
+            })
+            .collect(),
+    )
+}

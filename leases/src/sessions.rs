@@ -1,0 +1,556 @@
+//! The arbiter's session rules (R10), sans-IO: who may hold which node's
+//! lease, who may watch what, which commands an identity may propose, and
+//! what a settled down report answers. The arbiter core and the fleet
+//! simulator both decide with these; neither keeps a copy.
+//!
+//! It reads the applied catalog (to find an instance's node and service)
+//! and the arbiter's config; it never reads a clock or a socket.
+
+use rollcall_config::{ArbiterConfig, ControllerGrant, WatchRule};
+
+use crate::catalog::Catalog;
+use crate::command::Command;
+use crate::endpoint::Role;
+use crate::identity::Identity;
+use crate::ids::{AgentEpoch, Revision};
+use crate::leader::Verdict;
+use crate::name::{InstanceId, Label, NodeId, PrincipalName, ServiceKey};
+use crate::protocol::{RejectKind, Request, Response};
+
+/// What the rules read of the arbiter's config.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    /// The region this arbiter serves.
+    pub region: Label,
+    /// `[[controllers]]`.
+    pub controllers: Vec<ControllerGrant>,
+    /// `[[watch_rules]]`.
+    pub watch_rules: Vec<WatchRule>,
+}
+
+impl Rules {
+    /// The rules of `config`; `region` is its validated region.
+    pub fn new(config: &ArbiterConfig, region: Label) -> Rules {
+        Rules {
+            region,
+            controllers: config.controllers.clone(),
+            watch_rules: config.watch_rules.clone(),
+        }
+    }
+}
+
+/// What an authorized request is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Authorized {
+    /// A command to propose.
+    Command(Command),
+    /// A gossip down report (the leader memory holds it for the second
+    /// signal).
+    Down {
+        /// The reporting node.
+        reporter: NodeId,
+        /// The node reported down.
+        node: NodeId,
+        /// The agent run the reporter saw.
+        epoch: AgentEpoch,
+    },
+    /// The records on the caller's node.
+    List(NodeId),
+    /// Wait until the subscribers of `service` acknowledged `revision`.
+    Await {
+        /// The service.
+        service: ServiceKey,
+        /// The revision.
+        revision: Revision,
+        /// How long to wait at most, ms (capped at 30 s).
+        timeout_ms: u64,
+    },
+}
+
+fn forbidden(message: String) -> Response {
+    Response::Rejected {
+        kind: RejectKind::Forbidden,
+        message,
+    }
+}
+
+impl Rules {
+    /// Whether `identity` may hold `node`'s lease (a `Hello`).
+    pub fn may_hold_lease(&self, identity: &Identity, node: &NodeId) -> Result<(), String> {
+        if identity.region != self.region {
+            return Err(format!(
+                "certificate is for region {}, this arbiter serves region {}",
+                identity.region, self.region
+            ));
+        }
+        if identity.principal.role != Role::Agent {
+            return Err(format!(
+                "a {} certificate cannot hold a node lease; use an agent certificate",
+                identity.principal.role.as_str()
+            ));
+        }
+        if identity.principal.name.as_str() != node.as_str() {
+            return Err(format!("certificate names node {}, not {node}: an agent may hold only its own node's lease", identity.principal.name));
+        }
+        Ok(())
+    }
+
+    /// Whether `node`'s agent may watch `service` (`[[watch_rules]]`:
+    /// nodes no rule names may watch everything).
+    pub fn may_watch(&self, node: &NodeId, service: &ServiceKey) -> Result<(), String> {
+        let rules: Vec<_> = self
+            .watch_rules
+            .iter()
+            .filter(|r| r.nodes.iter().any(|n| n == node.as_str()))
+            .collect();
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let allowed = rules.iter().flat_map(|r| &r.services).any(|p| {
+            p.matches(
+                service.namespace.as_str(),
+                service.service.as_str(),
+                service.port_name.as_str(),
+            )
+        });
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "node {node} may not watch {service} (arbiter watch_rules)"
+            ))
+        }
+    }
+
+    fn controller_may_write(&self, name: &PrincipalName, service: &ServiceKey) -> bool {
+        self.controllers
+            .iter()
+            .filter(|c| c.name == name.as_str())
+            .flat_map(|c| &c.services)
+            .any(|p| {
+                p.matches(
+                    service.namespace.as_str(),
+                    service.service.as_str(),
+                    service.port_name.as_str(),
+                )
+            })
+    }
+
+    /// Checks that `identity` (holding `session`, a node's lease, if any)
+    /// may make `request`, and says what it is (R10). Agents write only
+    /// their own node's instances; controllers only the services their
+    /// grant names; only an agent with a session may list its node's
+    /// records, report a down verdict or leave.
+    pub fn authorize(
+        &self,
+        identity: &Identity,
+        session: Option<&(NodeId, AgentEpoch)>,
+        request: Request,
+        catalog: &Catalog,
+    ) -> Result<Authorized, Response> {
+        if identity.region != self.region {
+            return Err(forbidden(format!(
+                "certificate is for region {}, this arbiter serves region {}",
+                identity.region, self.region
+            )));
+        }
+        let role = identity.principal.role;
+        let name = &identity.principal.name;
+        let owner_check = |node: &NodeId, service: &ServiceKey| -> Result<(), Response> {
+            match role {
+                Role::Agent if node.as_str() == name.as_str() => Ok(()),
+                Role::Agent => Err(forbidden(format!("agent {name} may write only instances on its own node, not on {node}"))),
+                Role::Controller if self.controller_may_write(name, service) => Ok(()),
+                Role::Controller => Err(forbidden(format!("controller {name} has no grant for service {service} (arbiter [[controllers]])"))),
+                other => Err(forbidden(format!("a {} certificate cannot write instances", other.as_str()))),
+            }
+        };
+        let existing = |id: &InstanceId| -> Result<(), Response> {
+            match (catalog.instance(id), catalog.service_of(id)) {
+                (Some(r), Some(key)) => owner_check(&r.node_id, key),
+                _ => Err(Response::Rejected {
+                    kind: RejectKind::NotFound,
+                    message: format!("instance {id} is not registered"),
+                }),
+            }
+        };
+        let agent_session = || match (role, session) {
+            (Role::Agent, Some((node, _))) => Some(node.clone()),
+            _ => None,
+        };
+        match request {
+            Request::Register(reg) => {
+                owner_check(&reg.node, &reg.service)?;
+                Ok(Authorized::Command(Command::Register(reg)))
+            }
+            Request::Transition {
+                instance_id,
+                generation,
+                to,
+                reason,
+            } => {
+                existing(&instance_id)?;
+                Ok(Authorized::Command(Command::Transition {
+                    instance_id,
+                    generation,
+                    to,
+                    reason,
+                }))
+            }
+            Request::SetLiveness {
+                instance_id,
+                generation,
+                liveness,
+            } => {
+                existing(&instance_id)?;
+                Ok(Authorized::Command(Command::SetLiveness {
+                    instance_id,
+                    generation,
+                    liveness,
+                }))
+            }
+            Request::Deregister {
+                instance_id,
+                generation,
+            } => {
+                existing(&instance_id)?;
+                Ok(Authorized::Command(Command::Deregister {
+                    instance_id,
+                    generation,
+                }))
+            }
+            Request::Leave { epoch } => match agent_session() {
+                Some(node) => Ok(Authorized::Command(Command::RevokeLease { node, epoch })),
+                None => Err(forbidden("only an agent with a session can leave".into())),
+            },
+            Request::ReportDown { node, epoch } => match agent_session() {
+                Some(reporter) => Ok(Authorized::Down {
+                    reporter,
+                    node,
+                    epoch,
+                }),
+                None => Err(forbidden(
+                    "only an agent with a session can report a down verdict".into(),
+                )),
+            },
+            Request::NodeInstances => match agent_session() {
+                Some(node) => Ok(Authorized::List(node)),
+                None => Err(forbidden(
+                    "only an agent with a session can list its node's records".into(),
+                )),
+            },
+            Request::AwaitPropagation {
+                service,
+                revision,
+                timeout_ms,
+            } => Ok(Authorized::Await {
+                service,
+                revision,
+                timeout_ms: timeout_ms.min(30_000),
+            }),
+        }
+    }
+}
+
+/// How a settled down report is carried out.
+#[derive(Debug)]
+pub enum DownOutcome<R> {
+    /// Nothing to propose: answer every waiting reporter with `answer`.
+    Answer {
+        /// The reporters.
+        waiting: Vec<R>,
+        /// Their answer.
+        answer: Response,
+    },
+    /// Propose the verdict; the first reporter is answered once it
+    /// committed, the others at once with `others`.
+    Propose {
+        /// The `NodeDown` command's envelope.
+        envelope: crate::command::Envelope,
+        /// The reporter answered by the commit.
+        first: Option<R>,
+        /// The others.
+        others: Vec<R>,
+        /// What the others are answered.
+        answer: Response,
+    },
+}
+
+/// What a leader-memory verdict on a down report answers (R4): a node the
+/// arbiter still hears is a partition inside the zone and nothing is
+/// removed; a node silent to both signals is proposed down.
+pub fn down_outcome<R>(verdict: Verdict<R>) -> DownOutcome<R> {
+    match verdict {
+        Verdict::Partition {
+            node,
+            heard_ago_ms,
+            waiting,
+            ..
+        } => DownOutcome::Answer {
+            waiting,
+            answer: Response::Rejected {
+                kind: RejectKind::Invalid,
+                message: format!("node {node}'s session with this arbiter is alive (heard {heard_ago_ms} ms ago): treated as a partition inside the zone; nothing removed"),
+            },
+        },
+        Verdict::Down { envelope, waiting } => {
+            let mut waiting = waiting.into_iter();
+            DownOutcome::Propose {
+                envelope,
+                first: waiting.next(),
+                others: waiting.collect(),
+                answer: Response::Committed {
+                    revision: None,
+                    generation: None,
+                    state: None,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use rollcall_config::ServicePattern;
+
+    use super::*;
+    use crate::command::{Envelope, Registration};
+    use crate::endpoint::{Principal, State, Weight};
+    use crate::ids::Generation;
+    use crate::name::{Reason, Version};
+    use crate::params::CatalogParams;
+
+    fn rules() -> Rules {
+        let mut config = ArbiterConfig::default();
+        config.controllers = vec![ControllerGrant {
+            name: "deployer".into(),
+            services: vec![ServicePattern::try_from("default/api/*".to_owned()).unwrap()],
+        }];
+        config.watch_rules = vec![WatchRule {
+            nodes: vec!["n2".into()],
+            services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],
+        }];
+        Rules::new(&config, Label::new("r1").unwrap())
+    }
+
+    fn identity(role: Role, name: &str) -> Identity {
+        Identity::new(
+            Label::new("r1").unwrap(),
+            role,
+            PrincipalName::new(name).unwrap(),
+        )
+    }
+
+    fn svc(s: &str) -> ServiceKey {
+        ServiceKey::new("default", s, "default").unwrap()
+    }
+
+    fn registration(node: &str, service: &str) -> Registration {
+        Registration {
+            instance_id: InstanceId::new(&format!("{service}-1")).unwrap(),
+            service: svc(service),
+            node: NodeId::new(node).unwrap(),
+            epoch: AgentEpoch(1),
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 80,
+            zone: None,
+            version: Version::new("v1").unwrap(),
+            weight: Weight::DEFAULT,
+            labels: Vec::new(),
+            initial: State::Ready,
+        }
+    }
+
+    /// A catalog holding web-1 on n1.
+    fn catalog() -> Catalog {
+        let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
+        let actor = Principal {
+            role: Role::Operator,
+            name: PrincipalName::new("t").unwrap(),
+        };
+        for command in [
+            Command::GrantLease {
+                node: NodeId::new("n1").unwrap(),
+                epoch: AgentEpoch(1),
+                zone: Label::new("z1").unwrap(),
+                ttl_ms: 10_000,
+            },
+            Command::Register(registration("n1", "web")),
+        ] {
+            cat.apply(&Envelope {
+                at_ms: 1,
+                actor: actor.clone(),
+                command,
+            })
+            .unwrap();
+        }
+        cat
+    }
+
+    fn refusal(result: Result<Authorized, Response>) -> (RejectKind, String) {
+        match result {
+            Err(Response::Rejected { kind, message }) => (kind, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lease_is_only_for_the_agent_of_that_node_in_this_region() {
+        let r = rules();
+        let n1 = NodeId::new("n1").unwrap();
+        assert!(r.may_hold_lease(&identity(Role::Agent, "n1"), &n1).is_ok());
+        let e = r
+            .may_hold_lease(&identity(Role::Agent, "n2"), &n1)
+            .unwrap_err();
+        assert!(e.contains("only its own node's lease"), "{e}");
+        let e = r
+            .may_hold_lease(&identity(Role::Controller, "n1"), &n1)
+            .unwrap_err();
+        assert!(e.contains("cannot hold a node lease"), "{e}");
+        let other = Identity::new(
+            Label::new("r2").unwrap(),
+            Role::Agent,
+            PrincipalName::new("n1").unwrap(),
+        );
+        let e = r.may_hold_lease(&other, &n1).unwrap_err();
+        assert!(e.contains("this arbiter serves region r1"), "{e}");
+    }
+
+    #[test]
+    fn watch_rules_bind_only_the_nodes_they_name() {
+        let r = rules();
+        let (n1, n2) = (NodeId::new("n1").unwrap(), NodeId::new("n2").unwrap());
+        assert!(r.may_watch(&n1, &svc("db")).is_ok());
+        assert!(r.may_watch(&n2, &svc("web")).is_ok());
+        let e = r.may_watch(&n2, &svc("db")).unwrap_err();
+        assert!(e.contains("watch_rules"), "{e}");
+    }
+
+    #[test]
+    fn every_write_refusal_names_its_reason_and_changes_nothing() {
+        let r = rules();
+        let cat = catalog();
+        let session = (NodeId::new("n1").unwrap(), AgentEpoch(1));
+        // Another node's instance.
+        let (kind, message) = refusal(r.authorize(
+            &identity(Role::Agent, "n1"),
+            Some(&session),
+            Request::Register(registration("n2", "web")),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        assert!(
+            message.contains("only instances on its own node"),
+            "{message}"
+        );
+        // A controller outside its grant, and inside it.
+        let (kind, message) = refusal(r.authorize(
+            &identity(Role::Controller, "deployer"),
+            None,
+            Request::Register(registration("n1", "web")),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        assert!(message.contains("no grant for service"), "{message}");
+        assert!(matches!(
+            r.authorize(
+                &identity(Role::Controller, "deployer"),
+                None,
+                Request::Register(registration("n1", "api")),
+                &cat
+            ),
+            Ok(Authorized::Command(Command::Register(_)))
+        ));
+        // An operator or bridge certificate writes no instances.
+        let (kind, _) = refusal(r.authorize(
+            &identity(Role::Bridge, "b"),
+            None,
+            Request::Register(registration("n1", "web")),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        // An instance that is not registered.
+        let (kind, _) = refusal(r.authorize(
+            &identity(Role::Agent, "n1"),
+            Some(&session),
+            Request::Deregister {
+                instance_id: InstanceId::new("ghost").unwrap(),
+                generation: Generation(1),
+            },
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::NotFound);
+        // Another node's agent may not touch web-1.
+        let n2 = (NodeId::new("n2").unwrap(), AgentEpoch(1));
+        let (kind, _) = refusal(r.authorize(
+            &identity(Role::Agent, "n2"),
+            Some(&n2),
+            Request::Transition {
+                instance_id: InstanceId::new("web-1").unwrap(),
+                generation: Generation(1),
+                to: State::Draining,
+                reason: Reason::new("x").unwrap(),
+            },
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        // Session-only requests without a session.
+        for request in [
+            Request::NodeInstances,
+            Request::Leave {
+                epoch: AgentEpoch(1),
+            },
+            Request::ReportDown {
+                node: NodeId::new("n2").unwrap(),
+                epoch: AgentEpoch(1),
+            },
+        ] {
+            let (kind, message) =
+                refusal(r.authorize(&identity(Role::Agent, "n1"), None, request, &cat));
+            assert_eq!(kind, RejectKind::Forbidden);
+            assert!(
+                message.contains("only an agent with a session"),
+                "{message}"
+            );
+        }
+        // A certificate of another region.
+        let other = Identity::new(
+            Label::new("r2").unwrap(),
+            Role::Agent,
+            PrincipalName::new("n1").unwrap(),
+        );
+        let (kind, _) = refusal(r.authorize(&other, Some(&session), Request::NodeInstances, &cat));
+        assert_eq!(kind, RejectKind::Forbidden);
+    }
+
+    #[test]
+    fn a_session_may_list_report_and_wait() {
+        let r = rules();
+        let cat = catalog();
+        let session = (NodeId::new("n1").unwrap(), AgentEpoch(1));
+        let me = identity(Role::Agent, "n1");
+        assert_eq!(
+            r.authorize(&me, Some(&session), Request::NodeInstances, &cat),
+            Ok(Authorized::List(NodeId::new("n1").unwrap()))
+        );
+        assert_eq!(
+            r.authorize(
+                &me,
+                Some(&session),
+                Request::AwaitPropagation {
+                    service: svc("web"),
+                    revision: Revision(3),
+                    timeout_ms: 120_000,
+                },
+                &cat
+            ),
+            Ok(Authorized::Await {
+                service: svc("web"),
+                revision: Revision(3),
+                timeout_ms: 30_000,
+            })
+        );
+    }
+}

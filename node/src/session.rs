@@ -1,0 +1,204 @@
+//! One arbiter connection as an actor: it owns the QUIC connection, does
+//! the handshake (Hello, then Welcome or Refused), writes the session
+//! stream in order, reads it on its own (a frame read is never cancelled
+//! half-way), and sends each request on a stream of its own. Everything it
+//! hears goes to the agent's state machine as an `Input`; it decides
+//! nothing.
+
+use actix::prelude::*;
+use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError, SessionReader};
+use rollcall_leases::protocol::{Request, SessionDown, SessionUp};
+use tokio::sync::mpsc;
+
+use crate::agent_state::{Input, SessionId};
+
+/// Send one message on the session stream.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SendUp(pub SessionUp);
+
+/// Send a request on a stream of its own.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Ask {
+    /// Its number.
+    pub request: u64,
+    /// What to ask.
+    pub body: Request,
+}
+
+/// Close the connection with a reason.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CloseSession(pub String);
+
+/// One arbiter connection: handshake, Hello and Welcome, then the session
+/// stream both ways and requests on streams of their own.
+pub struct SessionActor {
+    session: SessionId,
+    address: String,
+    client: ArbiterClient,
+    hello: SessionUp,
+    agent: Recipient<Input>,
+    conn: Option<ArbiterConn>,
+    up: Option<mpsc::UnboundedSender<SessionUp>>,
+    ended: bool,
+}
+
+impl SessionActor {
+    /// Session `session` with the arbiter at `address`, opened with `hello`.
+    pub fn new(
+        session: SessionId,
+        address: String,
+        client: ArbiterClient,
+        hello: SessionUp,
+        agent: Recipient<Input>,
+    ) -> Self {
+        SessionActor {
+            session,
+            address,
+            client,
+            hello,
+            agent,
+            conn: None,
+            up: None,
+            ended: false,
+        }
+    }
+}
+
+impl Actor for SessionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let (client, address, hello) = (
+            self.client.clone(),
+            self.address.clone(),
+            self.hello.clone(),
+        );
+        let handshake = async move {
+            let conn = client.connect(&address).await?;
+            let (writer, mut reader) = conn.open_session(&hello).await?;
+            match reader.next().await? {
+                SessionDown::Welcome {
+                    lease,
+                    ttl_ms,
+                    revision,
+                    ..
+                } => Ok((conn, writer, reader, lease, ttl_ms, revision)),
+                SessionDown::Refused { reason } => Err(ClientError::Connection(format!(
+                    "arbiter refused the session: {reason}"
+                ))),
+                other => Err(ClientError::Connection(format!(
+                    "expected Welcome, got {other:?}"
+                ))),
+            }
+        };
+        ctx.spawn(handshake.into_actor(self).map(|result, act, ctx| {
+            let (conn, mut writer, reader, lease, ttl_ms, revision) = match result {
+                Ok(up) => up,
+                Err(e) => return act.end(e.to_string(), ctx),
+            };
+            act.conn = Some(conn);
+            let (tx, mut rx) = mpsc::unbounded_channel::<SessionUp>();
+            act.up = Some(tx);
+            act.agent.do_send(Input::Connected {
+                session: act.session,
+                lease,
+                ttl_ms,
+                revision,
+            });
+            // The writer sends in order; the reader runs on its own, so a
+            // frame read is never cancelled half-way by another event.
+            let write = async move {
+                while let Some(message) = rx.recv().await {
+                    writer.send(&message).await?;
+                }
+                Ok::<_, ClientError>(())
+            };
+            ctx.spawn(write.into_actor(act).map(|result, act, ctx| {
+                if let Err(e) = result {
+                    act.end(e.to_string(), ctx);
+                }
+            }));
+            let read = read_session(reader, act.agent.clone(), act.session);
+            ctx.spawn(
+                read.into_actor(act)
+                    .map(|reason, act, ctx| act.end(reason, ctx)),
+            );
+        }));
+    }
+}
+
+/// Hands every message of the session stream to the agent; returns why it
+/// ended.
+async fn read_session(
+    mut reader: SessionReader,
+    agent: Recipient<Input>,
+    session: SessionId,
+) -> String {
+    loop {
+        match reader.next().await {
+            Ok(message) => agent.do_send(Input::Message { session, message }),
+            Err(e) => return e.to_string(),
+        }
+    }
+}
+
+impl SessionActor {
+    /// The session ended: tell the agent once, close, stop.
+    fn end(&mut self, reason: String, ctx: &mut Context<Self>) {
+        if !self.ended {
+            self.ended = true;
+            self.agent.do_send(Input::SessionEnded {
+                session: self.session,
+                reason,
+            });
+        }
+        if let Some(conn) = &self.conn {
+            conn.close("session over");
+        }
+        ctx.stop();
+    }
+}
+
+impl Handler<SendUp> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, SendUp(message): SendUp, _: &mut Context<Self>) {
+        if let Some(up) = &self.up {
+            let _ = up.send(message);
+        }
+    }
+}
+
+impl Handler<Ask> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, Ask { request, body }: Ask, _: &mut Context<Self>) {
+        let agent = self.agent.clone();
+        let Some(conn) = self.conn.clone() else {
+            return agent.do_send(Input::Answer {
+                request,
+                result: Err("the session is not up".into()),
+            });
+        };
+        tokio::spawn(async move {
+            let result = conn.request(&body).await.map_err(|e| e.to_string());
+            agent.do_send(Input::Answer { request, result });
+        });
+    }
+}
+
+impl Handler<CloseSession> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, CloseSession(reason): CloseSession, ctx: &mut Context<Self>) {
+        // Asked by the agent: it knows already.
+        self.ended = true;
+        if let Some(conn) = &self.conn {
+            conn.close(&reason);
+        }
+        ctx.stop();
+    }
+}

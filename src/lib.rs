@@ -1,0 +1,7 @@
+//! The `rollcall` package: the one binary (`src/main.rs`, a thin CLI) and
+//! the development launchers it and the cross-crate tests share. Nothing
+//! here is for production: `dev` and `dev_regions` put whole clusters in
+//! one process with throwaway certificates.
+
+pub mod dev;
+pub mod dev_regions;
