@@ -243,6 +243,7 @@ impl Agent {
             views: report.views,
             regions,
             registrations,
+            health: Default::default(),
         };
         let mut outputs = Vec::new();
         let state = AgentState::new(settings, restored, now_ms(), &mut rand::rng(), &mut outputs);

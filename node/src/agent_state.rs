@@ -31,7 +31,7 @@
 //!
 //! It never reads a clock, a socket, a file or an unseeded rng.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -364,6 +364,11 @@ pub struct Restored {
     pub regions: Option<(RegionsUpdate, u64)>,
     /// The local registrations.
     pub registrations: Registrations,
+    /// Checkers that keep running for restored registrations with checks.
+    /// A real agent has none at start (its instances are checked again
+    /// from now); the fleet simulator passes warm ones, as for an agent
+    /// that has been running.
+    pub health: BTreeMap<InstanceId, InstanceHealth>,
 }
 
 /// Counters the driver exports as metrics.
@@ -508,10 +513,10 @@ pub struct AgentState {
     sync: CatalogSync,
     shard_revision: Revision,
     regs: Registrations,
-    health: HashMap<InstanceId, (Option<Generation>, InstanceHealth)>,
+    health: BTreeMap<InstanceId, (Option<Generation>, InstanceHealth)>,
     /// The state and reason each local instance's health (or its session)
     /// wants in the catalog, until the arbiter has it.
-    desired: HashMap<InstanceId, (State, Reason)>,
+    desired: BTreeMap<InstanceId, (State, Reason)>,
     downs: DownVerdicts,
     gossip_alive: Option<BTreeSet<NodeId>>,
     regions: Regions,
@@ -523,13 +528,13 @@ pub struct AgentState {
     last_contact_ms: Option<u64>,
     address: Option<String>,
     next_request: RequestId,
-    in_flight: HashMap<RequestId, (SessionId, Purpose)>,
+    in_flight: BTreeMap<RequestId, (SessionId, Purpose)>,
     plan: Option<Plan>,
     /// A plan is due again once the current one ends.
     plan_again: bool,
     retry_writes_at: Option<u64>,
     next_save: SaveId,
-    saves: HashMap<SaveId, Then>,
+    saves: BTreeMap<SaveId, Then>,
     /// Drain windows: when each drained instance is deregistered.
     drains: BTreeMap<u64, Vec<(InstanceId, Generation)>>,
     /// Subscriptions to send again (`RetryAfter`, `NotYet`).
@@ -559,6 +564,7 @@ impl AgentState {
         for view in restored.views {
             sync.load_cached(view);
         }
+        let mut warm = restored.health;
         let mut regions = Regions::new();
         if let Some((update, received_at_ms)) = restored.regions {
             regions.update(update, received_at_ms);
@@ -577,8 +583,8 @@ impl AgentState {
             sync,
             shard_revision: Revision(0),
             regs: restored.registrations,
-            health: HashMap::new(),
-            desired: HashMap::new(),
+            health: BTreeMap::new(),
+            desired: BTreeMap::new(),
             downs: DownVerdicts::default(),
             gossip_alive: None,
             regions,
@@ -588,12 +594,12 @@ impl AgentState {
             last_contact_ms: None,
             address: None,
             next_request: 0,
-            in_flight: HashMap::new(),
+            in_flight: BTreeMap::new(),
             plan: None,
             plan_again: false,
             retry_writes_at: None,
             next_save: 0,
-            saves: HashMap::new(),
+            saves: BTreeMap::new(),
             drains: BTreeMap::new(),
             retries: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -619,7 +625,14 @@ impl AgentState {
             .map(|l| (l.registration.clone(), l.generation))
             .collect();
         for (registration, generation) in serving {
-            state.watch_health(&registration, generation, now_ms, rng);
+            match warm.remove(&registration.instance_id) {
+                Some(health) => {
+                    state
+                        .health
+                        .insert(registration.instance_id.clone(), (generation, health));
+                }
+                None => state.watch_health(&registration, generation, now_ms, rng),
+            }
         }
         out.push(Output::PublishRegions(state.regions.clone()));
         state.finish(now_ms, out);
@@ -2381,6 +2394,18 @@ impl AgentState {
     /// The view held of `service`.
     pub fn view(&self, service: &ServiceKey) -> Option<&ServiceView> {
         self.sync.get(service).and_then(|t| t.view.as_ref())
+    }
+
+    /// The state the health checks of a local instance give it, if it has
+    /// checks.
+    pub fn health_state(&self, id: &InstanceId) -> Option<State> {
+        self.health.get(id).map(|(_, h)| h.state())
+    }
+
+    /// Writes not yet in the catalog: pending registrations and intents,
+    /// desired states, and requests in flight.
+    pub fn writes_waiting(&self) -> usize {
+        self.regs.pending().len() + self.desired.len() + self.in_flight.len()
     }
 }
 

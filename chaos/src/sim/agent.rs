@@ -1,57 +1,306 @@
-//! The agents' side of the simulated region: each agent's session with
-//! the arbiter (connect, handshake retries, keep-alives; reconnect backoff
-//! and renewal timing from the agent's own [`rollcall_node::link`]), its
-//! real [`Sync`] fed with the updates that arrive, its instances'
-//! readiness probes through the real [`InstanceHealth`], its writes (kept
-//! pending while cut off, sent in order, each instance's later writes
-//! waiting for its generation) and its gossip verdicts (the agent's own
-//! [`rollcall_node::link::DownVerdicts`]: reported to the arbiter, out of
-//! routing while cut off or until the arbiter answers, R7).
-//!
-//! It decides nothing the binaries' state machines decide; it carries
-//! their inputs and outputs, and keeps each agent's writes in order.
+//! The agents' side of the simulated region. Each agent is the binary's
+//! own state machine ([`AgentState`]) and its own endpoint view: this file
+//! feeds the machine its inputs (messages and answers from the arbiter,
+//! the session's start and end, probe results, gossip verdicts, the
+//! instances' calls of the local API, wake-ups) and carries its outputs
+//! (session messages and requests with their latency, probes, views
+//! published to the data plane, timers). It decides nothing the binary's
+//! machine decides; it plays the network and the instances.
 
-use std::net::SocketAddr;
+use std::collections::VecDeque;
 
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::leader::agent_principal;
-use rollcall_leases::protocol::ServiceUpdate;
-use rollcall_leases::{AgentEpoch, Generation, State, Version};
-use rollcall_node::health::{HealthEvent, InstanceHealth};
-use rollcall_node::link::{renew_after_ms, resend_health};
-use rollcall_node::sync::SyncOut;
+use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::{LeaseId, State, Version};
+use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
+use rollcall_node::api_types::ValidRegistration;
 
 use super::world::*;
 
 impl World {
+    /// Agent `a`'s process starts: its machine is built from its cache and
+    /// registrations, and connects.
+    pub(super) fn start_agent(&mut self, a: u32) {
+        let Some(restored) = self.agents[a as usize].restored.take() else {
+            return;
+        };
+        let mut settings = self.agent_settings.clone();
+        let agent = &self.agents[a as usize];
+        settings.node = agent.node.clone();
+        settings.zone = self.zone_labels[agent.zone as usize].clone();
+        settings.epoch = agent.epoch;
+        let now_ms = self.now_ms();
+        settings.started_ms = now_ms;
+        let mut out = Vec::new();
+        let machine = AgentState::new(settings, restored, now_ms, &mut self.rng, &mut out);
+        self.agents[a as usize].machine = Some(machine);
+        self.carry_agent(a, out);
+    }
+
+    /// One input for agent `a`'s machine, at the current time; what it
+    /// asks for that this driver answers at once (saves, probes) goes back
+    /// in before this returns.
+    pub(super) fn feed(&mut self, a: u32, input: Input) {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let now_ms = self.now_ms();
+            let agent = &mut self.agents[a as usize];
+            if agent.dead {
+                return;
+            }
+            let Some(machine) = agent.machine.as_mut() else {
+                return;
+            };
+            let mut out = Vec::new();
+            machine.handle(input, now_ms, &mut self.rng, &mut out);
+            inputs.extend(self.carry_agent(a, out));
+        }
+    }
+
+    /// Carries agent `a`'s outputs; returns the inputs they answer at once.
+    pub(super) fn carry_agent(&mut self, a: u32, out: Vec<Output>) -> Vec<Input> {
+        let mut back = Vec::new();
+        let now_ms = self.now_ms();
+        for o in out {
+            match o {
+                Output::Connect { session, .. } => self.connect(a, session),
+                Output::Close { session, .. } => {
+                    let agent = &mut self.agents[a as usize];
+                    let ours = |s: Option<(SessionId, u64)>| s.filter(|(m, _)| *m == session);
+                    if let Some((_, g)) = ours(agent.session).or(ours(agent.connecting)) {
+                        agent.session = None;
+                        agent.connecting = None;
+                        self.drop_session(g);
+                    }
+                }
+                Output::Send { session, message } => self.send_up(a, session, message),
+                Output::Request {
+                    session,
+                    request,
+                    body,
+                } => {
+                    let Some(g) = self.global_session(a, session) else {
+                        continue;
+                    };
+                    if self.link_up(a) {
+                        let latency = self.arbiter_latency();
+                        self.after(
+                            latency,
+                            Ev::Request {
+                                agent: a,
+                                session: g,
+                                request,
+                                body,
+                            },
+                        );
+                    }
+                }
+                Output::Reply { .. } => {}
+                Output::StoreViews { .. } | Output::SaveRegions { .. } => {}
+                Output::SaveRegistrations { save, .. } => back.push(Input::Saved {
+                    save,
+                    result: Ok(()),
+                }),
+                Output::Probe {
+                    instance,
+                    generation,
+                    task,
+                } => {
+                    self.counters.probes += 1;
+                    let alive = parse_inst(instance.as_str())
+                        .and_then(|k| self.insts.get(k as usize))
+                        .is_some_and(|i| i.alive);
+                    back.push(Input::Probed {
+                        instance,
+                        generation,
+                        which: task.which,
+                        passed: alive,
+                        detail: if alive { "connected" } else { "refused" }.into(),
+                    });
+                }
+                Output::Publish(published) => {
+                    self.agents[a as usize].views.publish(published, now_ms)
+                }
+                Output::PublishDown(nodes) => {
+                    let crashed: Vec<u32> = nodes
+                        .iter()
+                        .filter_map(|n| parse_node(n.as_str()))
+                        .filter(|n| self.crashes.contains_key(n))
+                        .collect();
+                    self.agents[a as usize].views.set_down(nodes);
+                    // The agent's own gossip verdict keeps the node out of
+                    // its routing now.
+                    for node in crashed {
+                        self.eject(node, a, None);
+                    }
+                }
+                Output::PublishConnected(up) => self.agents[a as usize].views.set_connected(up),
+                Output::PublishRegions(regions) => {
+                    self.agents[a as usize].views.set_regions(regions)
+                }
+                Output::LiftEjections(node) => self.agents[a as usize].views.lift_node(&node),
+                Output::WakeAt(at_ms) => {
+                    self.agents[a as usize].wake = Some(at_ms);
+                    let at = (at_ms * 1_000).max(self.now);
+                    self.at(at, Ev::AgentWake { agent: a, at_ms });
+                }
+            }
+        }
+        back
+    }
+
+    /// The global number of the machine's session `session`, if current.
+    fn global_session(&self, a: u32, session: SessionId) -> Option<u64> {
+        let agent = &self.agents[a as usize];
+        agent.session.filter(|(m, _)| *m == session).map(|(_, g)| g)
+    }
+
+    /// A message on agent `a`'s session stream: keep-alives and renewals
+    /// are heard on arrival (the latency is far below any silence
+    /// threshold), acknowledgements reach the distributor, subscriptions
+    /// arrive in order.
+    fn send_up(&mut self, a: u32, session: SessionId, message: SessionUp) {
+        let Some(g) = self.global_session(a, session) else {
+            return;
+        };
+        if let SessionUp::Ack { service, revision } = &message {
+            // The agent applied this revision: what leave and crash times
+            // are measured by.
+            let s = self.service_index[service];
+            self.applied(a, s, *revision);
+        }
+        if !self.link_up(a) || !self.arb.sessions.contains_key(&g) {
+            return;
+        }
+        match message {
+            SessionUp::Keepalive => {
+                self.counters.keepalives += 1;
+                self.heard(a);
+            }
+            SessionUp::Renew => {
+                self.counters.renewals += 1;
+                self.heard(a);
+                let now_ms = self.now_ms() + 1;
+                let agent = &self.agents[a as usize];
+                let arb = &mut self.arb;
+                // The core's renewal: the leader memory renews the lease,
+                // and reinstates one the guard holds.
+                let renewal = arb.leader.renew(
+                    arb.catalog.leases_mut(),
+                    &agent.node,
+                    agent.epoch,
+                    now_ms,
+                    &agent_principal(&agent.node),
+                );
+                match renewal {
+                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
+                    Ok(None) => {}
+                    Err(_) => {
+                        // The core refuses the session (the lease ended,
+                        // say by a down verdict): the agent reconnects and
+                        // is granted a new one.
+                        self.counters.renewals_refused += 1;
+                        self.drop_session(g);
+                        let latency = self.arbiter_latency();
+                        self.after(
+                            latency,
+                            Ev::Closed {
+                                agent: a,
+                                session: g,
+                            },
+                        );
+                    }
+                }
+            }
+            SessionUp::Ack { service, revision } => {
+                self.heard(a);
+                self.arb.dist.ack(g, &service, revision);
+            }
+            SessionUp::Subscribe { service, have, .. } => {
+                let s = self.service_index[&service];
+                let latency = self.arbiter_latency();
+                let at = self.up_arrival(a, latency);
+                self.at(
+                    at,
+                    Ev::Subscribe {
+                        session: g,
+                        subs: vec![(s, have)],
+                    },
+                );
+            }
+            SessionUp::Unsubscribe { service } => self.arb.dist.unsubscribe(g, &service),
+            SessionUp::Hello { .. } => {}
+        }
+    }
+
+    /// A local API call by one of agent `a`'s instances.
+    fn call(&mut self, a: u32, op: Call) {
+        let agent = &mut self.agents[a as usize];
+        agent.next_call += 1;
+        let call = agent.next_call;
+        self.feed(a, Input::Call { call, op });
+    }
+
+    /// What a simulated instance registers.
+    fn registration(&self, k: u32) -> ValidRegistration {
+        let inst = &self.insts[k as usize];
+        let agent = &self.agents[inst.agent as usize];
+        ValidRegistration {
+            service: self.services[inst.service as usize].clone(),
+            instance_id: inst.id.clone(),
+            address: agent_ip(inst.agent),
+            port: inst.port,
+            zone: Some(self.zone_labels[agent.zone as usize].clone()),
+            version: inst.version.clone(),
+            weight: rollcall_leases::Weight::DEFAULT,
+            labels: Vec::new(),
+            checks: Some(if inst.next_heartbeat_ms.is_some() {
+                self.ttl_checks.clone()
+            } else {
+                self.checks.clone()
+            }),
+        }
+    }
+
     pub(super) fn replace(&mut self, old: u32, drain_ms: u64) {
         let (agent, service, alive, leaving) = {
             let i = &self.insts[old as usize];
             (i.agent, i.service, i.alive, i.leaving)
         };
-        if !alive || leaving || self.agents[agent as usize].dead {
+        // An instance whose agent has not started yet is not replaced: it
+        // could not reach its agent's API.
+        let agent_up = {
+            let a = &self.agents[agent as usize];
+            !a.dead && a.machine.is_some()
+        };
+        if !alive || leaving || !agent_up {
             return;
         }
         self.counters.replaced += 1;
         self.insts[old as usize].leaving = true;
+        let id = self.insts[old as usize].id.clone();
         if drain_ms > 0 {
-            self.write(
+            self.call(
                 agent,
-                Write {
-                    inst: old,
-                    kind: WriteKind::Drain,
+                Call::Drain {
+                    instance: id,
+                    generation: None,
+                    propagated: false,
+                    caller: Caller::Operator,
                 },
             );
             self.after(drain_ms * 1_000, Ev::StopOld { inst: old });
         } else {
             self.insts[old as usize].alive = false;
             self.agents[agent as usize].instances.retain(|&i| i != old);
-            self.write(
+            self.call(
                 agent,
-                Write {
-                    inst: old,
-                    kind: WriteKind::Deregister,
+                Call::Deregister {
+                    instance: id,
+                    generation: None,
+                    caller: Caller::Operator,
                 },
             );
         }
@@ -59,28 +308,69 @@ impl World {
         let k = self.insts.len() as u32;
         self.deploy_seq += 1;
         let port = 40_000 + (self.deploy_seq % 20_000) as u16;
-        let target = SocketAddr::new(agent_ip(agent), port);
         let now_ms = self.now_ms();
         let heartbeats = self.heartbeating[service as usize];
-        let checks = if heartbeats {
-            &self.ttl_checks
-        } else {
-            &self.checks
-        };
-        let health = InstanceHealth::new(Some(checks), target, now_ms, &mut self.rng);
         let next_heartbeat_ms =
             heartbeats.then(|| now_ms + self.rng.random_range(0..self.sc.heartbeat.interval_ms));
         let version = Version::new("v2").expect("valid");
-        let inst = Inst::new(k, service, agent, port, version, health, next_heartbeat_ms);
+        let inst = Inst::new(k, service, agent, port, version, next_heartbeat_ms);
         self.insts.push(inst);
         self.agents[agent as usize].instances.push(k);
-        self.write(
+        let registration = self.registration(k);
+        self.call(
             agent,
-            Write {
-                inst: k,
-                kind: WriteKind::Register,
+            Call::Register {
+                registration,
+                caller: Caller::Operator,
             },
         );
+    }
+
+    /// A drained instance's process stops; its deregistration follows.
+    pub(super) fn stop_old(&mut self, inst: u32) {
+        let agent = self.insts[inst as usize].agent;
+        if self.agents[agent as usize].dead {
+            return;
+        }
+        self.insts[inst as usize].alive = false;
+        self.agents[agent as usize].instances.retain(|&i| i != inst);
+        let instance = self.insts[inst as usize].id.clone();
+        self.call(
+            agent,
+            Call::Deregister {
+                instance,
+                generation: None,
+                caller: Caller::Operator,
+            },
+        );
+    }
+
+    /// The heartbeating instances of agent `a` send what is due.
+    pub(super) fn heartbeats(&mut self, a: u32) {
+        self.after(TICK_MS * 1_000, Ev::Heartbeats(a));
+        if self.agents[a as usize].machine.is_none() {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let interval = self.sc.heartbeat.interval_ms;
+        let instances = self.agents[a as usize].instances.clone();
+        for k in instances {
+            let inst = &mut self.insts[k as usize];
+            if !inst.alive || inst.next_heartbeat_ms.is_none_or(|t| t > now_ms) {
+                continue;
+            }
+            inst.next_heartbeat_ms = Some(now_ms + interval);
+            self.counters.heartbeats += 1;
+            let instance = inst.id.clone();
+            self.call(
+                a,
+                Call::Heartbeat {
+                    instance,
+                    generation: None,
+                    caller: Caller::Operator,
+                },
+            );
+        }
     }
 
     /// Pauses agent `a` for `pause_ms`, or, if it is paused already, the
@@ -101,7 +391,7 @@ impl World {
         self.zones[zone].pause(index, pause_ms);
     }
 
-    // ----- agents -----
+    // ----- the link -----
 
     pub(super) fn cut(&self, a: u32) -> bool {
         self.cut_zones.contains(&self.agents[a as usize].zone)
@@ -112,111 +402,11 @@ impl World {
         self.arb.up && !self.cut(a) && !self.agents[a as usize].dead
     }
 
-    pub(super) fn agent_tick(&mut self, a: u32) {
-        let now_ms = self.now_ms();
-        self.after(TICK_MS * 1_000, Ev::AgentTick(a));
-        // Heartbeats the instances sent, then every check that is due.
-        let instances = self.agents[a as usize].instances.clone();
-        let interval = self.sc.heartbeat.interval_ms;
-        for k in instances {
-            let inst = &mut self.insts[k as usize];
-            if !inst.alive {
-                continue;
-            }
-            if inst.next_heartbeat_ms.is_some_and(|t| t <= now_ms) {
-                inst.health.heartbeat(now_ms);
-                inst.next_heartbeat_ms = Some(now_ms + interval);
-                self.counters.heartbeats += 1;
-            }
-            if inst.health.next_due_ms().is_none_or(|d| d > now_ms) {
-                continue;
-            }
-            let due = inst.health.due(now_ms, &mut self.rng);
-            let mut events = due.events;
-            for probe in due.probes {
-                self.counters.probes += 1;
-                events.extend(inst.health.result(
-                    probe.which,
-                    true,
-                    "connected",
-                    now_ms,
-                    &mut self.rng,
-                ));
-            }
-            for event in events {
-                let inst = &mut self.insts[k as usize];
-                let kind = match event {
-                    HealthEvent::Ready => WriteKind::Ready,
-                    HealthEvent::Unhealthy { .. } => {
-                        self.counters.unhealthy += 1;
-                        WriteKind::Unhealthy
-                    }
-                    _ => continue,
-                };
-                if inst.generation.is_some() {
-                    self.write(a, Write { inst: k, kind });
-                } else {
-                    inst.ready_pending = kind == WriteKind::Ready;
-                }
-            }
-        }
-        // Session keep-alive and lease renewal.
-        let agent = &mut self.agents[a as usize];
-        let Some(_session) = agent.session else {
-            return;
-        };
-        let keepalive = now_ms >= agent.next_keepalive_ms;
-        let renew = now_ms >= agent.next_renew_ms;
-        if keepalive {
-            agent.next_keepalive_ms = now_ms + self.agent_config.keepalive_ms;
-        }
-        if renew {
-            let after = renew_after_ms(self.arbiter_config.lease.ttl_ms, &mut self.rng);
-            self.agents[a as usize].next_renew_ms = now_ms + after;
-        }
-        if (keepalive || renew) && self.link_up(a) {
-            // Heard on arrival; recorded now, the latency is far below
-            // any silence threshold.
-            let arrive = now_ms + 1;
-            let agent = &self.agents[a as usize];
-            self.arb.leader.heard(&agent.node, arrive);
-            self.counters.keepalives += u64::from(keepalive);
-            if renew {
-                self.counters.renewals += 1;
-                // The core's renewal: the leader memory renews the lease,
-                // and reinstates one the guard holds.
-                let arb = &mut self.arb;
-                let renewal = arb.leader.renew(
-                    arb.catalog.leases_mut(),
-                    &agent.node,
-                    agent.epoch,
-                    arrive,
-                    &agent_principal(&agent.node),
-                );
-                match renewal {
-                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
-                    Ok(None) => {}
-                    Err(_) => {
-                        // The core refuses the session (the lease ended,
-                        // say by a down verdict): the agent reconnects and
-                        // is granted a new one.
-                        self.counters.renewals_refused += 1;
-                        if let Some(session) = self.agents[a as usize].session {
-                            self.drop_session(session);
-                            let latency = self.arbiter_latency();
-                            self.after(latency, Ev::Closed { agent: a, session });
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    pub(super) fn connect(&mut self, a: u32) {
-        let agent = &self.agents[a as usize];
-        if agent.session.is_some() || agent.connecting.is_some() {
-            return;
-        }
+    /// The machine asks for session `session`.
+    fn connect(&mut self, a: u32, session: SessionId) {
+        self.next_session += 1;
+        let g = self.next_session;
+        self.agents[a as usize].connecting = Some((session, g));
         let latency = self.arbiter_latency();
         if !self.arb.up {
             // Refused after a round trip.
@@ -233,19 +423,33 @@ impl World {
             );
             return;
         }
-        self.start_session(a, latency);
+        // Handshake (one round trip) then Hello.
+        self.after(
+            3 * latency,
+            Ev::Hello {
+                agent: a,
+                session: g,
+            },
+        );
     }
 
     /// A handshake's packets are sent again: through if the path is back,
     /// given up at the deadline.
     pub(super) fn handshake(&mut self, a: u32, deadline: Time) {
-        if !self.arb.up {
-            self.reconnect_later(a);
+        let Some((_, g)) = self.agents[a as usize].connecting else {
+            return;
+        };
+        if !self.arb.up || (self.cut(a) && self.now >= deadline) {
+            self.connect_failed(a);
         } else if !self.cut(a) {
             let latency = self.arbiter_latency();
-            self.start_session(a, latency);
-        } else if self.now >= deadline {
-            self.reconnect_later(a);
+            self.after(
+                3 * latency,
+                Ev::Hello {
+                    agent: a,
+                    session: g,
+                },
+            );
         } else {
             self.after(
                 HANDSHAKE_RETRY_MS * 1_000,
@@ -254,261 +458,88 @@ impl World {
         }
     }
 
-    pub(super) fn start_session(&mut self, a: u32, latency: Time) {
-        self.next_session += 1;
-        let session = self.next_session;
-        self.agents[a as usize].connecting = Some(session);
-        // Handshake (one round trip) then Hello.
-        self.after(3 * latency, Ev::Hello { agent: a, session });
-    }
-
-    pub(super) fn reconnect_later(&mut self, a: u32) {
-        let agent = &mut self.agents[a as usize];
-        agent.connecting = None;
-        if agent.session.is_some() {
-            return;
+    /// The attempt got no session.
+    pub(super) fn connect_failed(&mut self, a: u32) {
+        if let Some((session, _)) = self.agents[a as usize].connecting.take() {
+            self.feed(
+                a,
+                Input::SessionEnded {
+                    session,
+                    reason: "no session".into(),
+                },
+            );
         }
-        // The agent's own backoff: an attempt that got no session.
-        let wait = agent.backoff.next_wait(0, &mut self.rng);
-        self.after(wait * 1_000, Ev::Connect(a));
     }
 
-    pub(super) fn disconnected(&mut self, a: u32) {
-        let now_ms = self.now_ms();
+    /// The arbiter closed session `g`, or it timed out.
+    pub(super) fn closed(&mut self, a: u32, g: u64) {
         let agent = &mut self.agents[a as usize];
-        let lasted = if agent.session.is_some() {
-            now_ms.saturating_sub(agent.session_since_ms)
-        } else {
-            0
+        let ours = |s: Option<(SessionId, u64)>| s.filter(|(_, x)| *x == g).map(|(m, _)| m);
+        let Some(session) = ours(agent.session).or(ours(agent.connecting)) else {
+            return;
         };
         agent.session = None;
         agent.connecting = None;
-        agent.writes_sent = 0;
-        agent.sync.disconnected(now_ms);
-        agent.downs.disconnected();
-        // Cut off: this agent's gossip verdicts now count for its routing.
-        let down: Vec<u32> = agent
-            .downs
-            .excluded(false)
-            .iter()
-            .filter_map(|n| parse_node(n.as_str()))
-            .collect();
-        for node in down {
-            self.eject(node, a, None);
-        }
-        let agent = &mut self.agents[a as usize];
-        let wait = agent.backoff.next_wait(lasted, &mut self.rng);
-        self.after(wait * 1_000, Ev::Connect(a));
+        self.feed(
+            a,
+            Input::SessionEnded {
+                session,
+                reason: "the arbiter closed the session".into(),
+            },
+        );
     }
 
-    pub(super) fn welcome(&mut self, a: u32, session: u64) {
+    pub(super) fn welcome(&mut self, a: u32, g: u64, lease: LeaseId) {
         let now_ms = self.now_ms();
         let agent = &mut self.agents[a as usize];
-        if agent.connecting != Some(session) {
+        let Some((session, _)) = agent.connecting.filter(|(_, x)| *x == g) else {
             return;
-        }
+        };
         agent.connecting = None;
-        agent.session = Some(session);
-        agent.session_since_ms = now_ms;
-        agent.next_keepalive_ms = now_ms + self.agent_config.keepalive_ms;
-        agent.next_renew_ms =
-            now_ms + renew_after_ms(self.arbiter_config.lease.ttl_ms, &mut self.rng);
+        agent.session = Some((session, g));
         if self.outage.is_some_and(|(_, end)| now_ms >= end) && !agent.reconnected_after_outage {
             agent.reconnected_after_outage = true;
             agent.snapshots_since_outage = 0;
         }
         self.counters.reconnects += 1;
-        let mut out = Vec::new();
-        agent.sync.connected(&mut out);
-        self.sync_out(a, out);
-        // Pending writes, health verdicts the catalog does not hold, then
-        // every down verdict held (as the agent's reconciliation does after
-        // a reconnect; the catalog's list is its NodeInstances answer).
-        self.flush_writes(a);
-        self.resend_health(a);
-        for (node, epoch) in self.agents[a as usize].downs.to_report() {
-            if let Some(node) = parse_node(node.as_str()) {
-                self.send_report(a, node, epoch);
-            }
-        }
+        let revision = self.arb.catalog.revision();
+        self.feed(
+            a,
+            Input::Connected {
+                session,
+                lease,
+                ttl_ms: self.arbiter_config.lease.ttl_ms,
+                revision,
+            },
+        );
     }
 
-    /// The agent's own rule for health verdicts after a reconnect, over the
-    /// catalog's records of its node.
-    pub(super) fn resend_health(&mut self, a: u32) {
-        if !self.link_up(a) {
-            return;
-        }
-        let node = self.agents[a as usize].node.clone();
-        let listed = self.arb.catalog.instances_on(&node);
-        for (_, record) in listed {
-            let Some(k) = parse_inst(record.instance_id.as_str()) else {
-                continue;
-            };
-            let inst = &self.insts[k as usize];
-            if !inst.alive || inst.leaving || inst.generation != Some(record.generation) {
-                continue;
-            }
-            let pending = self.agents[a as usize].writes.iter().any(|w| w.inst == k);
-            let wanted = inst.health.state();
-            if resend_health(wanted, Some(record.state), pending) {
-                let kind = if wanted == State::Ready {
-                    WriteKind::Ready
-                } else {
-                    WriteKind::Unhealthy
-                };
-                self.write(a, Write { inst: k, kind });
-            }
-        }
-    }
-
-    pub(super) fn sync_out(&mut self, a: u32, out: Vec<SyncOut>) {
-        let mut subs = Vec::new();
-        for o in out {
-            match o {
-                SyncOut::Subscribe { service, have } => {
-                    subs.push((self.service_index[&service], have));
-                }
-                SyncOut::Ack { service, revision } => {
-                    let s = self.service_index[&service];
-                    self.applied(a, s, revision);
-                    if let Some(session) = self.agents[a as usize].session {
-                        if self.link_up(a) && self.arb.sessions.contains_key(&session) {
-                            self.heard(a);
-                            self.arb.dist.ack(session, &service, revision);
-                        }
-                    }
-                }
-                SyncOut::Persist(_) | SyncOut::Forget(_) => {}
-                SyncOut::RetryLater { service, base_ms } => {
-                    let s = self.service_index[&service];
-                    let jitter = self.rng.random_range(0..=base_ms);
-                    self.after(
-                        (base_ms + jitter) * 1_000,
-                        Ev::Retry {
-                            agent: a,
-                            service: s,
-                        },
-                    );
-                }
-            }
-        }
-        if subs.is_empty() {
-            return;
-        }
-        let Some(session) = self.agents[a as usize].session else {
+    pub(super) fn update(&mut self, a: u32, g: u64, updates: Vec<ServiceUpdate>) {
+        let Some((session, _)) = self.agents[a as usize].session.filter(|(_, x)| *x == g) else {
             return;
         };
-        if self.link_up(a) {
-            let latency = self.arbiter_latency();
-            let at = self.up_arrival(a, latency);
-            self.at(at, Ev::Subscribe { session, subs });
-        }
-    }
-
-    pub(super) fn update(&mut self, a: u32, session: u64, updates: Vec<ServiceUpdate>) {
-        if self.agents[a as usize].session != Some(session) {
-            return;
-        }
-        let now_ms = self.now_ms();
-        let mut out = Vec::new();
-        for update in updates {
+        for update in &updates {
             if matches!(update, ServiceUpdate::Snapshot(_)) {
                 self.counters.snapshots_applied += 1;
                 self.agents[a as usize].snapshots_since_outage += 1;
             }
-            self.agents[a as usize]
-                .sync
-                .update(update, now_ms, &mut out);
         }
-        self.sync_out(a, out);
+        self.feed(
+            a,
+            Input::Message {
+                session,
+                message: SessionDown::Update(updates),
+            },
+        );
     }
 
-    pub(super) fn write(&mut self, a: u32, write: Write) {
-        self.agents[a as usize].writes.push_back(write);
-        self.flush_writes(a);
-    }
-
-    /// Sends every write not sent in this session whose instance's
-    /// generation is known (a registration's later writes wait for it).
-    pub(super) fn flush_writes(&mut self, a: u32) {
-        let Some(session) = self.agents[a as usize].session else {
-            return;
-        };
-        while self.agents[a as usize].writes_sent < self.agents[a as usize].writes.len() {
-            let write = self.agents[a as usize].writes[self.agents[a as usize].writes_sent];
-            let known = self.insts[write.inst as usize].generation.is_some();
-            if write.kind != WriteKind::Register && !known {
-                break;
-            }
-            self.agents[a as usize].writes_sent += 1;
-            if self.link_up(a) {
-                let latency = self.arbiter_latency();
-                self.after(
-                    latency,
-                    Ev::WriteArrive {
-                        agent: a,
-                        session,
-                        write,
-                    },
-                );
-            }
-            if write.kind == WriteKind::Register {
-                // Later writes of this instance wait for its generation.
-                break;
-            }
-        }
-    }
-
-    pub(super) fn write_reply(
-        &mut self,
-        a: u32,
-        write: Write,
-        result: Result<Option<Generation>, ()>,
-    ) {
-        let agent = &mut self.agents[a as usize];
-        let Some(pos) = agent
-            .writes
-            .iter()
-            .position(|w| w.inst == write.inst && w.kind == write.kind)
-        else {
-            return;
-        };
-        if pos < agent.writes_sent {
-            agent.writes_sent -= 1;
-        }
-        agent.writes.remove(pos);
-        if result.is_err() {
-            self.counters.rejected_writes += 1;
-            if write.kind == WriteKind::Register {
-                // Nothing later about this instance can be sent.
-                let writes = &mut self.agents[a as usize].writes;
-                let before = writes.len();
-                writes.retain(|w| w.inst != write.inst);
-                self.counters.rejected_writes += (before - writes.len()) as u64;
-            }
-        }
-        if let (WriteKind::Register, Ok(Some(generation))) = (write.kind, result) {
-            let inst = &mut self.insts[write.inst as usize];
-            inst.generation = Some(generation);
-            if inst.ready_pending {
-                inst.ready_pending = false;
-                self.agents[a as usize].writes.push_back(Write {
-                    inst: write.inst,
-                    kind: WriteKind::Ready,
-                });
-            }
-        }
-        self.flush_writes(a);
-    }
-
-    pub(super) fn idle_check(&mut self, a: u32, session: u64) {
-        if self.agents[a as usize].session != Some(session) || !self.cut(a) {
+    pub(super) fn idle_check(&mut self, a: u32, g: u64) {
+        if self.agents[a as usize].session.is_none_or(|(_, x)| x != g) || !self.cut(a) {
             return;
         }
         // Neither end heard the other for the idle timeout.
-        self.drop_session(session);
-        self.disconnected(a);
+        self.drop_session(g);
+        self.closed(a, g);
     }
 
     pub(super) fn gossip_event(&mut self, zone: usize, observer: usize, event: MembershipEvent) {
@@ -523,55 +554,39 @@ impl World {
                     self.counters.gossip_false_downs += 1;
                 }
                 self.hash(&[0xd0, u64::from(a), u64::from(node), ms(self.now)]);
-                let agent = &mut self.agents[a as usize];
-                if agent.dead {
-                    return;
-                }
-                // The agent's own verdict: out of its routing until the
-                // arbiter answers the report (at once while cut off), and
-                // reported now or after the next reconnect.
-                agent.downs.down(id.node.clone(), id.epoch);
-                let connected = agent.session.is_some();
-                if agent.downs.excluded(connected).contains(&id.node) {
-                    self.eject(node, a, None);
-                }
-                if connected {
-                    self.send_report(a, node, id.epoch);
-                }
+                self.feed(
+                    a,
+                    Input::PeerDown {
+                        node: id.node,
+                        epoch: id.epoch,
+                    },
+                );
             }
             MembershipEvent::Up(id) | MembershipEvent::Rejoined(id) => {
-                self.agents[a as usize].downs.up(&id.node);
+                self.feed(a, Input::PeerUp { node: id.node });
             }
             _ => {}
         }
     }
 
-    pub(super) fn send_report(&mut self, a: u32, node: u32, epoch: AgentEpoch) {
-        let Some(session) = self.agents[a as usize].session else {
-            return;
+    /// Whether agent `a` holds instance `k`'s registration as the catalog
+    /// does: same generation, and READY when its checks say so.
+    pub(super) fn held_as_registered(&self, k: u32) -> bool {
+        let inst = &self.insts[k as usize];
+        let Some(machine) = self.agents[inst.agent as usize].machine.as_ref() else {
+            return false;
         };
-        if self.link_up(a) {
-            let latency = self.arbiter_latency();
-            self.after(
-                latency,
-                Ev::ReportDown {
-                    reporter: a,
-                    session,
-                    node,
-                    epoch,
-                },
-            );
+        let local = machine
+            .registrations()
+            .get(&inst.id)
+            .and_then(|l| l.generation);
+        match (local, self.arb.catalog.instance(&inst.id)) {
+            (Some(g), Some(record)) => {
+                record.generation == g
+                    && (machine.health_state(&inst.id) != Some(State::Ready)
+                        || record.state == State::Ready)
+            }
+            _ => false,
         }
-    }
-
-    /// The arbiter answered agent `a`'s report on `node` (committed, or
-    /// refused as a partition): from now on the catalog decides there.
-    pub(super) fn down_answer(&mut self, a: u32, session: u64, node: u32) {
-        let agent = &mut self.agents[a as usize];
-        if agent.session != Some(session) {
-            return;
-        }
-        let node = self.agents[node as usize].node.clone();
-        self.agents[a as usize].downs.settled(node);
     }
 }

@@ -8,15 +8,20 @@
 //! [`rollcall_leases::leader::LeaderMemory`]: session silence (as the core,
 //! only session-stream messages count), the two-signal rule for gossip
 //! down reports, lease expiries with the zone's silent count, purges, and
-//! taking office after a restart. This file only carries messages to and
-//! from them and stamps the commands agents send.
+//! taking office after a restart. The session rules are the core's own
+//! ([`rollcall_leases::sessions`]): which node's lease a certificate may
+//! hold, what it may watch, which of its requests become which command,
+//! and what a settled down report answers; the answers are the core's too
+//! ([`rollcall_leases::answers`]). This file only carries messages to and
+//! from them and stamps the commands.
 
 use rollcall_leases::distribution::{Distributor, Output};
+use rollcall_leases::identity::Identity;
 use rollcall_leases::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
-use rollcall_leases::protocol::ServiceUpdate;
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate};
+use rollcall_leases::sessions::{down_outcome, Authorized, DownOutcome};
 use rollcall_leases::{
-    AgentEpoch, Applied, Command, Effect, Envelope, Generation, Reason, Registration, Revision,
-    Role, State, Weight,
+    answers, Applied, Command, Effect, Envelope, PrincipalName, Revision, Role, State,
 };
 
 use super::world::*;
@@ -24,8 +29,30 @@ use super::world::*;
 impl World {
     // ----- arbiter -----
 
+    /// Agent `a`'s certificate identity.
+    fn identity(&self, a: u32) -> Identity {
+        let node = &self.agents[a as usize].node;
+        Identity::new(
+            self.arb.rules.region.clone(),
+            Role::Agent,
+            PrincipalName::new(node.as_str()).expect("simulated names are valid"),
+        )
+    }
+
     pub(super) fn hello(&mut self, a: u32, session: u64) {
         if !self.link_up(a) {
+            let latency = self.arbiter_latency();
+            self.after(latency, Ev::Closed { agent: a, session });
+            return;
+        }
+        let identity = self.identity(a);
+        let agent = &self.agents[a as usize];
+        if self
+            .arb
+            .rules
+            .may_hold_lease(&identity, &agent.node)
+            .is_err()
+        {
             let latency = self.arbiter_latency();
             self.after(latency, Ev::Closed { agent: a, session });
             return;
@@ -57,9 +84,20 @@ impl World {
         }
         self.heard(a);
         let now_ms = self.now_ms();
+        let node = self.agents[a as usize].node.clone();
         let mut out = Vec::new();
         for (s, have) in subs {
             let key = self.services[s as usize].clone();
+            if let Err(reason) = self.arb.rules.may_watch(&node, &key) {
+                out.push(Output::Send {
+                    agent: session,
+                    updates: vec![ServiceUpdate::Denied {
+                        service: key,
+                        reason,
+                    }],
+                });
+                continue;
+            }
             self.arb
                 .dist
                 .subscribe(session, key, have, now_ms, &self.arb.catalog, &mut out);
@@ -67,125 +105,116 @@ impl World {
         self.carry(out);
     }
 
-    pub(super) fn write_arrive(&mut self, a: u32, session: u64, write: Write) {
+    /// An agent's request arrives (a request, not a session message: the
+    /// core does not count it as hearing the session). It is authorized
+    /// by the core's rules and carried out as the core does.
+    pub(super) fn request(&mut self, a: u32, session: u64, request: u64, body: Request) {
         if !self.arb.sessions.contains_key(&session) || !self.link_up(a) {
             return;
         }
-        // A request, not a session message: the core does not count it as
-        // hearing the session.
-        let now_ms = self.now_ms();
-        let inst = &self.insts[write.inst as usize];
-        let agent = &self.agents[a as usize];
-        let transition = |to: State, why: &str| Command::Transition {
-            instance_id: inst.id.clone(),
-            generation: inst.generation.unwrap_or(Generation(0)),
-            to,
-            reason: Reason::new(why).expect("valid"),
-        };
-        let command = match write.kind {
-            WriteKind::Register => Command::Register(Registration {
-                instance_id: inst.id.clone(),
-                service: self.services[inst.service as usize].clone(),
-                node: agent.node.clone(),
-                epoch: agent.epoch,
-                address: agent_ip(a),
-                port: inst.port,
-                zone: Some(self.zone_labels[agent.zone as usize].clone()),
-                version: inst.version.clone(),
-                weight: Weight::DEFAULT,
-                labels: Vec::new(),
-                initial: State::Starting,
-            }),
-            WriteKind::Ready => transition(State::Ready, "readiness passed"),
-            WriteKind::Unhealthy => transition(State::Unhealthy, "readiness failed"),
-            WriteKind::Drain => transition(State::Draining, "deploy"),
-            WriteKind::Deregister => Command::Deregister {
-                instance_id: inst.id.clone(),
-                generation: inst.generation.unwrap_or(Generation(0)),
-            },
-        };
-        let env = Envelope {
-            at_ms: now_ms,
-            actor: principal(Role::Agent, agent.node.as_str()),
-            command,
-        };
-        self.propose(env, Then::Reply { agent: a, write });
-    }
-
-    /// A gossip down report arrives: the leader memory holds it for the
-    /// arbiter's own signal, as the core does.
-    pub(super) fn report_down(
-        &mut self,
-        reporter: u32,
-        session: u64,
-        node: u32,
-        epoch: AgentEpoch,
-    ) {
-        if !self.link_up(reporter) || !self.arb.sessions.contains_key(&session) {
-            return;
+        if matches!(
+            body,
+            Request::Transition {
+                to: State::Unhealthy,
+                ..
+            }
+        ) {
+            self.counters.unhealthy += 1;
         }
-        self.counters.down_reports += 1;
         let now_ms = self.now_ms();
-        let reporter_id = self.agents[reporter as usize].node.clone();
-        let actor = agent_principal(&reporter_id);
-        let node_id = self.agents[node as usize].node.clone();
-        let verdicts = self.arb.leader.report_down(
-            reporter_id,
-            actor,
-            node_id,
-            epoch,
-            now_ms,
-            Some((reporter, session)),
-        );
-        self.verdicts(verdicts);
+        let identity = self.identity(a);
+        let agent = &self.agents[a as usize];
+        let held = (agent.node.clone(), agent.epoch);
+        let authorized = self
+            .arb
+            .rules
+            .authorize(&identity, Some(&held), body, &self.arb.catalog);
+        match authorized {
+            Ok(Authorized::Command(command)) => {
+                let env = Envelope {
+                    at_ms: now_ms,
+                    actor: identity.principal,
+                    command,
+                };
+                self.propose(env, Then::Reply { agent: a, request });
+            }
+            Ok(Authorized::Down {
+                reporter,
+                node,
+                epoch,
+            }) => {
+                // The leader memory holds it for the arbiter's own
+                // signal, as the core does.
+                self.counters.down_reports += 1;
+                let actor = agent_principal(&reporter);
+                let verdicts = self.arb.leader.report_down(
+                    reporter,
+                    actor,
+                    node,
+                    epoch,
+                    now_ms,
+                    Some((a, request)),
+                );
+                self.verdicts(verdicts);
+            }
+            Ok(Authorized::List(node)) => {
+                let response = answers::node_instances(&self.arb.catalog, &node);
+                self.answer(a, request, response);
+            }
+            Ok(Authorized::Await {
+                service, revision, ..
+            }) => {
+                let (acked, total) = self.arb.dist.propagation(&service, revision);
+                self.answer(a, request, Response::Propagated { acked, total });
+            }
+            Err(response) => self.answer(a, request, response),
+        }
     }
 
-    /// Settled down reports, carried as the core carries them: a
-    /// partition answers its reporters at once; a verdict is proposed and
-    /// answers its first reporter once committed, the others at once.
+    /// Settled down reports, carried as the core carries them.
     pub(super) fn verdicts(&mut self, verdicts: Vec<Verdict<Reporter>>) {
         for verdict in verdicts {
-            match verdict {
-                Verdict::Partition { node, waiting, .. } => {
-                    self.counters.down_reports_ignored += 1;
-                    let node = parse_node(node.as_str()).unwrap_or(0);
-                    for (agent, session) in waiting {
-                        self.answer_down(agent, session, node);
+            if matches!(verdict, Verdict::Partition { .. }) {
+                self.counters.down_reports_ignored += 1;
+            }
+            match down_outcome(verdict) {
+                DownOutcome::Answer { waiting, answer } => {
+                    for (agent, request) in waiting {
+                        self.answer(agent, request, answer.clone());
                     }
                 }
-                Verdict::Down { envelope, waiting } => {
-                    let node = match &envelope.command {
-                        Command::NodeDown { node, .. } => parse_node(node.as_str()).unwrap_or(0),
-                        _ => 0,
-                    };
-                    let mut waiting = waiting.into_iter();
-                    let then = match waiting.next() {
-                        Some((agent, session)) => Then::Answer {
-                            agent,
-                            session,
-                            node,
-                        },
+                DownOutcome::Propose {
+                    envelope,
+                    first,
+                    others,
+                    answer,
+                } => {
+                    let then = match first {
+                        Some((agent, request)) => Then::Reply { agent, request },
                         None => Then::Nothing,
                     };
                     self.propose(envelope, then);
-                    for (agent, session) in waiting {
-                        self.answer_down(agent, session, node);
+                    for (agent, request) in others {
+                        self.answer(agent, request, answer.clone());
                     }
                 }
             }
         }
     }
 
-    /// Sends the answer to a down report back to its reporter.
-    pub(super) fn answer_down(&mut self, agent: u32, session: u64, node: u32) {
-        if self.link_up(agent) {
+    /// Sends an answer back to agent `a`'s request.
+    pub(super) fn answer(&mut self, a: u32, request: u64, response: Response) {
+        if matches!(response, Response::Rejected { .. }) {
+            self.counters.rejected_writes += 1;
+        }
+        if self.link_up(a) {
             let latency = self.arbiter_latency();
             self.after(
                 latency,
-                Ev::DownAnswer {
-                    agent,
-                    session,
-                    node,
+                Ev::Answer {
+                    agent: a,
+                    request,
+                    response,
                 },
             );
         }
@@ -249,41 +278,33 @@ impl World {
             }
             match then {
                 Then::Nothing => {}
-                Then::Answer {
-                    agent,
-                    session,
-                    node,
-                } => self.answer_down(agent, session, node),
                 Then::Welcome { agent, session } => {
                     let latency = self.arbiter_latency();
-                    if result.is_ok() && self.link_up(agent) {
+                    // As the core: the node's lease as committed.
+                    let node = &self.agents[agent as usize].node;
+                    let lease = result
+                        .as_ref()
+                        .ok()
+                        .and_then(|_| self.arb.catalog.leases().get(node))
+                        .map(|l| l.id);
+                    if let (Some(lease), true) = (lease, self.link_up(agent)) {
                         let at = self.down_arrival(agent, latency);
-                        self.at(at, Ev::Welcome { agent, session });
+                        self.at(
+                            at,
+                            Ev::Welcome {
+                                agent,
+                                session,
+                                lease,
+                            },
+                        );
                     } else {
                         self.drop_session(session);
                         self.after(latency, Ev::Closed { agent, session });
                     }
                 }
-                Then::Reply { agent, write } => {
-                    let reply = match &result {
-                        Ok(Applied {
-                            effect: Effect::Registered { generation, .. },
-                            ..
-                        }) => Ok(Some(*generation)),
-                        Ok(_) => Ok(None),
-                        Err(_) => Err(()),
-                    };
-                    if self.link_up(agent) {
-                        let latency = self.arbiter_latency();
-                        self.after(
-                            latency,
-                            Ev::WriteReply {
-                                agent,
-                                write,
-                                result: reply,
-                            },
-                        );
-                    }
+                Then::Reply { agent, request } => {
+                    let response = answers::response(&self.arb.catalog, &env, result);
+                    self.answer(agent, request, response);
                 }
             }
         }
@@ -460,7 +481,7 @@ impl World {
         }
         // Agents half-way through a handshake are refused too.
         for a in 0..self.agents.len() as u32 {
-            if let Some(session) = self.agents[a as usize].connecting {
+            if let Some((_, session)) = self.agents[a as usize].connecting {
                 let latency = self.arbiter_latency();
                 self.after(latency, Ev::Closed { agent: a, session });
             }

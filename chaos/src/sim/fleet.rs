@@ -3,11 +3,14 @@
 //! services skewed towards popular ones. The catalog is filled through
 //! real commands (lease grants, registrations); each agent starts from a
 //! warm cache of its followed services (the state an agent restarting on
-//! its disk cache serves) and each zone's membership from a zone that has
-//! run for a while, so the run measures the scenario, not a cold start.
+//! its disk cache serves), its registrations file and warm health
+//! checkers, and each zone's membership from a zone that has run for a
+//! while, so the run measures the scenario, not a cold start. Agents
+//! start (connect) over the first two seconds.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -15,14 +18,17 @@ use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
 use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
 use rollcall_leases::distribution::{DistParams, Distributor};
 use rollcall_leases::leader::{LeaderMemory, LeaderParams};
+use rollcall_leases::sessions::Rules;
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, Label, NodeId, Registration,
     Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
 };
-use rollcall_node::api_types::{Check, CheckKind, ValidChecks};
+use rollcall_node::agent_state::{Restored, Settings};
+use rollcall_node::api_types::{Check, CheckKind, ValidChecks, ValidRegistration};
 use rollcall_node::health::{InstanceHealth, Which};
-use rollcall_node::link::{Backoff, DownVerdicts};
-use rollcall_node::sync::CatalogSync;
+use rollcall_node::metrics::AgentMetrics;
+use rollcall_node::registrations::{Intent, LocalInstance};
+use rollcall_node::view::{ViewSettings, Views};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::scenario::SimScenario;
@@ -34,7 +40,14 @@ impl World {
     /// and its zone's membership as a zone that has run for a while.
     pub fn new(sc: SimScenario, seed: u64) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        let agent_config = AgentConfig::default();
+        // The agents' own config, with one arbiter address (the simulated
+        // arbiter answers whichever address they dial).
+        let agent_config = AgentConfig {
+            arbiters: vec!["sim-arbiter:7000".into()],
+            ..AgentConfig::default()
+        };
+        // One metrics registry for every simulated agent: counters only.
+        let metrics = Arc::new(AgentMetrics::new());
         let arbiter_config = ArbiterConfig {
             name: "sim-arbiter".into(),
             ..ArbiterConfig::default()
@@ -73,26 +86,34 @@ impl World {
                     ttl_ms: arbiter_config.lease.ttl_ms,
                 },
             );
+            let views = Views::new(
+                ViewSettings {
+                    data_plane: agent_config.data_plane.clone(),
+                    region: arbiter_config.region.clone(),
+                    zone: zone_labels[zone as usize].clone(),
+                    first_resolve_wait_ms: agent_config.first_resolve_wait_ms,
+                },
+                metrics.clone(),
+                // Simulated agents follow what they cached; a lookup of
+                // anything else never happens.
+                |_| {},
+            );
             agents.push(Agent {
                 node,
                 zone,
                 zone_index,
                 epoch: AgentEpoch(1),
-                sync: CatalogSync::new(ShardId(0)),
+                machine: None,
+                restored: Some(Restored::default()),
+                views,
                 follows: Vec::new(),
                 instances: Vec::new(),
                 connecting: None,
                 session: None,
-                session_since_ms: 0,
-                backoff: Backoff::new(agent_config.reconnect_min_ms, agent_config.reconnect_max_ms),
+                wake: None,
+                next_call: 0,
                 dead: false,
                 paused_until: 0,
-                writes: VecDeque::new(),
-                writes_sent: 0,
-                downs: DownVerdicts::default(),
-                memory: BTreeMap::new(),
-                next_keepalive_ms: 0,
-                next_renew_ms: 0,
                 snapshots_since_outage: 0,
                 reconnected_after_outage: false,
                 down_last: 0,
@@ -133,6 +154,7 @@ impl World {
             .map(|_| rng.random_range(0.0..1.0) < sc.heartbeat.share)
             .collect();
         let mut insts = Vec::with_capacity(sc.instances as usize);
+        let mut warm: Vec<InstanceHealth> = Vec::with_capacity(sc.instances as usize);
         let v1 = Version::new("v1").expect("valid");
         for (s, &size) in sizes.iter().enumerate() {
             for _ in 0..size {
@@ -155,21 +177,14 @@ impl World {
                 let next_heartbeat_ms =
                     heartbeats.then(|| rng.random_range(0..sc.heartbeat.interval_ms));
                 agents[agent as usize].instances.push(k);
-                let mut inst = Inst::new(
-                    k,
-                    s as u32,
-                    agent,
-                    port,
-                    v1.clone(),
-                    health,
-                    next_heartbeat_ms,
-                );
+                let mut inst = Inst::new(k, s as u32, agent, port, v1.clone(), next_heartbeat_ms);
                 inst.ever_ready = true;
                 insts.push(inst);
+                warm.push(health);
             }
         }
-        for (k, inst) in insts.iter_mut().enumerate() {
-            let a = &agents[inst.agent as usize];
+        for (k, (inst, health)) in insts.iter_mut().zip(warm).enumerate() {
+            let a = &mut agents[inst.agent as usize];
             let applied = apply(
                 &mut catalog,
                 Command::Register(Registration {
@@ -189,7 +204,30 @@ impl World {
             let Effect::Registered { generation, .. } = applied.effect else {
                 panic!("bootstrap registration {k} did not register");
             };
-            inst.generation = Some(generation);
+            // The agent's registrations file and its running checker.
+            let checks = if inst.next_heartbeat_ms.is_some() {
+                &ttl_checks
+            } else {
+                &checks
+            };
+            let restored = a.restored.as_mut().expect("not started");
+            restored.registrations.put(LocalInstance {
+                registration: ValidRegistration {
+                    service: services[inst.service as usize].clone(),
+                    instance_id: inst.id.clone(),
+                    address: agent_ip(inst.agent),
+                    port: inst.port,
+                    zone: Some(zone_labels[a.zone as usize].clone()),
+                    version: inst.version.clone(),
+                    weight: Weight::DEFAULT,
+                    labels: Vec::new(),
+                    checks: Some(checks.clone()),
+                },
+                generation: Some(generation),
+                intent: Intent::Serve,
+                committed: true,
+            });
+            restored.health.insert(inst.id.clone(), health);
         }
         // Who follows what: 20–50 services per agent, skewed to popular ones.
         let weights: Vec<f64> = (1..=sc.services)
@@ -219,8 +257,9 @@ impl World {
                 let k = cumulative.partition_point(|c| *c <= x);
                 chosen.insert(k.min(weights.len() - 1) as u32);
             }
+            let restored = agent.restored.as_mut().expect("not started");
             for &s in &chosen {
-                agent.sync.load_cached(views[s as usize].clone());
+                restored.views.push(views[s as usize].clone());
                 followers[s as usize].push(a as u32);
             }
             agent.follows = chosen.into_iter().collect();
@@ -262,12 +301,14 @@ impl World {
             0,
         );
         leader.take_office(0, catalog.leases_mut());
+        let region = Label::new(&arbiter_config.region).expect("the default region is valid");
         let arb = Arbiter {
             up: true,
             catalog,
             dist: Distributor::new(dist_params.clone()),
             dist_params,
             sessions: BTreeMap::new(),
+            rules: Rules::new(&arbiter_config, region),
             leader,
             queue: Vec::new(),
             committing: false,
@@ -290,6 +331,13 @@ impl World {
             insts,
             agents,
             arb,
+            agent_settings: Settings {
+                node: NodeId::new("n00000").expect("valid"),
+                zone: Label::new("z1").expect("valid"),
+                epoch: AgentEpoch(1),
+                started_ms: 0,
+                config: Arc::new(agent_config.clone()),
+            },
             agent_config,
             arbiter_config,
             checks,
@@ -314,12 +362,18 @@ impl World {
             deploy_seq: 0,
             sc,
         };
-        // Agents connect over the first two seconds; timers start spread.
+        // Agents start over the first two seconds; heartbeat loops spread.
         for a in 0..n as u32 {
             let at = world.rng.random_range(0..2_000_000);
-            world.at(at, Ev::Connect(a));
-            let tick = world.rng.random_range(0..TICK_MS * 1_000);
-            world.at(tick, Ev::AgentTick(a));
+            world.at(at, Ev::Start(a));
+            let heartbeats = world.agents[a as usize]
+                .instances
+                .iter()
+                .any(|&k| world.insts[k as usize].next_heartbeat_ms.is_some());
+            if heartbeats {
+                let tick = world.rng.random_range(0..TICK_MS * 1_000);
+                world.at(tick, Ev::Heartbeats(a));
+            }
         }
         world.at(250_000, Ev::ArbiterTick);
         for i in 0..world.sc.steps.len() {

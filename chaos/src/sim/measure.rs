@@ -7,19 +7,20 @@
 //!   that routed to its instances stopped (it applied the down verdict's
 //!   revision, or, cut off from the arbiter, its own gossip held the node
 //!   down);
-//! - the sampled traffic, through each agent's real endpoint view and
-//!   selector;
+//! - the sampled traffic, through each agent's own endpoint view
+//!   (`rollcall_node::view`, with its local drains, down set, ejection,
+//!   protection and panic) and the proxy's selector;
 //! - the end-of-run checks (convergence, lost registrations).
 //!
 //! Outstanding agents are bitsets, so a change followed by thousands of
 //! agents costs a few words per apply.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use rand::RngExt;
-use rollcall_leases::{EndpointRecord, Revision, State};
+use rollcall_leases::Revision;
 use rollcall_node::selector;
+use rollcall_node::view::Lookup;
 
 use super::world::*;
 
@@ -187,25 +188,24 @@ impl World {
         self.after(gap, Ev::Traffic);
         let a = self.rng.random_range(0..self.agents.len()) as u32;
         let agent = &self.agents[a as usize];
-        if agent.dead || agent.paused_until > self.now || agent.follows.is_empty() {
+        if agent.dead
+            || agent.machine.is_none()
+            || agent.paused_until > self.now
+            || agent.follows.is_empty()
+        {
             return;
         }
         let s = agent.follows[self.rng.random_range(0..agent.follows.len())];
         let key = self.services[s as usize].clone();
         let now_ms = self.now_ms();
-        let Some(view) = agent.sync.get(&key).and_then(|t| t.view.as_ref()) else {
+        let views = agent.views.clone();
+        let view = views.service(&key);
+        let Lookup::Serve(answer) = view.lookup(&views, now_ms) else {
             return;
         };
-        let records: Vec<Arc<EndpointRecord>> = view.records().cloned().collect();
-        let leaving = BTreeSet::new();
-        // The agent's own rule: its gossip verdicts count while cut off
-        // (R7), and with a session until the arbiter answered each report.
-        let down = agent.downs.excluded(agent.session.is_some());
+        let selection = answer.selection;
         let zone = self.zone_labels[agent.zone as usize].clone();
         let p = self.agent_config.data_plane.clone();
-        let memory = self.agents[a as usize].memory.entry(s).or_default();
-        let selection = memory.select(&records, &leaving, &down, now_ms, &p);
-        let ready = records.iter().filter(|r| r.state == State::Ready).count();
         let mut tried = BTreeSet::new();
         let mut answered = None;
         for _ in 0..=p.retries {
@@ -222,13 +222,12 @@ impl World {
             let id = selection.candidates[i].record.instance_id.clone();
             let k = parse_inst(id.as_str()).unwrap_or(u32::MAX);
             let up = self.insts.get(k as usize).is_some_and(|inst| inst.alive);
-            let memory = self.agents[a as usize].memory.entry(s).or_default();
             if up {
-                memory.connect_succeeded(&id);
+                view.connect_succeeded(&id);
                 answered = Some(k);
                 break;
             }
-            memory.connect_failed(&id, ready, now_ms, &p);
+            view.connect_failed(&views, &id, now_ms);
             self.counters.failed_attempts += 1;
             tried.insert(id);
         }
@@ -265,19 +264,20 @@ impl World {
     /// catalog's revision of it, and no write is waiting.
     pub fn converged(&self) -> bool {
         self.agents.iter().all(|agent| {
-            agent.dead
-                || (agent.session.is_some()
-                    && agent.writes.is_empty()
-                    && agent.follows.iter().all(|&s| {
-                        let key = &self.services[s as usize];
-                        let want = self.arb.catalog.service(key).map(|i| i.revision);
-                        let have = agent
-                            .sync
-                            .get(key)
-                            .and_then(|t| t.view.as_ref())
-                            .map(|v| v.revision());
-                        want == have
-                    }))
+            if agent.dead {
+                return true;
+            }
+            let Some(machine) = agent.machine.as_ref() else {
+                return false;
+            };
+            agent.session.is_some()
+                && machine.writes_waiting() == 0
+                && agent.follows.iter().all(|&s| {
+                    let key = &self.services[s as usize];
+                    let want = self.arb.catalog.service(key).map(|i| i.revision);
+                    let have = machine.view(key).map(|v| v.revision());
+                    want == have
+                })
         })
     }
 
@@ -285,18 +285,12 @@ impl World {
     /// missing, of another generation, or not READY though they passed
     /// their readiness check and are not leaving.
     pub fn lost_registrations(&self) -> u64 {
-        self.insts
-            .iter()
-            .filter(|inst| inst.alive && !inst.leaving && !self.agents[inst.agent as usize].dead)
-            .filter(
-                |inst| match (inst.generation, self.arb.catalog.instance(&inst.id)) {
-                    (Some(g), Some(record)) => {
-                        record.generation != g
-                            || (inst.health.state() == State::Ready && record.state != State::Ready)
-                    }
-                    _ => true,
-                },
-            )
+        (0..self.insts.len() as u32)
+            .filter(|&k| {
+                let inst = &self.insts[k as usize];
+                inst.alive && !inst.leaving && !self.agents[inst.agent as usize].dead
+            })
+            .filter(|&k| !self.held_as_registered(k))
             .count() as u64
     }
 
@@ -354,10 +348,11 @@ impl World {
         let records: u64 = self
             .agents
             .iter()
-            .map(|a| {
-                a.sync
+            .filter_map(|a| a.machine.as_ref().map(|m| (a, m)))
+            .map(|(a, m)| {
+                a.follows
                     .iter()
-                    .filter_map(|(_, t)| t.view.as_ref())
+                    .filter_map(|&s| m.view(&self.services[s as usize]))
                     .map(|v| v.records().count() as u64)
                     .sum::<u64>()
             })

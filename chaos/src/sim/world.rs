@@ -14,24 +14,28 @@
 //!   [`rollcall_leases::leader::LeaderMemory`]: renewals and session
 //!   silence, the two-signal rule for gossip down reports, expiries with
 //!   the zone's silent count, purges, the lease extension after a restart.
-//! - Agents: the real [`Sync`] (subscriptions, delta and snapshot checks,
-//!   acks), [`InstanceHealth`] per instance (readiness probes at their
-//!   configured interval), [`ServiceMemory`] for
-//!   the sampled connections (`rollcall_node::selector::choose`), and the
-//!   agent's own [`rollcall_node::link`]: reconnect backoff with full
-//!   jitter, renewal timing, and its gossip down verdicts (reported, and
-//!   kept out of routing while cut off or until the arbiter answers, R7).
+//! - Agents: each agent is the binary's own state machine
+//!   ([`rollcall_node::agent_state::AgentState`]: the link with its
+//!   backoff, keep-alives and renewals, the catalog views, the local
+//!   registrations and their reconcile plan, health checks, gossip down
+//!   verdicts) and its own endpoint view ([`rollcall_node::view::Views`]:
+//!   ejection, protection, panic, slow start, the down set), which the
+//!   sampled connections read with the proxy's selector. Instances call
+//!   the agent's local API (register, heartbeat, drain, deregister) as
+//!   [`rollcall_node::agent_state::Call`]s; probes answer as the instance
+//!   is (alive or not).
+//! - The arbiter's session rules ([`rollcall_leases::sessions`]: lease,
+//!   watch and write authorization, down-report answers) and answers
+//!   ([`rollcall_leases::answers`]).
 //!
 //! The driver is the only code here that is not the binaries' own: it
-//! moves messages with latencies and transfer times, fires timers, sends
-//! each agent's own writes in order (a registration first, its instance's
-//! later writes once its generation is known; the agent does this through
-//! its registrations file and reconciliation), and records what the
+//! moves messages with latencies and transfer times, fires the timers the
+//! state machines ask for, plays the instances, and records what the
 //! report needs. Everything random comes from the
 //! scenario seed, and nothing iterates a randomly seeded map, so a seed
 //! replays exactly; [`World::digest`] hashes the history to prove it.
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 
 use rand::rngs::StdRng;
@@ -40,22 +44,21 @@ use rollcall_config::{AgentConfig, ArbiterConfig};
 use rollcall_gossip::sim::Sim as ZoneSim;
 use rollcall_leases::distribution::{DistParams, Distributor};
 use rollcall_leases::leader::LeaderMemory;
-use rollcall_leases::protocol::ServiceUpdate;
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate};
+use rollcall_leases::sessions::Rules;
 use rollcall_leases::{
-    AgentEpoch, Catalog, Command, Envelope, Generation, InstanceId, Label, NodeId, Principal,
+    AgentEpoch, Catalog, Command, Envelope, InstanceId, Label, LeaseId, NodeId, Principal,
     PrincipalName, Revision, Role, ServiceKey, Version,
 };
+use rollcall_node::agent_state::{AgentState, CallId, Restored, SessionId, Settings};
 use rollcall_node::api_types::ValidChecks;
-use rollcall_node::endpoints::ServiceMemory;
-use rollcall_node::health::InstanceHealth;
-use rollcall_node::link::{Backoff, DownVerdicts};
-use rollcall_node::sync::CatalogSync;
+use rollcall_node::view::Views;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::scenario::{Action, SimScenario, Step};
 
-/// How often each agent's probe scheduler runs, in ms (a probe is at most
-/// this late: the scheduler's own jitter).
+/// How often the instances of an agent look whether a heartbeat is due,
+/// in ms.
 pub(super) const TICK_MS: u64 = 100;
 /// QUIC idle timeout of an agent's session (leases/src/client.rs), ms.
 pub(super) const IDLE_TIMEOUT_MS: u64 = 10_000;
@@ -66,33 +69,24 @@ pub(super) const HANDSHAKE_RETRY_MS: u64 = 1_000;
 
 pub(super) type Time = u64; // µs
 
-/// A down report's reporter: the agent and its session.
+/// A down report's reporter: the agent and its request.
 pub(super) type Reporter = (u32, u64);
 
 pub(super) fn ms(us: Time) -> u64 {
     us / 1_000
 }
 
-/// One agent's write to the arbiter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum WriteKind {
-    Register,
-    Ready,
-    Unhealthy,
-    Drain,
-    Deregister,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Write {
-    pub(super) inst: u32,
-    pub(super) kind: WriteKind,
-}
-
 pub(super) enum Ev {
     Step(usize),
-    AgentTick(u32),
-    Connect(u32),
+    /// The agent process starts (with its warm cache and registrations).
+    Start(u32),
+    /// The time the agent's state machine asked to be woken at, ms.
+    AgentWake {
+        agent: u32,
+        at_ms: u64,
+    },
+    /// The agent's heartbeating instances send what is due.
+    Heartbeats(u32),
     ConnectFailed(u32),
     Handshake {
         agent: u32,
@@ -105,6 +99,7 @@ pub(super) enum Ev {
     Welcome {
         agent: u32,
         session: u64,
+        lease: LeaseId,
     },
     Subscribe {
         session: u64,
@@ -121,27 +116,18 @@ pub(super) enum Ev {
     Wake {
         session: u64,
     },
-    WriteArrive {
+    /// An agent's request reaches the arbiter.
+    Request {
         agent: u32,
         session: u64,
-        write: Write,
+        request: u64,
+        body: Request,
     },
-    WriteReply {
+    /// The arbiter's answer reaches the agent.
+    Answer {
         agent: u32,
-        write: Write,
-        result: Result<Option<Generation>, ()>,
-    },
-    ReportDown {
-        reporter: u32,
-        session: u64,
-        node: u32,
-        epoch: AgentEpoch,
-    },
-    /// The arbiter answered a down report on this session.
-    DownAnswer {
-        agent: u32,
-        session: u64,
-        node: u32,
+        request: u64,
+        response: Response,
     },
     Closed {
         agent: u32,
@@ -153,10 +139,6 @@ pub(super) enum Ev {
     },
     Commit,
     ArbiterTick,
-    Retry {
-        agent: u32,
-        service: u32,
-    },
     Replace {
         inst: u32,
         drain_ms: u64,
@@ -179,16 +161,15 @@ impl Ev {
     /// agent runs nothing: its events wait for the resume).
     pub(super) fn on_agent(&self) -> Option<u32> {
         match self {
-            Ev::AgentTick(a)
-            | Ev::Connect(a)
+            Ev::Start(a)
+            | Ev::AgentWake { agent: a, .. }
+            | Ev::Heartbeats(a)
             | Ev::ConnectFailed(a)
             | Ev::Handshake { agent: a, .. }
             | Ev::Welcome { agent: a, .. }
             | Ev::Update { agent: a, .. }
-            | Ev::WriteReply { agent: a, .. }
-            | Ev::DownAnswer { agent: a, .. }
-            | Ev::Closed { agent: a, .. }
-            | Ev::Retry { agent: a, .. } => Some(*a),
+            | Ev::Answer { agent: a, .. }
+            | Ev::Closed { agent: a, .. } => Some(*a),
             _ => None,
         }
     }
@@ -217,11 +198,8 @@ pub(super) struct Inst {
     pub(super) id: InstanceId,
     pub(super) service: u32,
     pub(super) agent: u32,
-    pub(super) generation: Option<Generation>,
-    pub(super) health: InstanceHealth,
     pub(super) alive: bool,
     pub(super) leaving: bool,
-    pub(super) ready_pending: bool,
     pub(super) ever_ready: bool,
     pub(super) version: Version,
     pub(super) port: u16,
@@ -239,18 +217,14 @@ impl Inst {
         agent: u32,
         port: u16,
         version: Version,
-        health: InstanceHealth,
         next_heartbeat_ms: Option<u64>,
     ) -> Inst {
         Inst {
             id: InstanceId::new(&format!("i{k:07}")).expect("simulated ids are valid"),
             service,
             agent,
-            generation: None,
-            health,
             alive: true,
             leaving: false,
-            ready_pending: false,
             ever_ready: false,
             version,
             port,
@@ -265,28 +239,23 @@ pub(super) struct Agent {
     pub(super) zone: u32,
     pub(super) zone_index: usize,
     pub(super) epoch: AgentEpoch,
-    pub(super) sync: CatalogSync,
+    /// The agent's own state machine; `None` until the agent starts.
+    pub(super) machine: Option<AgentState>,
+    /// What it starts from (taken at the start).
+    pub(super) restored: Option<Restored>,
+    /// Its endpoint view, as its data plane reads it.
+    pub(super) views: Views,
     pub(super) follows: Vec<u32>,
     pub(super) instances: Vec<u32>,
-    /// Hello sent under this session number.
-    pub(super) connecting: Option<u64>,
-    /// Welcomed under this session number.
-    pub(super) session: Option<u64>,
-    pub(super) session_since_ms: u64,
-    /// The agent's own reconnect backoff.
-    pub(super) backoff: Backoff,
+    /// The session the machine asked for: its number there, and here.
+    pub(super) connecting: Option<(SessionId, u64)>,
+    /// The session welcomed.
+    pub(super) session: Option<(SessionId, u64)>,
+    /// The wake-up the machine asked for last, ms.
+    pub(super) wake: Option<u64>,
+    pub(super) next_call: CallId,
     pub(super) dead: bool,
     pub(super) paused_until: Time,
-    /// Writes not answered yet (sent or waiting for a session), in order.
-    pub(super) writes: VecDeque<Write>,
-    /// Writes sent in the current session.
-    pub(super) writes_sent: usize,
-    /// The agent's own gossip down verdicts: what it reports, what it
-    /// keeps out of routing.
-    pub(super) downs: DownVerdicts,
-    pub(super) memory: BTreeMap<u32, ServiceMemory>,
-    pub(super) next_keepalive_ms: u64,
-    pub(super) next_renew_ms: u64,
     /// Full snapshots received since the last outage ended.
     pub(super) snapshots_since_outage: u32,
     pub(super) reconnected_after_outage: bool,
@@ -301,15 +270,10 @@ pub(super) enum Then {
         agent: u32,
         session: u64,
     },
+    /// Answer the agent's request once decided.
     Reply {
         agent: u32,
-        write: Write,
-    },
-    /// A down verdict's answer to its first reporter.
-    Answer {
-        agent: u32,
-        session: u64,
-        node: u32,
+        request: u64,
     },
     Nothing,
 }
@@ -320,6 +284,8 @@ pub(super) struct Arbiter {
     pub(super) dist: Distributor,
     pub(super) dist_params: DistParams,
     pub(super) sessions: BTreeMap<u64, u32>,
+    /// The arbiter's own session rules.
+    pub(super) rules: Rules,
     /// The arbiter core's own leader memory: session silence, held down
     /// reports, expiries, purges.
     pub(super) leader: LeaderMemory<Reporter>,
@@ -396,6 +362,8 @@ pub struct World {
     pub(super) arb: Arbiter,
     pub(super) agent_config: AgentConfig,
     pub(super) arbiter_config: ArbiterConfig,
+    /// The settings every agent's machine shares but its name.
+    pub(super) agent_settings: Settings,
     /// The readiness check of probed services (TCP, every second).
     pub(super) checks: ValidChecks,
     /// The readiness check of heartbeating services (TTL).
@@ -571,12 +539,22 @@ impl World {
         }
         match ev {
             Ev::Step(i) => self.step(i),
-            Ev::AgentTick(a) => self.agent_tick(a),
-            Ev::Connect(a) => self.connect(a),
-            Ev::ConnectFailed(a) => self.reconnect_later(a),
+            Ev::Start(a) => self.start_agent(a),
+            Ev::AgentWake { agent, at_ms } => {
+                if self.agents[agent as usize].wake == Some(at_ms) {
+                    self.agents[agent as usize].wake = None;
+                    self.feed(agent, rollcall_node::agent_state::Input::Tick);
+                }
+            }
+            Ev::Heartbeats(a) => self.heartbeats(a),
+            Ev::ConnectFailed(a) => self.connect_failed(a),
             Ev::Handshake { agent, deadline } => self.handshake(agent, deadline),
             Ev::Hello { agent, session } => self.hello(agent, session),
-            Ev::Welcome { agent, session } => self.welcome(agent, session),
+            Ev::Welcome {
+                agent,
+                session,
+                lease,
+            } => self.welcome(agent, session, lease),
             Ev::Subscribe { session, subs } => self.subscribe(session, subs),
             Ev::Update {
                 agent,
@@ -601,57 +579,29 @@ impl World {
                     self.carry(out);
                 }
             }
-            Ev::WriteArrive {
+            Ev::Request {
                 agent,
                 session,
-                write,
-            } => self.write_arrive(agent, session, write),
-            Ev::WriteReply {
+                request,
+                body,
+            } => self.request(agent, session, request, body),
+            Ev::Answer {
                 agent,
-                write,
-                result,
-            } => self.write_reply(agent, write, result),
-            Ev::ReportDown {
-                reporter,
-                session,
-                node,
-                epoch,
-            } => self.report_down(reporter, session, node, epoch),
-            Ev::DownAnswer {
+                request,
+                response,
+            } => self.feed(
                 agent,
-                session,
-                node,
-            } => self.down_answer(agent, session, node),
-            Ev::Closed { agent, session } => {
-                let a = &self.agents[agent as usize];
-                if a.session == Some(session) || a.connecting == Some(session) {
-                    self.disconnected(agent);
-                }
-            }
+                rollcall_node::agent_state::Input::Answer {
+                    request,
+                    result: Ok(response),
+                },
+            ),
+            Ev::Closed { agent, session } => self.closed(agent, session),
             Ev::IdleCheck { agent, session } => self.idle_check(agent, session),
             Ev::Commit => self.commit(),
             Ev::ArbiterTick => self.arbiter_tick(),
-            Ev::Retry { agent, service } => {
-                let key = self.services[service as usize].clone();
-                let mut out = Vec::new();
-                self.agents[agent as usize].sync.retry(&key, &mut out);
-                self.sync_out(agent, out);
-            }
             Ev::Replace { inst, drain_ms } => self.replace(inst, drain_ms),
-            Ev::StopOld { inst } => {
-                let agent = self.insts[inst as usize].agent;
-                if !self.agents[agent as usize].dead {
-                    self.insts[inst as usize].alive = false;
-                    self.agents[agent as usize].instances.retain(|&i| i != inst);
-                    self.write(
-                        agent,
-                        Write {
-                            inst,
-                            kind: WriteKind::Deregister,
-                        },
-                    );
-                }
-            }
+            Ev::StopOld { inst } => self.stop_old(inst),
             Ev::Pause { agent, ms } => self.pause(agent, ms),
             Ev::Traffic => self.traffic(),
             Ev::ArbiterStart => self.arbiter_start(),
@@ -746,7 +696,7 @@ impl World {
                 // Both ends notice after the idle timeout.
                 let members = self.zone_members[zone as usize].clone();
                 for a in members {
-                    if let Some(session) = self.agents[a as usize].session {
+                    if let Some((_, session)) = self.agents[a as usize].session {
                         self.after(IDLE_TIMEOUT_MS * 1_000, Ev::IdleCheck { agent: a, session });
                     }
                 }
