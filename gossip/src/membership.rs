@@ -266,14 +266,6 @@ impl Membership {
         self.foca.iter_members().map(|member| member.id())
     }
 
-    /// The members this member holds down (until foca forgets them).
-    pub fn down_members(&self) -> impl Iterator<Item = &MemberId> {
-        self.foca
-            .iter_membership_state()
-            .filter(|member| member.state() == State::Down)
-            .map(|member| member.id())
-    }
-
     /// The members this member currently suspects.
     pub fn suspects(&self) -> impl Iterator<Item = &MemberId> {
         self.foca

@@ -1336,11 +1336,6 @@ impl Catalog {
         &self.log
     }
 
-    /// The last generation given to an instance id, live or remembered.
-    pub fn generation_memory(&self, id: &InstanceId) -> Option<GenerationMemory> {
-        self.generations.get(id).copied()
-    }
-
     /// Exports the whole shard, every collection sorted, so two replicas with
     /// the same history export byte-identical snapshots.
     pub fn export(&self) -> CatalogSnapshot {

@@ -77,10 +77,3 @@ pub struct CatalogSnapshot {
     /// Other regions' policies the region bridge replicated, in key order.
     pub replicated_policies: Vec<ReplicatedPolicy>,
 }
-
-impl CatalogSnapshot {
-    /// Number of endpoint records in it.
-    pub fn record_count(&self) -> usize {
-        self.services.iter().map(|s| s.records.len()).sum()
-    }
-}

@@ -40,28 +40,25 @@ use rollcall_leases::client::{ArbiterClient, ClientError};
 use rollcall_leases::clock::now_ms;
 use rollcall_leases::protocol::SessionUp;
 use rollcall_leases::tls::TlsMaterial;
-use rollcall_leases::{AgentEpoch, Label, Liveness, NodeId, ServiceKey};
+use rollcall_leases::{AgentEpoch, Label, NodeId, ServiceKey};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::agent_state::{
-    AgentState, CallId, Counters, Input, Output, Reply, Restored, SessionId, Settings,
-};
+use crate::agent_state::{AgentState, CallId, Input, Output, Reply, Restored, SessionId, Settings};
 use crate::api::{ApiContext, CallMessage, MetricsMessage, SessionClosedMessage, StatusMessage};
 use crate::api_types::{ApiError, StatusResponse};
 use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::ingress::IngressHandle;
-use crate::metrics::{AgentMetrics, InstanceLabel, RegionLabel, ServiceLabel};
+use crate::metrics::{AgentMetrics, Reported, Scrape};
 use crate::prober::{Prober, ProberActor, RunProbe};
 use crate::proxy::ProxyHandle;
 use crate::registrations::{RegistrationsError, RegistrationsFile};
 use crate::session::{Ask, CloseSession, SendUp, SessionActor};
 use crate::shutdown::{self, Trigger};
 use crate::store::{Barrier, SaveRegions, SaveRegistrations, StoreActor, StoreViews};
-use crate::sync::SyncStats;
 use crate::view::{Lookup, ViewSettings, Views};
-use rollcall_gossip::{GossipHandle, GossipListener, GossipOptions, ZoneKey};
+use rollcall_gossip::GossipHandle;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +83,9 @@ pub enum AgentError {
     /// The arbiter client could not be built.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The zone's gossip could not be joined.
+    #[error(transparent)]
+    Zone(#[from] crate::zone::ZoneError),
     /// Started outside an actix System.
     #[error(
         "the agent's actors need an actix System: start it inside rollcall_node::runtime::block_on"
@@ -263,7 +263,7 @@ impl Agent {
             calls: HashMap::new(),
             next_call: 0,
             wake: None,
-            reported: (SyncStats::default(), Counters::default()),
+            reported: Reported::default(),
             initial: outputs,
         });
 
@@ -335,7 +335,7 @@ impl Agent {
             ),
             None => None,
         };
-        let gossip = start_gossip(&config, &node, epoch, addr).await?;
+        let gossip = crate::zone::start(&config, &node, epoch, addr.recipient()).await?;
         tracing::info!(node = %node, epoch = %epoch, http = %http_addr, dns = %dns_addr, "agent started");
         Ok(AgentHandle {
             agent,
@@ -397,62 +397,6 @@ impl Agent {
     }
 }
 
-/// Joins the zone's gossip when a zone key is configured.
-async fn start_gossip(
-    config: &AgentConfig,
-    node: &NodeId,
-    epoch: AgentEpoch,
-    agent: Addr<AgentActor>,
-) -> Result<Option<GossipHandle>, AgentError> {
-    let gossip = &config.gossip;
-    let Some(key_file) = &gossip.key_file else {
-        return Ok(None);
-    };
-    let key = ZoneKey::load(key_file).map_err(|e| AgentError::Config(e.to_string()))?;
-    let previous_key = gossip
-        .previous_key_file
-        .as_deref()
-        .map(ZoneKey::load)
-        .transpose()
-        .map_err(|e| AgentError::Config(e.to_string()))?;
-    let mut seeds = Vec::new();
-    for seed in &gossip.seeds {
-        match tokio::net::lookup_host(seed).await {
-            Ok(mut addrs) => seeds.extend(addrs.next()),
-            Err(e) => {
-                tracing::warn!(seed = %seed, error = %e, "gossip seed does not resolve; skipped")
-            }
-        }
-    }
-    let options = GossipOptions {
-        node: node.clone(),
-        epoch,
-        listen: gossip.listen,
-        seeds,
-        settings: gossip.effective(),
-        key,
-        previous_key,
-    };
-    let handle = rollcall_gossip::driver::start(options, AgentGossip(agent))
-        .await
-        .map_err(io(format!("binding the gossip socket {}", gossip.listen)))?;
-    tracing::info!(gossip = %handle.local_addr, preset = gossip.preset.name(), "gossip member started");
-    Ok(Some(handle))
-}
-
-/// The gossip driver's verdicts, as messages to the agent actor.
-struct AgentGossip(Addr<AgentActor>);
-
-impl GossipListener for AgentGossip {
-    fn down(&self, node: NodeId, epoch: AgentEpoch) {
-        self.0.do_send(Input::PeerDown { node, epoch });
-    }
-
-    fn up(&self, node: NodeId) {
-        self.0.do_send(Input::PeerUp { node });
-    }
-}
-
 // ----- the agent actor -----
 
 /// Every input reaches the state machine as a message of the agent
@@ -480,7 +424,7 @@ struct AgentActor {
     next_call: CallId,
     wake: Option<SpawnHandle>,
     /// Counters already moved into the metrics.
-    reported: (SyncStats, Counters),
+    reported: Reported,
     /// What the state machine asked for at start.
     initial: Vec<Output>,
 }
@@ -584,64 +528,6 @@ impl AgentActor {
             }
         }
     }
-
-    /// Moves the state machine's counters and the view's gauges into the
-    /// metrics.
-    fn refresh_metrics(&mut self) {
-        let now = now_ms();
-        let m = &self.metrics;
-        let stats = self.state.sync_stats().clone();
-        let counters = self.state.counters().clone();
-        let (reported_stats, reported_counters) = &self.reported;
-        m.revision_gaps.inc_by(stats.gaps - reported_stats.gaps);
-        m.digest_mismatches
-            .inc_by(stats.digest_mismatches - reported_stats.digest_mismatches);
-        m.snapshots_applied
-            .inc_by(stats.snapshots_applied - reported_stats.snapshots_applied);
-        m.health_flaps
-            .inc_by(counters.health_flaps - reported_counters.health_flaps);
-        m.reconnects
-            .inc_by(counters.reconnects - reported_counters.reconnects);
-        self.reported = (stats, counters);
-        m.snapshot_age.clear();
-        m.watch_lag.clear();
-        for (service, _, lag, _, last) in self.state.subscriptions() {
-            let label = ServiceLabel {
-                service: service.to_string(),
-            };
-            let age_ms = last.map_or(0, |t| now.saturating_sub(t));
-            m.snapshot_age
-                .get_or_create(&label)
-                .set((age_ms / 1000) as i64);
-            m.watch_lag.get_or_create(&label).set(lag as i64);
-        }
-        for (instance, liveness) in self.state.liveness() {
-            if liveness == Liveness::Unknown {
-                continue;
-            }
-            m.liveness
-                .get_or_create(&InstanceLabel {
-                    instance: instance.to_string(),
-                })
-                .set(i64::from(liveness == Liveness::Passing));
-        }
-        let regions = self.views.regions();
-        m.remote_view_age.clear();
-        for region in regions.status(now) {
-            m.remote_view_age
-                .get_or_create(&RegionLabel {
-                    region: region.region.to_string(),
-                })
-                .set(region.age_ms as f64 / 1000.0);
-        }
-        m.policy_revision.clear();
-        for p in regions.policies() {
-            let gauge = m.policy_revision.get_or_create(&RegionLabel {
-                region: p.policy.home_region().to_string(),
-            });
-            gauge.set(gauge.get().max(p.home_revision.get() as i64));
-        }
-    }
 }
 
 impl Handler<Input> for AgentActor {
@@ -680,7 +566,20 @@ impl Handler<MetricsMessage> for AgentActor {
     type Result = String;
 
     fn handle(&mut self, _: MetricsMessage, _: &mut Context<Self>) -> String {
-        self.refresh_metrics();
+        let regions = self.views.regions();
+        let state = &self.state;
+        let scrape = Scrape {
+            sync: state.sync_stats().clone(),
+            health_flaps: state.counters().health_flaps,
+            reconnects: state.counters().reconnects,
+            subscriptions: state
+                .subscriptions()
+                .map(|(service, _, lag, _, last)| (service.clone(), lag, last))
+                .collect(),
+            liveness: state.liveness().map(|(id, l)| (id.clone(), l)).collect(),
+            regions: &regions,
+        };
+        self.metrics.refresh(scrape, &mut self.reported, now_ms());
         self.metrics.render()
     }
 }

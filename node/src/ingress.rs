@@ -32,8 +32,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::failover::Refusal;
+use crate::forward::{accept_loop, connect_local, pipe};
 use crate::metrics::{RefusalLabel, ServiceLabel};
-use crate::proxy::{accept_loop, connect_local, pipe};
 use crate::shutdown::Shutdown;
 use crate::view::{Lookup, Views};
 

@@ -13,9 +13,11 @@
 //! protection, panic, ejection, slow start), `selector` (one endpoint per
 //! connection), `failover` (other regions, R9), `registrations` (the local
 //! instances). The published view the data plane reads: `view`. Drivers
-//! that own IO: `agent` (the agent actor and the process), `session` and `store` (its
+//! that own IO: `agent` (the agent actor and the process), `zone` (the gossip
+//! driver's verdicts as messages), `session` and `store` (its
 //! session and file actors; the prober actor is in `prober`),
-//! `api` (HTTP), `dns`, `proxy`, `ingress`, `prober`, `cache` and
+//! `api` (HTTP), `dns`, `proxy`, `ingress`, `forward` (what the last two
+//! share), `prober`, `cache` and
 //! `durable` (files), `runtime` (the actix System), `shutdown` (the one
 //! signal). Data types: `api_types`, `metrics`.
 //!
@@ -32,6 +34,7 @@ pub mod dns;
 pub mod durable;
 pub mod endpoints;
 pub mod failover;
+pub mod forward;
 pub mod health;
 pub mod ingress;
 pub mod link;
@@ -46,3 +49,4 @@ pub mod shutdown;
 pub mod store;
 pub mod sync;
 pub mod view;
+pub mod zone;

@@ -128,11 +128,6 @@ impl DownVerdicts {
             .collect()
     }
 
-    /// Whether `node` is held down.
-    pub fn is_down(&self, node: &NodeId) -> bool {
-        self.down.contains_key(node)
-    }
-
     /// The nodes held down.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeId> {
         self.down.keys()

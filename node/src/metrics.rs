@@ -10,6 +10,35 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use rollcall_leases::{InstanceId, Liveness, ServiceKey};
+
+use crate::failover::Regions;
+use crate::sync::SyncStats;
+
+/// What the agent's state machine shows at a scrape.
+pub struct Scrape<'a> {
+    /// The catalog sync's counters.
+    pub sync: SyncStats,
+    /// READY ↔ UNHEALTHY changes of local instances so far.
+    pub health_flaps: u64,
+    /// Sessions started after the first, so far.
+    pub reconnects: u64,
+    /// Every followed service: revisions behind, and when it was last
+    /// known current (`None` while it is).
+    pub subscriptions: Vec<(ServiceKey, u64, Option<u64>)>,
+    /// Local instances' liveness.
+    pub liveness: Vec<(InstanceId, Liveness)>,
+    /// The regions held.
+    pub regions: &'a Regions,
+}
+
+/// The counters of the last scrape, so the next adds only what is new.
+#[derive(Debug, Default)]
+pub struct Reported {
+    sync: SyncStats,
+    health_flaps: u64,
+    reconnects: u64,
+}
 
 /// Label of per-service series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -274,6 +303,63 @@ impl AgentMetrics {
             m.policy_revision.clone(),
         );
         AgentMetrics { registry, ..m }
+    }
+    /// Moves what the agent's state machine shows at a scrape into the
+    /// metrics: counters grow by what they grew since `reported`, gauges
+    /// are set anew.
+    pub fn refresh(&self, scrape: Scrape<'_>, reported: &mut Reported, now: u64) {
+        let (stats, before) = (&scrape.sync, &reported.sync);
+        self.revision_gaps.inc_by(stats.gaps - before.gaps);
+        self.digest_mismatches
+            .inc_by(stats.digest_mismatches - before.digest_mismatches);
+        self.snapshots_applied
+            .inc_by(stats.snapshots_applied - before.snapshots_applied);
+        self.health_flaps
+            .inc_by(scrape.health_flaps - reported.health_flaps);
+        self.reconnects
+            .inc_by(scrape.reconnects - reported.reconnects);
+        *reported = Reported {
+            sync: scrape.sync.clone(),
+            health_flaps: scrape.health_flaps,
+            reconnects: scrape.reconnects,
+        };
+        self.snapshot_age.clear();
+        self.watch_lag.clear();
+        for (service, lag, last) in scrape.subscriptions {
+            let label = ServiceLabel {
+                service: service.to_string(),
+            };
+            let age_ms = last.map_or(0, |t| now.saturating_sub(t));
+            self.snapshot_age
+                .get_or_create(&label)
+                .set((age_ms / 1000) as i64);
+            self.watch_lag.get_or_create(&label).set(lag as i64);
+        }
+        for (instance, liveness) in scrape.liveness {
+            if liveness == Liveness::Unknown {
+                continue;
+            }
+            self.liveness
+                .get_or_create(&InstanceLabel {
+                    instance: instance.to_string(),
+                })
+                .set(i64::from(liveness == Liveness::Passing));
+        }
+        self.remote_view_age.clear();
+        for region in scrape.regions.status(now) {
+            self.remote_view_age
+                .get_or_create(&RegionLabel {
+                    region: region.region.to_string(),
+                })
+                .set(region.age_ms as f64 / 1000.0);
+        }
+        self.policy_revision.clear();
+        for p in scrape.regions.policies() {
+            let gauge = self.policy_revision.get_or_create(&RegionLabel {
+                region: p.policy.home_region().to_string(),
+            });
+            gauge.set(gauge.get().max(p.home_revision.get() as i64));
+        }
     }
 
     /// The Prometheus text exposition.

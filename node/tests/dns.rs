@@ -269,3 +269,57 @@ async fn servfail_when_the_agent_cannot_know() {
     );
     dns.shutdown().await;
 }
+
+/// The first query of a service this agent does not follow yet waits for
+/// the arbiter's answer (as the HTTP resolve does) instead of answering
+/// SERVFAIL, which a caller sees as "Temporary failure in name
+/// resolution": NXDOMAIN for a service that does not exist, the address
+/// for one registered on another node. Queries run concurrently, so none
+/// waits on another's first lookup.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn a_first_query_waits_for_the_arbiter_instead_of_servfail() {
+    let cluster = Cluster::start().await;
+    let (_handle, _http, dns) = agent_with_dns(&cluster).await;
+    // A service registered through another node's agent: this agent has
+    // never followed it.
+    let other = cluster.agent("node-b").await;
+    let http_b = Http::of(&other);
+    http_b.wait_connected().await;
+    let (status, body) = http_b
+        .register_at("pay", "pay-1", "127.0.0.3", 9000, 100)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let udp = resolver(dns.local_addr(), false);
+    let mut unknown = Vec::new();
+    for n in 0..12 {
+        let udp = udp.clone();
+        unknown.push(tokio::spawn(async move {
+            ask(
+                &udp,
+                &format!("nosuch-{n}.default.svc.rollcall."),
+                RecordType::A,
+            )
+            .await
+            .map(|_| ())
+        }));
+    }
+    let known = ask(&udp, "pay.default.svc.rollcall.", RecordType::A)
+        .await
+        .expect("the first query of pay answers its address");
+    assert_eq!(
+        addresses(&known)
+            .into_iter()
+            .map(|(ip, _)| ip)
+            .collect::<Vec<_>>(),
+        vec![v4(3)]
+    );
+    for (n, answer) in unknown.into_iter().enumerate() {
+        assert_eq!(
+            answer.await.unwrap(),
+            Err(ResponseCode::NXDomain),
+            "the first query of nosuch-{n}"
+        );
+    }
+    dns.shutdown().await;
+    other.shutdown().await;
+}

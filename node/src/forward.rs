@@ -1,0 +1,142 @@
+//! What the proxy and the ingress gateway share once a listener accepted
+//! a connection: the accept loop with its shutdown grace, connecting to
+//! one of a view's candidates (retrying elsewhere only before any byte of
+//! the client's was read; failures and successes feed the view's local
+//! ejection), and copying both ways. It decides nothing about which
+//! endpoints are usable: that is the view's.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_leases::clock::now_ms;
+use rollcall_leases::{EndpointRecord, InstanceId, State};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use crate::shutdown::Shutdown;
+use crate::view::{ActiveGuard, Answer, ServiceView, Views};
+
+/// Buffer per direction of a proxied connection: large enough that bulk
+/// streams move in few syscalls (tokio's default is 8 KiB).
+const COPY_BUFFER: usize = 64 * 1024;
+
+/// How long connections still open at shutdown may go on, ms.
+pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
+
+/// Accepts until the shutdown signal, then lets open connections finish
+/// for `SHUTDOWN_GRACE_MS` (the proxy's and the ingress gateway's). The
+/// connections' tasks live in a `JoinSet`, so dropping it ends those still
+/// open.
+pub(crate) async fn accept_loop<S, Fut>(
+    listener: TcpListener,
+    name: String,
+    serve: S,
+    mut shutdown: Shutdown,
+) where
+    S: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, peer)) => {
+                    connections.spawn(serve(client, peer));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little
+                    // rather than spin.
+                    tracing::warn!(listener = %name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = shutdown.fired() => break,
+        }
+    }
+    drop(listener);
+    let grace = tokio::time::sleep(Duration::from_millis(SHUTDOWN_GRACE_MS));
+    tokio::pin!(grace);
+    while !connections.is_empty() {
+        tokio::select! {
+            _ = connections.join_next() => {}
+            _ = &mut grace => break,
+        }
+    }
+}
+
+/// A connection made to a local endpoint, counted while it lives.
+pub(crate) struct Upstream {
+    pub(crate) stream: TcpStream,
+    pub(crate) record: Arc<EndpointRecord>,
+    _guard: ActiveGuard,
+}
+
+/// Connects to one of `answer`'s candidates, retrying on another while
+/// nothing of the client's has been read; `None` when every try failed.
+/// Failures and successes feed the view's local ejection.
+pub(crate) async fn connect_local(
+    views: &Views,
+    view: &ServiceView,
+    answer: &Answer,
+) -> Option<Upstream> {
+    let candidates = &answer.selection.candidates;
+    let config = views.data_plane();
+    let active = views.active();
+    let service = view.key();
+    let timeout = Duration::from_millis(config.connect_timeout_ms);
+    let mut tried = BTreeSet::new();
+    for _ in 0..=config.retries {
+        let count = |id: &InstanceId| active.count(id);
+        let i = crate::selector::choose(
+            candidates,
+            views.zone(),
+            &count,
+            &tried,
+            config.local_zone_min_share,
+            &mut rand::rng(),
+        )?;
+        let record = &candidates[i].record;
+        let instance = &record.instance_id;
+        let guard = active.open(instance);
+        let target = SocketAddr::new(record.address, record.port);
+        let failure = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
+            Ok(Ok(stream)) => {
+                view.connect_succeeded(instance);
+                let metrics = views.metrics();
+                metrics.proxied_connections.inc();
+                if record.state != State::Ready {
+                    metrics.connections_to_not_ready.inc();
+                }
+                return Some(Upstream {
+                    stream,
+                    record: record.clone(),
+                    _guard: guard,
+                });
+            }
+            Ok(Err(e)) => e,
+            Err(_) => std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer within data_plane.connect_timeout_ms",
+            ),
+        };
+        drop(guard);
+        tracing::debug!(service = %service, instance = %instance, address = %target, error = %failure, "proxy connect failed");
+        view.connect_failed(views, instance, now_ms());
+        tried.insert(instance.clone());
+    }
+    None
+}
+
+/// Copies both ways until either side ends. From here on bytes flow:
+/// whatever happens, no retry.
+pub(crate) async fn pipe(
+    client: &mut TcpStream,
+    backend: &mut TcpStream,
+) -> std::io::Result<(u64, u64)> {
+    let _ = client.set_nodelay(true);
+    let _ = backend.set_nodelay(true);
+    tokio::io::copy_bidirectional_with_sizes(client, backend, COPY_BUFFER, COPY_BUFFER).await
+}
