@@ -7,6 +7,7 @@ use crate::command::{Command, Envelope};
 use crate::name::NodeId;
 use crate::protocol::{NodeInstance, RejectKind, Response};
 
+
 /// The answer to a command decided by the catalog: committed (with the
 /// revision, a registration's generation and the instance's state after
 /// it) or rejected with the class of refusal.
@@ -67,4 +68,12 @@ pub fn node_instances(catalog: &Catalog, node: &NodeId) -> Response {
             })
             .collect(),
     )
+}
+
+/// A refusal the caller should retry (HTTP 503).
+pub fn unavailable(message: String) -> Response {
+    Response::Rejected {
+        kind: RejectKind::Unavailable,
+        message,
+    }
 }

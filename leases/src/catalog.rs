@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use foldhash::HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, Envelope, Registration, MAX_REPORTERS};
 use crate::delta_log::{Change, DeltaLog, LogAnswer, ServiceDelta};
@@ -304,15 +303,7 @@ pub enum SinceAnswer {
     Unknown,
 }
 
-/// The last generation given to an instance id, remembered after the
-/// record is gone so a re-registration continues the sequence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GenerationMemory {
-    /// The last generation assigned.
-    pub generation: Generation,
-    /// When its record was removed; `None` while it is live.
-    pub released_at_ms: Option<u64>,
-}
+pub use crate::snapshot::GenerationMemory;
 
 /// One service's READY capacity, as the region bridge reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::GenerationMemory;
+use crate::snapshot::GenerationMemory;
 use crate::command::Envelope;
 use crate::delta_log::ServiceDelta;
 use crate::digest::Digest;
@@ -30,7 +30,7 @@ use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };
 use crate::policy::{ReplicatedPolicy, StoredPolicy};
-use crate::protocol::{PeerRequest, PeerResponse, Request, Response, SessionDown, SessionUp};
+use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
 /// The format version written in the first byte of every frame.
@@ -73,9 +73,9 @@ pub enum FrameKind {
     Request = 7,
     /// A `protocol::Response`.
     Response = 8,
-    /// A `protocol::PeerRequest`.
+    /// A `peer_protocol::PeerRequest`.
     PeerRequest = 9,
-    /// A `protocol::PeerResponse`.
+    /// A `peer_protocol::PeerResponse`.
     PeerResponse = 10,
     /// A `CatalogSnapshot` written before replicated policies existed:
     /// the kind-4 body followed by the service policies. Read (as a catalog
@@ -159,11 +159,11 @@ fn malformed(what: &'static str, detail: impl ToString) -> CodecError {
     }
 }
 
-fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
+pub(crate) fn frame<T: Serialize>(kind: FrameKind, value: &T) -> Vec<u8> {
     frame_as(kind as u8, value)
 }
 
-fn unframe<T: DeserializeOwned>(
+pub(crate) fn unframe<T: DeserializeOwned>(
     bytes: &[u8],
     kind: FrameKind,
     limit: usize,
@@ -249,6 +249,12 @@ pub fn encode_service_snapshot(snap: &ServiceSnapshot) -> Vec<u8> {
         service,
     };
     frame(FrameKind::ServiceSnapshot, &wire)
+}
+
+/// `encode_service_snapshot`, shared: what the distributor hands every
+/// agent that needs the same snapshot.
+pub fn shared_service_snapshot(snap: &ServiceSnapshot) -> std::sync::Arc<[u8]> {
+    encode_service_snapshot(snap).into()
 }
 
 /// Decodes one service's snapshot, checking its digest.
@@ -392,22 +398,6 @@ pub fn decode_response(bytes: &[u8]) -> Result<Response, CodecError> {
     unframe(bytes, FrameKind::Response, MAX_SMALL_MESSAGE_BYTES)
 }
 
-/// Encodes a message to a peer replica.
-pub fn encode_peer_request(m: &PeerRequest) -> Vec<u8> {
-    frame(FrameKind::PeerRequest, m)
-}
-/// Decodes a message from a peer replica.
-pub fn decode_peer_request(bytes: &[u8]) -> Result<PeerRequest, CodecError> {
-    unframe(bytes, FrameKind::PeerRequest, MAX_PEER_MESSAGE_BYTES)
-}
-/// Encodes an answer to a peer replica.
-pub fn encode_peer_response(m: &PeerResponse) -> Vec<u8> {
-    frame(FrameKind::PeerResponse, m)
-}
-/// Decodes an answer from a peer replica.
-pub fn decode_peer_response(bytes: &[u8]) -> Result<PeerResponse, CodecError> {
-    unframe(bytes, FrameKind::PeerResponse, MAX_PEER_MESSAGE_BYTES)
-}
 
 /// Why a frame could not be read from a stream.
 #[derive(Debug, thiserror::Error)]

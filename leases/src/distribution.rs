@@ -31,13 +31,16 @@ use std::sync::Arc;
 use foldhash::HashMap;
 
 use crate::catalog::{Catalog, SinceAnswer};
-use crate::codec::encode_service_snapshot;
-use crate::ids::Revision;
+use crate::ids::{AgentId, Revision};
 use crate::name::ServiceKey;
 use crate::protocol::ServiceUpdate;
+use crate::snapshot::ServiceSnapshot;
 
-/// A connection, numbered by the driver.
-pub type AgentId = u64;
+/// Encodes a service snapshot for the wire (`codec::shared_service_snapshot`
+/// in the arbiter): the distributor caches the bytes and shares them among
+/// every agent that needs the same snapshot.
+pub type EncodeSnapshot = fn(&ServiceSnapshot) -> Arc<[u8]>;
+
 
 /// The longest wait before a re-send, as a multiple of `resend_after_ms`.
 pub const MAX_RESEND_BACKOFF: u64 = 8;
@@ -56,6 +59,19 @@ pub struct DistParams {
     /// A send not acknowledged this long after it completed is sent again
     /// (then after twice as long, up to `MAX_RESEND_BACKOFF` times), ms.
     pub resend_after_ms: u64,
+}
+
+impl From<&rollcall_config::ArbiterConfig> for DistParams {
+    fn from(config: &rollcall_config::ArbiterConfig) -> Self {
+        let d = &config.distribution;
+        DistParams {
+            coalesce_window_ms: d.coalesce_window_ms,
+            max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
+            stall_timeout_ms: d.stall_timeout_ms,
+            snapshot_retry_ms: d.snapshot_retry_ms,
+            resend_after_ms: d.resend_after_ms,
+        }
+    }
 }
 
 /// What the driver must do.
@@ -173,6 +189,7 @@ struct AgentState {
 #[derive(Debug)]
 pub struct Distributor {
     params: DistParams,
+    encode: EncodeSnapshot,
     agents: HashMap<AgentId, AgentState>,
     watchers: HashMap<ServiceKey, BTreeSet<AgentId>>,
     snapshots_in_flight: usize,
@@ -181,10 +198,11 @@ pub struct Distributor {
 }
 
 impl Distributor {
-    /// No agents yet.
-    pub fn new(params: DistParams) -> Self {
+    /// No agents yet; snapshots are encoded with `encode`.
+    pub fn new(params: DistParams, encode: EncodeSnapshot) -> Self {
         Distributor {
             params,
+            encode,
             agents: HashMap::default(),
             watchers: HashMap::default(),
             snapshots_in_flight: 0,
@@ -436,7 +454,7 @@ impl Distributor {
                                 let snap = catalog
                                     .service_snapshot(&service)
                                     .expect("the service exists");
-                                let bytes: Arc<[u8]> = encode_service_snapshot(&snap).into();
+                                let bytes = (self.encode)(&snap);
                                 self.snapshot_cache
                                     .insert(service.clone(), (info.revision, bytes.clone()));
                                 bytes

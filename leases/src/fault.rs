@@ -41,7 +41,7 @@ use prometheus_client::registry::Registry;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::distribution::AgentId;
+use crate::ids::AgentId;
 use crate::protocol::{ServiceUpdate, SessionDown};
 
 /// The environment variable naming the faults to inject.

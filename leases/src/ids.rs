@@ -81,3 +81,11 @@ impl Generation {
         Generation(self.0 + 1)
     }
 }
+
+/// A connection to an arbiter replica (an agent's, a controller's, a
+/// bridge's), numbered by the replica that accepted it.
+pub type AgentId = u64;
+
+/// A replica's id in its Raft group. Stable for the replica's life: a wiped
+/// replica that rejoins keeps it, a replacement gets a new one.
+pub type ReplicaId = u64;

@@ -42,6 +42,7 @@ pub mod leader;
 pub mod lease;
 pub mod name;
 pub mod params;
+pub mod peer_protocol;
 pub mod policy;
 pub mod protocol;
 pub mod raft;

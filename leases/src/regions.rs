@@ -17,7 +17,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
-use crate::distribution::AgentId;
+use crate::ids::AgentId;
 use crate::ids::Revision;
 use crate::name::{Label, ServiceKey};
 use crate::policy::{Policy, PolicyKey};

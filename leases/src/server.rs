@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod connection;
 pub mod core;
+pub mod messages;
 pub mod metrics;
 pub mod peer;
 
@@ -258,7 +259,7 @@ impl ArbiterServer {
             let _ = admin_task.await;
         }
         self.endpoint.close(
-            quinn::VarInt::from_u32(connection::close_code::DONE),
+            quinn::VarInt::from_u32(crate::protocol::close_code::DONE),
             b"arbiter shutting down",
         );
         self.peers.close();

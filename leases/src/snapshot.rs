@@ -9,13 +9,22 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::GenerationMemory;
 use crate::digest::Digest;
 use crate::endpoint::EndpointRecord;
-use crate::ids::{Revision, ShardId};
+use crate::ids::{Generation, Revision, ShardId};
 use crate::lease::Lease;
 use crate::name::{InstanceId, Label, ServiceKey};
 use crate::policy::{ReplicatedPolicy, StoredPolicy};
+
+/// The last generation given to an instance id, remembered after the
+/// record is gone so a re-registration continues the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationMemory {
+    /// The last generation assigned.
+    pub generation: Generation,
+    /// When its record was removed; `None` while it is live.
+    pub released_at_ms: Option<u64>,
+}
 
 /// A snapshot could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

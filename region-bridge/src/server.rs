@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rollcall_config::{BridgeConfig, BridgePeer};
 use rollcall_leases::codec::{write_frame, FrameError};
-use rollcall_leases::server::connection::close_code;
+use rollcall_leases::protocol::close_code;
 use rollcall_leases::{Ingress, Label, RemotePolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -472,7 +472,10 @@ impl World {
         // Its memory is gone with it.
         self.arb.leader.step_down();
         let sessions = std::mem::take(&mut self.arb.sessions);
-        self.arb.dist = Distributor::new(self.arb.dist_params.clone());
+        self.arb.dist = Distributor::new(
+            self.arb.dist_params.clone(),
+            rollcall_leases::codec::shared_service_snapshot,
+        );
         for (session, a) in sessions {
             if !self.agents[a as usize].dead && !self.cut(a) {
                 let latency = self.arbiter_latency();

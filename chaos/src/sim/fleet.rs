@@ -287,14 +287,7 @@ impl World {
                 ZoneSim::with_names(names, config)
             })
             .collect();
-        let d = &arbiter_config.distribution;
-        let dist_params = DistParams {
-            coalesce_window_ms: d.coalesce_window_ms,
-            max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
-            stall_timeout_ms: d.stall_timeout_ms,
-            snapshot_retry_ms: d.snapshot_retry_ms,
-            resend_after_ms: d.resend_after_ms,
-        };
+        let dist_params = DistParams::from(&arbiter_config);
         let mut leader = LeaderMemory::new(
             LeaderParams::from(&arbiter_config),
             principal(Role::Arbiter, "sim-arbiter"),
@@ -305,7 +298,10 @@ impl World {
         let arb = Arbiter {
             up: true,
             catalog,
-            dist: Distributor::new(dist_params.clone()),
+            dist: Distributor::new(
+                dist_params.clone(),
+                rollcall_leases::codec::shared_service_snapshot,
+            ),
             dist_params,
             sessions: BTreeMap::new(),
             rules: Rules::new(&arbiter_config, region),

@@ -41,7 +41,7 @@ impl World {
     fn with_catalog(catalog: CatalogParams) -> Self {
         let mut w = World {
             cat: Catalog::new(catalog),
-            dist: Distributor::new(params()),
+            dist: Distributor::new(params(), crate::codec::shared_service_snapshot),
             now: 1_000,
         };
         w.commit(Command::GrantLease {

@@ -26,9 +26,7 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// A replica's id in its Raft group. Stable for the replica's life: a wiped
-/// replica that rejoins keeps it, a replacement gets a new one.
-pub type ReplicaId = u64;
+pub use crate::ids::ReplicaId;
 /// A running Raft node of a catalog shard.
 pub type CatalogRaftNode = openraft::Raft<CatalogRaft>;
 /// A position in the replicated log.

@@ -45,12 +45,12 @@ use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
 use crate::name::{Label, PrincipalName, ServiceKey};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
-use crate::protocol::{
-    MembershipChange, PeerRequest, PeerResponse, RejectKind, Response as Answer,
-};
+use crate::peer_protocol::{MembershipChange, PeerRequest, PeerResponse};
+use crate::protocol::{RejectKind, Response as Answer};
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::remote::{RegionView, RemoteViews};
-use crate::server::core::{raft_json, AdminQuery, CoreMsg};
+use crate::server::core::raft_json;
+use crate::server::messages::{AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
 use crate::server::peer::{self, Peers};
 
@@ -208,8 +208,8 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
             .await
         {
             Ok(PeerResponse::Answer(answer)) => answer,
-            Ok(_) => peer::unavailable(format!("the leader at {addr} answered out of protocol")),
-            Err(e) => peer::unavailable(e.to_string()),
+            Ok(_) => crate::answers::unavailable(format!("the leader at {addr} answered out of protocol")),
+            Err(e) => crate::answers::unavailable(e.to_string()),
         }
     };
     match answer {

@@ -14,11 +14,12 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, FrameKind, MAX_SMALL_MESSAGE_BYTES};
-use crate::distribution::AgentId;
+use crate::ids::AgentId;
 use crate::endpoint::Role;
 use crate::name::Label;
 use crate::raft::CatalogRaftNode;
-use crate::server::core::{CoreMsg, Outbound};
+use crate::protocol::close_code;
+use crate::server::messages::{CoreMsg, Outbound};
 use crate::server::peer;
 use crate::tls;
 
@@ -33,17 +34,6 @@ pub struct PeerContext {
     pub timeout: std::time::Duration,
 }
 
-/// QUIC application close codes.
-pub mod close_code {
-    /// Normal close.
-    pub const DONE: u32 = 0;
-    /// The peer's certificate is missing or names no rollcall identity.
-    pub const UNAUTHENTICATED: u32 = 1;
-    /// The arbiter refused the session (reason in the close frame).
-    pub const REFUSED: u32 = 2;
-    /// A frame was oversized or malformed.
-    pub const PROTOCOL: u32 = 3;
-}
 
 /// How long a refused peer gets to read the refusal before the arbiter
 /// closes the connection itself.

@@ -34,106 +34,23 @@ use tokio::sync::{mpsc, oneshot};
 use crate::catalog::{Applied, Effect, Rejection};
 use crate::clock::now_ms;
 use crate::command::{Command, Envelope};
-use crate::distribution::{AgentId, DistParams, Distributor, Output};
+use crate::distribution::{DistParams, Distributor, Output};
 use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
-use crate::ids::{AgentEpoch, Revision};
+use crate::ids::{AgentEpoch, AgentId, Revision};
 use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use crate::name::{NodeId, PrincipalName, ServiceKey};
-use crate::protocol::{
-    Heard, PeerRequest, PeerResponse, Request, Response, ServiceUpdate, SessionDown, SessionUp,
-};
+use crate::peer_protocol::{Heard, PeerRequest, PeerResponse};
+use crate::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
 use crate::regions::{regions_update, RegionsEpoch, RegionsFeed};
 use crate::remote::RemoteViews;
 use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
 };
+use crate::server::messages::{AdminQuery, CoreMsg, Outbound};
 use crate::server::peer::{self, PeerError, Peers};
 use crate::sessions::{down_outcome, Authorized, DownOutcome, Rules};
-
-/// What a connection's writer must do.
-#[derive(Debug)]
-pub enum Outbound {
-    /// Write this message; when `notify`, report `CoreMsg::Sent` after it is
-    /// written (only the distributor's updates are accounted for).
-    Message {
-        /// The message.
-        message: SessionDown,
-        /// Report completion.
-        notify: bool,
-    },
-    /// Close the connection with this reason.
-    Close(String),
-}
-
-/// A question from the admin endpoint.
-pub enum AdminQuery {
-    /// `GET /v1/status`.
-    Status(oneshot::Sender<serde_json::Value>),
-    /// `GET /metrics`: refresh the gauges, then answer.
-    RefreshMetrics(oneshot::Sender<()>),
-    /// An operator's catalog write (`PUT /v1/policies`): proposed like an
-    /// agent's request, stamped with the time here, answered once committed
-    /// and applied on this replica.
-    Propose {
-        /// Who asks.
-        actor: Principal,
-        /// What to change.
-        command: Command,
-        /// Where the answer goes.
-        reply: oneshot::Sender<Response>,
-    },
-}
-
-/// Everything the core hears.
-pub enum CoreMsg {
-    /// A connection completed its handshake.
-    Connected {
-        /// Its number.
-        agent: AgentId,
-        /// The identity its certificate names.
-        identity: Identity,
-        /// Where to send its messages.
-        tx: mpsc::UnboundedSender<Outbound>,
-    },
-    /// A message on its session stream.
-    Session {
-        /// The connection.
-        agent: AgentId,
-        /// The message.
-        msg: SessionUp,
-    },
-    /// A request on a stream of its own.
-    Request {
-        /// The connection.
-        agent: AgentId,
-        /// The request.
-        request: Request,
-        /// Where the answer goes.
-        reply: oneshot::Sender<Response>,
-    },
-    /// An update message marked `notify` was written.
-    Sent {
-        /// The connection.
-        agent: AgentId,
-    },
-    /// The connection is gone.
-    Closed {
-        /// The connection.
-        agent: AgentId,
-    },
-    /// An admin question.
-    Admin(AdminQuery),
-    /// What a peer replica hands this one (not Raft's own messages, which go
-    /// straight to openraft).
-    Peer {
-        /// The request.
-        request: PeerRequest,
-        /// Where the answer goes.
-        reply: oneshot::Sender<PeerResponse>,
-    },
-}
 
 struct Conn {
     identity: Identity,
@@ -286,14 +203,10 @@ impl Core {
         remote: Arc<std::sync::Mutex<RemoteViews>>,
     ) -> Self {
         let now = now_ms();
-        let d = &config.distribution;
-        let dist = Distributor::new(DistParams {
-            coalesce_window_ms: d.coalesce_window_ms,
-            max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
-            stall_timeout_ms: d.stall_timeout_ms,
-            snapshot_retry_ms: d.snapshot_retry_ms,
-            resend_after_ms: d.resend_after_ms,
-        });
+        let dist = Distributor::new(
+            DistParams::from(&config),
+            crate::codec::shared_service_snapshot,
+        );
         let region = replica.applied.lock().params().region.clone();
         let me = Principal {
             role: Role::Arbiter,
@@ -704,7 +617,7 @@ impl Core {
                     });
                 }
                 Forwarded::NowLeader(_) => {
-                    let _ = reply.send(peer::unavailable("retry".into()));
+                    let _ = reply.send(crate::answers::unavailable("retry".into()));
                 }
             });
             return;
@@ -773,13 +686,13 @@ impl Core {
                 tokio::select! {
                     answer = peers.call(&addr, &request, left) => match answer {
                         Ok(PeerResponse::Answer(response)) => break Forwarded::Answer(response),
-                        Ok(_) => break Forwarded::Answer(peer::unavailable(format!("the leader at {addr} answered out of protocol"))),
+                        Ok(_) => break Forwarded::Answer(crate::answers::unavailable(format!("the leader at {addr} answered out of protocol"))),
                         Err(PeerError::Unreachable { .. }) if tokio::time::Instant::now() < deadline => {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
-                        Err(e) => break Forwarded::Answer(peer::unavailable(format!("the leader did not answer: {e}; retry"))),
+                        Err(e) => break Forwarded::Answer(crate::answers::unavailable(format!("the leader did not answer: {e}; retry"))),
                     },
-                    _ = moved => break Forwarded::Answer(peer::unavailable(format!(
+                    _ = moved => break Forwarded::Answer(crate::answers::unavailable(format!(
                         "leadership moved away from replica {leader} while it held this write; retry"
                     ))),
                 }
@@ -863,7 +776,7 @@ impl Core {
             tokio::spawn(async move {
                 let response = rx
                     .await
-                    .unwrap_or_else(|_| peer::unavailable("the write was dropped; retry".into()));
+                    .unwrap_or_else(|_| crate::answers::unavailable("the write was dropped; retry".into()));
                 let _ = reply.send(PeerResponse::Answer(response));
             });
             tx
@@ -923,7 +836,7 @@ impl Core {
             | PeerRequest::Vote(_)
             | PeerRequest::InstallSnapshot(_)
             | PeerRequest::Membership(_) => {
-                let _ = reply.send(PeerResponse::Answer(peer::unavailable(
+                let _ = reply.send(PeerResponse::Answer(crate::answers::unavailable(
                     "Raft messages are not the core's".into(),
                 )));
             }
@@ -934,7 +847,7 @@ impl Core {
         match &self.standing {
             Standing::Follower {
                 leader: Some((id, addr)),
-            } => peer::unavailable(format!(
+            } => crate::answers::unavailable(format!(
                 "this replica is not the leader; the leader is replica {id} at {addr}; retry"
             )),
             _ => no_leader(),
@@ -1009,16 +922,16 @@ impl Core {
                         metrics.batch_size.observe(items.len() as f64);
                         Ok(written.data.results)
                     }
-                    Ok(Ok(written)) => Err(peer::unavailable(format!(
+                    Ok(Ok(written)) => Err(crate::answers::unavailable(format!(
                         "the batch applied {} results for {} commands",
                         written.data.results.len(),
                         items.len()
                     ))),
-                    Ok(Err(e)) if peer::is_forward(&e) => Err(peer::unavailable(format!(
+                    Ok(Err(e)) if peer::is_forward(&e) => Err(crate::answers::unavailable(format!(
                         "leadership moved while committing: {e}; retry"
                     ))),
-                    Ok(Err(e)) => Err(peer::unavailable(format!("not committed: {e}"))),
-                    Err(_) => Err(peer::unavailable(format!(
+                    Ok(Err(e)) => Err(crate::answers::unavailable(format!("not committed: {e}"))),
+                    Err(_) => Err(crate::answers::unavailable(format!(
                         "not committed within {} ms: this region's arbiter group has no quorum \
                          (fewer than a majority of replicas reachable); writes resume when it has one",
                         timeout.as_millis()
@@ -1274,7 +1187,7 @@ impl Core {
                 }
                 for held in self.leader.step_down() {
                     for reply in held.waiting {
-                        let _ = reply.send(peer::unavailable(
+                        let _ = reply.send(crate::answers::unavailable(
                             "this replica stopped leading while holding the down report; report again".into(),
                         ));
                     }
@@ -1653,7 +1566,7 @@ pub fn raft_json(m: &openraft::RaftMetrics<ReplicaId, openraft::BasicNode>) -> s
 }
 
 fn no_leader() -> Response {
-    peer::unavailable(
+    crate::answers::unavailable(
         "this region's arbiter group has no leader now (an election is running, or fewer than a \
          majority of replicas are reachable); the write is not committed; retry"
             .into(),

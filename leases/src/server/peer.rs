@@ -26,12 +26,14 @@ use crate::codec::{self, MAX_PEER_MESSAGE_BYTES};
 use crate::endpoint::Role;
 use crate::identity::Identity;
 use crate::name::Label;
-use crate::protocol::{
-    raft_rpc, MembershipChange, PeerRequest, PeerResponse, RejectKind, Response,
+use crate::peer_protocol::{
+    decode_peer_request, decode_peer_response, encode_peer_request, encode_peer_response,
+    raft_rpc, MembershipChange, PeerRequest, PeerResponse,
 };
+use crate::protocol::{RejectKind, Response};
 use crate::raft::{CatalogRaft, CatalogRaftNode, ReplicaId};
-use crate::server::connection::close_code;
-use crate::server::core::CoreMsg;
+use crate::protocol::close_code;
+use crate::server::messages::CoreMsg;
 use crate::tls::{self, TlsMaterial};
 
 /// Why a call to a peer replica failed.
@@ -162,7 +164,7 @@ impl Peers {
         request: &PeerRequest,
         timeout: Duration,
     ) -> Result<PeerResponse, PeerError> {
-        let bytes = codec::encode_peer_request(request);
+        let bytes = encode_peer_request(request);
         let started = std::time::Instant::now();
         let exchange = async {
             // A live replica answers a handshake in milliseconds; a dead one
@@ -194,7 +196,7 @@ impl Peers {
             let answer = codec::read_frame(&mut recv, MAX_PEER_MESSAGE_BYTES)
                 .await
                 .map_err(|e| lost(&e))?;
-            codec::decode_peer_response(&answer).map_err(|e| PeerError::Protocol {
+            decode_peer_response(&answer).map_err(|e| PeerError::Protocol {
                 addr: addr.to_owned(),
                 detail: e.to_string(),
             })
@@ -420,7 +422,7 @@ async fn stream(
     timeout: Duration,
 ) {
     let request = match codec::read_frame(&mut recv, MAX_PEER_MESSAGE_BYTES).await {
-        Ok(bytes) => codec::decode_peer_request(&bytes).map_err(|e| e.to_string()),
+        Ok(bytes) => decode_peer_request(&bytes).map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
     let request = match request {
@@ -443,7 +445,7 @@ async fn stream(
         ms = started.elapsed().as_millis() as u64,
         "peer request served"
     );
-    let _ = codec::write_frame(&mut send, &codec::encode_peer_response(&answer)).await;
+    let _ = codec::write_frame(&mut send, &encode_peer_response(&answer)).await;
     let _ = send.finish();
 }
 
@@ -474,20 +476,12 @@ async fn handle(
                 .await
                 .is_err()
             {
-                return PeerResponse::Answer(unavailable("this replica is stopping".into()));
+                return PeerResponse::Answer(crate::answers::unavailable("this replica is stopping".into()));
             }
             answer.await.unwrap_or_else(|_| {
-                PeerResponse::Answer(unavailable("this replica is stopping".into()))
+                PeerResponse::Answer(crate::answers::unavailable("this replica is stopping".into()))
             })
         }
-    }
-}
-
-/// A refusal the caller should retry (HTTP 503).
-pub fn unavailable(message: String) -> Response {
-    Response::Rejected {
-        kind: RejectKind::Unavailable,
-        message,
     }
 }
 
@@ -550,7 +544,7 @@ pub async fn change_membership(
             state: None,
         },
         Ok(Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f)))) => {
-            unavailable(match f.leader_node {
+            crate::answers::unavailable(match f.leader_node {
                 Some(n) => format!(
                     "this replica is not the leader; the leader is replica {} at {}",
                     f.leader_id.unwrap_or_default(),
@@ -563,8 +557,8 @@ pub async fn change_membership(
             kind: RejectKind::Invalid,
             message: e.to_string(),
         },
-        Ok(Err(e)) => unavailable(e.to_string()),
-        Err(_) => unavailable(format!(
+        Ok(Err(e)) => crate::answers::unavailable(e.to_string()),
+        Err(_) => crate::answers::unavailable(format!(
             "the membership change did not complete within {} ms; check `rollcall cluster members`",
             (timeout * 20).as_millis()
         )),
