@@ -7,7 +7,6 @@ use crate::command::{Command, Envelope};
 use crate::name::NodeId;
 use crate::protocol::{NodeInstance, RejectKind, Response};
 
-
 /// The answer to a command decided by the catalog: committed (with the
 /// revision, a registration's generation and the instance's state after
 /// it) or rejected with the class of refusal.

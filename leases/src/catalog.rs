@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use foldhash::HashMap;
 use std::sync::Arc;
 
-
 use crate::command::{Command, Envelope, Registration, MAX_REPORTERS};
 use crate::delta_log::{Change, DeltaLog, LogAnswer, ServiceDelta};
 use crate::digest::Digest;

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::snapshot::GenerationMemory;
 use crate::command::Envelope;
 use crate::delta_log::ServiceDelta;
 use crate::digest::Digest;
@@ -31,6 +30,7 @@ use crate::name::{
 };
 use crate::policy::{ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
+use crate::snapshot::GenerationMemory;
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
 
 /// The format version written in the first byte of every frame.
@@ -397,7 +397,6 @@ pub fn encode_response(m: &Response) -> Vec<u8> {
 pub fn decode_response(bytes: &[u8]) -> Result<Response, CodecError> {
     unframe(bytes, FrameKind::Response, MAX_SMALL_MESSAGE_BYTES)
 }
-
 
 /// Why a frame could not be read from a stream.
 #[derive(Debug, thiserror::Error)]

@@ -41,7 +41,6 @@ use crate::snapshot::ServiceSnapshot;
 /// every agent that needs the same snapshot.
 pub type EncodeSnapshot = fn(&ServiceSnapshot) -> Arc<[u8]>;
 
-
 /// The longest wait before a re-send, as a multiple of `resend_after_ms`.
 pub const MAX_RESEND_BACKOFF: u64 = 8;
 

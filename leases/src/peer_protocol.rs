@@ -12,7 +12,6 @@ use crate::ids::{AgentEpoch, Revision};
 use crate::name::{NodeId, ServiceKey};
 use crate::protocol::Response;
 
-
 /// Raft's own messages as openraft defines them.
 pub mod raft_rpc {
     use crate::raft::{CatalogRaft, ReplicaId};

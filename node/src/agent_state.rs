@@ -297,8 +297,8 @@ pub enum Output {
     /// Write these views to the disk cache and delete these services'
     /// cache files.
     StoreViews {
-        /// Views to write.
-        views: Vec<ServiceView>,
+        /// Views to write (shared with the state machine).
+        views: Vec<Arc<ServiceView>>,
         /// Services whose files go.
         forget: Vec<ServiceKey>,
     },
@@ -546,6 +546,9 @@ pub struct AgentState {
     publish_all: bool,
     publish_down: bool,
     wake: Option<u64>,
+    /// When the next check is due, and whether an input may have moved it.
+    health_due: Option<u64>,
+    health_moved: bool,
     counters: Counters,
 }
 
@@ -609,6 +612,8 @@ impl AgentState {
             publish_all: true,
             publish_down: true,
             wake: None,
+            health_due: None,
+            health_moved: true,
             counters: Counters::default(),
         };
         for service in &config.services {
@@ -647,6 +652,19 @@ impl AgentState {
         rng: &mut R,
         out: &mut Vec<Output>,
     ) {
+        // Inputs that never touch a health checker: a catalog or regions
+        // update, gossip, a follow, a save.
+        let untouched = matches!(
+            input,
+            Input::Message {
+                message: SessionDown::Update(_) | SessionDown::Regions(_),
+                ..
+            } | Input::PeerDown { .. }
+                | Input::PeerUp { .. }
+                | Input::Follow(_)
+                | Input::Saved { .. }
+        );
+        self.health_moved |= !untouched;
         match input {
             Input::Call { call, op } => self.call(call, op, now_ms, rng, out),
             Input::WorkloadSessionClosed {
@@ -932,8 +950,6 @@ impl AgentState {
                     }
                 }
                 SyncOut::Ack { service, revision } => {
-                    // What was applied (a snapshot too) changes the view.
-                    self.publish.insert(service.clone());
                     if let Some(session) = session {
                         out.push(Output::Send {
                             session,
@@ -942,11 +958,15 @@ impl AgentState {
                     }
                 }
                 SyncOut::Persist(service) => {
+                    // What was applied (deltas or a snapshot) changes the
+                    // view; a mere re-acknowledgement does not.
+                    self.publish.insert(service.clone());
                     self.forget.remove(&service);
                     self.dirty.insert(service);
                     self.flush_at.get_or_insert(now_ms + FLUSH_DELAY_MS);
                 }
                 SyncOut::Forget(service) => {
+                    self.publish.insert(service.clone());
                     self.dirty.remove(&service);
                     self.forget.insert(service);
                     self.flush_at.get_or_insert(now_ms + FLUSH_DELAY_MS);
@@ -1071,7 +1091,7 @@ impl AgentState {
         self.flush_at = None;
         let dirty = std::mem::take(&mut self.dirty);
         let forget: Vec<ServiceKey> = std::mem::take(&mut self.forget).into_iter().collect();
-        let views: Vec<ServiceView> = dirty
+        let views: Vec<Arc<ServiceView>> = dirty
             .iter()
             .filter_map(|s| self.sync.get(s).and_then(|t| t.view.clone()))
             .collect();
@@ -1119,7 +1139,15 @@ impl AgentState {
         }
     }
 
-    fn next_wake(&self) -> Option<u64> {
+    fn next_wake(&mut self) -> Option<u64> {
+        // Only inputs that can touch a checker move the next check.
+        if std::mem::take(&mut self.health_moved) {
+            self.health_due = self
+                .health
+                .values()
+                .filter_map(|(_, h)| h.next_due_ms())
+                .min();
+        }
         let link = match &self.link {
             Link::Waiting { until_ms } => Some(*until_ms),
             Link::Up {
@@ -1135,10 +1163,7 @@ impl AgentState {
             self.retry_writes_at,
             self.flush_at,
             self.drains.keys().next().copied(),
-            self.health
-                .values()
-                .filter_map(|(_, h)| h.next_due_ms())
-                .min(),
+            self.health_due,
         ]
         .into_iter()
         .flatten()
@@ -1165,6 +1190,7 @@ impl AgentState {
             Some(view) => {
                 p.status = Status::Held;
                 p.records = view.records().cloned().collect::<Vec<_>>().into();
+                p.ready_weight = view.ready().map(|r| u64::from(r.weight.get())).sum();
                 p.revision = view.revision();
                 p.leaving = Arc::new(
                     self.regs
@@ -2393,7 +2419,7 @@ impl AgentState {
 
     /// The view held of `service`.
     pub fn view(&self, service: &ServiceKey) -> Option<&ServiceView> {
-        self.sync.get(service).and_then(|t| t.view.as_ref())
+        self.sync.get(service).and_then(|t| t.view.as_deref())
     }
 
     /// The state the health checks of a local instance give it, if it has

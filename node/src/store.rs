@@ -16,7 +16,7 @@ use crate::registrations::RegistrationsFile;
 #[rtype(result = "()")]
 pub struct StoreViews {
     /// Views to write.
-    pub views: Vec<rollcall_leases::ServiceView>,
+    pub views: Vec<std::sync::Arc<rollcall_leases::ServiceView>>,
     /// Services whose files go.
     pub forget: Vec<ServiceKey>,
 }

@@ -10,6 +10,7 @@
 //! acknowledged) are skipped, and re-acknowledged when nothing else is new.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rollcall_leases::codec::decode_service_snapshot;
 use rollcall_leases::protocol::ServiceUpdate;
@@ -49,8 +50,10 @@ pub enum SyncOut {
 /// What the agent knows of one followed service.
 #[derive(Clone, Debug)]
 pub struct Tracked {
-    /// The held view; `None` until the first snapshot or delta.
-    pub view: Option<ServiceView>,
+    /// The held view; `None` until the first snapshot or delta. Shared
+    /// copy-on-write: a copy handed to the disk cache costs a pointer, and
+    /// the next delta copies the view only if that write still holds it.
+    pub view: Option<Arc<ServiceView>>,
     /// The arbiter said the service does not exist.
     pub unknown: bool,
     /// This session confirmed the view is current (cleared on disconnect).
@@ -103,7 +106,7 @@ impl CatalogSync {
         self.services.insert(
             service,
             Tracked {
-                view: Some(view),
+                view: Some(Arc::new(view)),
                 unknown: false,
                 synced: false,
                 confirmed_at_ms: None,
@@ -179,9 +182,9 @@ impl CatalogSync {
                 let Some(t) = self.services.get_mut(&service) else {
                     return;
                 };
-                let view = t
-                    .view
-                    .get_or_insert_with(|| ServiceView::empty(service.clone(), self.shard));
+                let view = Arc::make_mut(t.view.get_or_insert_with(|| {
+                    Arc::new(ServiceView::empty(service.clone(), self.shard))
+                }));
                 let held = view.revision();
                 let fresh: Vec<_> = deltas.iter().filter(|d| d.revision > held).collect();
                 if fresh.is_empty() {
@@ -233,7 +236,7 @@ impl CatalogSync {
                             return;
                         };
                         let revision = view.revision();
-                        t.view = Some(view);
+                        t.view = Some(Arc::new(view));
                         t.unknown = false;
                         Self::confirmed(t, now_ms);
                         self.stats.snapshots_applied += 1;

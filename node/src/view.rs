@@ -75,6 +75,9 @@ pub struct Published {
     pub max_age_ms: u64,
     /// What a copy past its maximum age does.
     pub stale_behaviour: StaleBehaviour,
+    /// The summed weight of its READY records (the failover demand
+    /// estimate notes it at every lookup).
+    pub ready_weight: u64,
 }
 
 /// Whether a followed service has a copy to serve.
@@ -104,6 +107,7 @@ impl Published {
             leaving: Arc::default(),
             max_age_ms: u64::MAX,
             stale_behaviour: StaleBehaviour::Keep,
+            ready_weight: 0,
         }
     }
 
@@ -115,14 +119,6 @@ impl Published {
         } else {
             now_ms.saturating_sub(self.confirmed_at_ms.unwrap_or(self.loaded_at_ms))
         }
-    }
-
-    fn ready_weight(&self) -> u64 {
-        self.records
-            .iter()
-            .filter(|r| r.state == State::Ready)
-            .map(|r| u64::from(r.weight.get()))
-            .sum()
     }
 }
 
@@ -517,7 +513,7 @@ impl ServiceView {
                 StaleBehaviour::Keep => {}
             }
         }
-        self.spread.observe_local(p.ready_weight(), now_ms);
+        self.spread.observe_local(p.ready_weight, now_ms);
         Lookup::Serve(Answer {
             service: key.clone(),
             revision: p.revision,

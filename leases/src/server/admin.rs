@@ -44,8 +44,8 @@ use crate::command::Command;
 use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
 use crate::name::{Label, PrincipalName, ServiceKey};
-use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::peer_protocol::{MembershipChange, PeerRequest, PeerResponse};
+use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{RejectKind, Response as Answer};
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::remote::{RegionView, RemoteViews};
@@ -208,7 +208,9 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
             .await
         {
             Ok(PeerResponse::Answer(answer)) => answer,
-            Ok(_) => crate::answers::unavailable(format!("the leader at {addr} answered out of protocol")),
+            Ok(_) => crate::answers::unavailable(format!(
+                "the leader at {addr} answered out of protocol"
+            )),
             Err(e) => crate::answers::unavailable(e.to_string()),
         }
     };

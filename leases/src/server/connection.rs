@@ -14,11 +14,11 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, FrameKind, MAX_SMALL_MESSAGE_BYTES};
-use crate::ids::AgentId;
 use crate::endpoint::Role;
+use crate::ids::AgentId;
 use crate::name::Label;
-use crate::raft::CatalogRaftNode;
 use crate::protocol::close_code;
+use crate::raft::CatalogRaftNode;
 use crate::server::messages::{CoreMsg, Outbound};
 use crate::server::peer;
 use crate::tls;
@@ -33,7 +33,6 @@ pub struct PeerContext {
     /// How long a forwarded write may take.
     pub timeout: std::time::Duration,
 }
-
 
 /// How long a refused peer gets to read the refusal before the arbiter
 /// closes the connection itself.

@@ -45,10 +45,10 @@ use crate::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
 use crate::regions::{regions_update, RegionsEpoch, RegionsFeed};
 use crate::remote::RemoteViews;
+use crate::server::messages::{AdminQuery, CoreMsg, Outbound};
 use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
 };
-use crate::server::messages::{AdminQuery, CoreMsg, Outbound};
 use crate::server::peer::{self, PeerError, Peers};
 use crate::sessions::{down_outcome, Authorized, DownOutcome, Rules};
 
@@ -774,9 +774,9 @@ impl Core {
         let answer = |reply: oneshot::Sender<PeerResponse>| {
             let (tx, rx) = oneshot::channel::<Response>();
             tokio::spawn(async move {
-                let response = rx
-                    .await
-                    .unwrap_or_else(|_| crate::answers::unavailable("the write was dropped; retry".into()));
+                let response = rx.await.unwrap_or_else(|_| {
+                    crate::answers::unavailable("the write was dropped; retry".into())
+                });
                 let _ = reply.send(PeerResponse::Answer(response));
             });
             tx

@@ -6,9 +6,9 @@
 use tokio::sync::{mpsc, oneshot};
 
 use crate::command::Command;
-use crate::ids::AgentId;
 use crate::endpoint::Principal;
 use crate::identity::Identity;
+use crate::ids::AgentId;
 use crate::peer_protocol::{PeerRequest, PeerResponse};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
 

@@ -27,12 +27,12 @@ use crate::endpoint::Role;
 use crate::identity::Identity;
 use crate::name::Label;
 use crate::peer_protocol::{
-    decode_peer_request, decode_peer_response, encode_peer_request, encode_peer_response,
-    raft_rpc, MembershipChange, PeerRequest, PeerResponse,
+    decode_peer_request, decode_peer_response, encode_peer_request, encode_peer_response, raft_rpc,
+    MembershipChange, PeerRequest, PeerResponse,
 };
+use crate::protocol::close_code;
 use crate::protocol::{RejectKind, Response};
 use crate::raft::{CatalogRaft, CatalogRaftNode, ReplicaId};
-use crate::protocol::close_code;
 use crate::server::messages::CoreMsg;
 use crate::tls::{self, TlsMaterial};
 
@@ -476,10 +476,14 @@ async fn handle(
                 .await
                 .is_err()
             {
-                return PeerResponse::Answer(crate::answers::unavailable("this replica is stopping".into()));
+                return PeerResponse::Answer(crate::answers::unavailable(
+                    "this replica is stopping".into(),
+                ));
             }
             answer.await.unwrap_or_else(|_| {
-                PeerResponse::Answer(crate::answers::unavailable("this replica is stopping".into()))
+                PeerResponse::Answer(crate::answers::unavailable(
+                    "this replica is stopping".into(),
+                ))
             })
         }
     }
