@@ -1,21 +1,27 @@
-//! The arbiter's session rules (R10), sans-IO: who may hold which node's
-//! lease, who may watch what, which commands an identity may propose, and
-//! what a settled down report answers. The arbiter core and the fleet
-//! simulator both decide with these; neither keeps a copy.
+//! The arbiter's session layer (R10), sans-IO: per connection (an agent,
+//! a controller, a bridge), what each session message and each request
+//! means — a lease to grant or a session to refuse (with the reason), a
+//! watch to start or deny, a renewal, an acknowledgement, a command to
+//! propose, a down report for the leader memory — and what a settled down
+//! report answers. The arbiter core and the fleet simulator both decide
+//! with `Sessions`; neither keeps a copy.
 //!
 //! It reads the applied catalog (to find an instance's node and service)
-//! and the arbiter's config; it never reads a clock or a socket.
+//! and the arbiter's config; time comes in as an argument; it never reads
+//! a clock or a socket.
+
+use std::collections::HashMap;
 
 use rollcall_config::{ArbiterConfig, ControllerGrant, WatchRule};
 
 use crate::catalog::Catalog;
-use crate::command::Command;
-use crate::endpoint::Role;
+use crate::command::{Command, Envelope};
+use crate::endpoint::{Principal, Role};
 use crate::identity::Identity;
-use crate::ids::{AgentEpoch, Revision};
+use crate::ids::{AgentEpoch, AgentId, Revision, ShardId};
 use crate::leader::Verdict;
 use crate::name::{InstanceId, Label, NodeId, PrincipalName, ServiceKey};
-use crate::protocol::{RejectKind, Request, Response};
+use crate::protocol::{RejectKind, Request, Response, SessionUp};
 
 /// What the rules read of the arbiter's config.
 #[derive(Clone, Debug)]
@@ -250,6 +256,263 @@ impl Rules {
             }),
         }
     }
+}
+
+/// What the driver does for one session message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Propose this lease grant; answer `Welcome` once it committed.
+    Grant(Envelope),
+    /// Send `Refused` with the reason, then close the connection.
+    Refuse(String),
+    /// Close the connection with the reason.
+    Close(String),
+    /// Answer the subscription with `Denied`.
+    Deny {
+        /// The service.
+        service: ServiceKey,
+        /// Why.
+        reason: String,
+    },
+    /// Start distributing the service (its policy goes ahead of it).
+    Subscribe {
+        /// The service.
+        service: ServiceKey,
+        /// The revision the agent holds.
+        have: Option<Revision>,
+    },
+    /// Stop distributing the service.
+    Unsubscribe(ServiceKey),
+    /// The agent applied the service up to the revision.
+    Ack {
+        /// The service.
+        service: ServiceKey,
+        /// The revision.
+        revision: Revision,
+    },
+    /// Renew the node's lease (on the leader; a follower reports it).
+    Renew {
+        /// The node.
+        node: NodeId,
+        /// Its agent run.
+        epoch: AgentEpoch,
+        /// Who renews.
+        actor: Principal,
+    },
+    /// Nothing more (a keep-alive).
+    Nothing,
+}
+
+/// One connection's session.
+#[derive(Clone, Debug)]
+struct Session {
+    identity: Identity,
+    /// The lease it holds, once its Hello was accepted.
+    held: Option<(NodeId, AgentEpoch)>,
+}
+
+/// Every connection's session on one replica, and the rules.
+#[derive(Debug)]
+pub struct Sessions {
+    rules: Rules,
+    shard: ShardId,
+    ttl_ms: u64,
+    sessions: HashMap<AgentId, Session>,
+}
+
+impl Sessions {
+    /// No connection yet; leases are granted for `ttl_ms`, watches are
+    /// served for `shard`.
+    pub fn new(rules: Rules, shard: ShardId, ttl_ms: u64) -> Sessions {
+        Sessions {
+            rules,
+            shard,
+            ttl_ms,
+            sessions: HashMap::new(),
+        }
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// A connection whose certificate names `identity` completed its
+    /// handshake.
+    pub fn connect(&mut self, agent: AgentId, identity: Identity) {
+        self.sessions.insert(
+            agent,
+            Session {
+                identity,
+                held: None,
+            },
+        );
+    }
+
+    /// The connection is gone; the lease its session held, if any.
+    pub fn disconnect(&mut self, agent: AgentId) -> Option<(NodeId, AgentEpoch)> {
+        self.sessions.remove(&agent).and_then(|s| s.held)
+    }
+
+    /// The lease `agent`'s session holds.
+    pub fn held(&self, agent: AgentId) -> Option<&(NodeId, AgentEpoch)> {
+        self.sessions.get(&agent).and_then(|s| s.held.as_ref())
+    }
+
+    /// The identity `agent`'s certificate names.
+    pub fn identity(&self, agent: AgentId) -> Option<&Identity> {
+        self.sessions.get(&agent).map(|s| &s.identity)
+    }
+
+    /// Every connection.
+    pub fn agents(&self) -> impl Iterator<Item = AgentId> + '_ {
+        self.sessions.keys().copied()
+    }
+
+    /// One message on `agent`'s session stream at `now_ms`: which session
+    /// it counts as heard for (every message of a session with a lease, the
+    /// Hello included, and whether it renewed), and what to do.
+    pub fn message(
+        &mut self,
+        agent: AgentId,
+        message: SessionUp,
+        now_ms: u64,
+    ) -> (Option<(NodeId, AgentEpoch, bool)>, Step) {
+        let Some(session) = self.sessions.get_mut(&agent) else {
+            return (None, Step::Nothing);
+        };
+        let renewed = matches!(message, SessionUp::Renew);
+        let heard = session
+            .held
+            .as_ref()
+            .map(|(node, epoch)| (node.clone(), *epoch, renewed));
+        let step = match (message, session.held.clone()) {
+            (SessionUp::Hello { node, epoch, zone }, None) => {
+                if let Err(reason) = self.rules.may_hold_lease(&session.identity, &node) {
+                    return (None, Step::Refuse(reason));
+                }
+                session.held = Some((node.clone(), epoch));
+                let envelope = Envelope {
+                    at_ms: now_ms,
+                    actor: session.identity.principal.clone(),
+                    command: Command::GrantLease {
+                        node: node.clone(),
+                        epoch,
+                        zone,
+                        ttl_ms: self.ttl_ms,
+                    },
+                };
+                return (Some((node, epoch, false)), Step::Grant(envelope));
+            }
+            (SessionUp::Hello { .. }, Some(_)) => {
+                Step::Close("a second Hello on one session".into())
+            }
+            (_, None) => Step::Close("the session must start with Hello".into()),
+            (
+                SessionUp::Subscribe {
+                    service,
+                    shard,
+                    have,
+                },
+                Some((node, _)),
+            ) => {
+                let allowed = if shard == self.shard {
+                    self.rules.may_watch(&node, &service)
+                } else {
+                    Err(format!(
+                        "this arbiter serves shard {}, not shard {shard}",
+                        self.shard
+                    ))
+                };
+                match allowed {
+                    Ok(()) => Step::Subscribe { service, have },
+                    Err(reason) => Step::Deny { service, reason },
+                }
+            }
+            (SessionUp::Unsubscribe { service }, Some(_)) => Step::Unsubscribe(service),
+            (SessionUp::Ack { service, revision }, Some(_)) => Step::Ack { service, revision },
+            (SessionUp::Renew, Some((node, epoch))) => Step::Renew {
+                node,
+                epoch,
+                actor: session.identity.principal.clone(),
+            },
+            (SessionUp::Keepalive, Some(_)) => Step::Nothing,
+        };
+        (heard, step)
+    }
+
+    /// A request on a stream of `agent`'s connection at `now_ms`: the
+    /// command to propose (stamped), or what else it is, or the refusal.
+    pub fn request(
+        &self,
+        agent: AgentId,
+        request: Request,
+        catalog: &Catalog,
+        now_ms: u64,
+    ) -> Result<Accepted, Response> {
+        let Some(session) = self.sessions.get(&agent) else {
+            return Err(forbidden("the connection is gone".into()));
+        };
+        let authorized =
+            self.rules
+                .authorize(&session.identity, session.held.as_ref(), request, catalog)?;
+        Ok(match authorized {
+            Authorized::Command(command) => Accepted::Propose(Envelope {
+                at_ms: now_ms,
+                actor: session.identity.principal.clone(),
+                command,
+            }),
+            Authorized::Down {
+                reporter,
+                node,
+                epoch,
+            } => Accepted::Down {
+                reporter,
+                actor: session.identity.principal.clone(),
+                node,
+                epoch,
+            },
+            Authorized::List(node) => Accepted::List(node),
+            Authorized::Await {
+                service,
+                revision,
+                timeout_ms,
+            } => Accepted::Await {
+                service,
+                revision,
+                timeout_ms,
+            },
+        })
+    }
+}
+
+/// What an accepted request becomes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Accepted {
+    /// Propose this command.
+    Propose(Envelope),
+    /// Hand this down report to the leader memory.
+    Down {
+        /// The reporting node.
+        reporter: NodeId,
+        /// Who reported.
+        actor: Principal,
+        /// The node reported down.
+        node: NodeId,
+        /// The agent run the reporter saw.
+        epoch: AgentEpoch,
+    },
+    /// Answer with the node's records.
+    List(NodeId),
+    /// Answer once the subscribers acknowledged the revision.
+    Await {
+        /// The service.
+        service: ServiceKey,
+        /// The revision.
+        revision: Revision,
+        /// The longest wait, ms.
+        timeout_ms: u64,
+    },
 }
 
 /// How a settled down report is carried out.
@@ -552,5 +815,211 @@ mod tests {
                 timeout_ms: 30_000,
             })
         );
+    }
+
+    fn sessions() -> Sessions {
+        Sessions::new(rules(), ShardId(0), 10_000)
+    }
+
+    fn hello(node: &str) -> SessionUp {
+        SessionUp::Hello {
+            node: NodeId::new(node).unwrap(),
+            epoch: AgentEpoch(4),
+            zone: Label::new("z1").unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_session_starts_with_an_accepted_hello_and_nothing_else() {
+        let mut s = sessions();
+        s.connect(1, identity(Role::Agent, "n1"));
+        // Anything before Hello closes the connection.
+        let (heard, step) = s.message(1, SessionUp::Keepalive, 5);
+        assert_eq!(heard, None);
+        assert_eq!(
+            step,
+            Step::Close("the session must start with Hello".into())
+        );
+        // Hello for another node is refused with the reason.
+        let (heard, step) = s.message(1, hello("n2"), 5);
+        assert_eq!(heard, None);
+        assert!(matches!(step, Step::Refuse(r) if r.contains("only its own node's lease")));
+        assert!(s.held(1).is_none(), "a refused Hello holds nothing");
+        // Its own node: a lease grant, stamped now, for the configured TTL.
+        let (heard, step) = s.message(1, hello("n1"), 7);
+        assert_eq!(
+            heard,
+            Some((NodeId::new("n1").unwrap(), AgentEpoch(4), false))
+        );
+        let Step::Grant(envelope) = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(envelope.at_ms, 7);
+        assert!(matches!(
+            envelope.command,
+            Command::GrantLease {
+                ttl_ms: 10_000,
+                epoch: AgentEpoch(4),
+                ..
+            }
+        ));
+        // A second Hello on the same session closes it.
+        let (_, step) = s.message(1, hello("n1"), 8);
+        assert_eq!(step, Step::Close("a second Hello on one session".into()));
+        // Every message of the session counts as heard; a renewal says so.
+        let (heard, step) = s.message(1, SessionUp::Renew, 9);
+        assert_eq!(
+            heard,
+            Some((NodeId::new("n1").unwrap(), AgentEpoch(4), true))
+        );
+        assert!(matches!(step, Step::Renew { .. }));
+        assert_eq!(
+            s.disconnect(1),
+            Some((NodeId::new("n1").unwrap(), AgentEpoch(4)))
+        );
+    }
+
+    #[test]
+    fn a_controller_certificate_holds_no_lease() {
+        let mut s = sessions();
+        s.connect(2, identity(Role::Controller, "deployer"));
+        let (_, step) = s.message(2, hello("deployer"), 1);
+        assert!(matches!(step, Step::Refuse(r) if r.contains("cannot hold a node lease")));
+    }
+
+    #[test]
+    fn watches_outside_the_rules_or_the_shard_are_denied() {
+        let mut s = sessions();
+        s.connect(3, identity(Role::Agent, "n2"));
+        s.message(3, hello("n2"), 1);
+        let subscribe = |service: &str, shard: u16| SessionUp::Subscribe {
+            shard: ShardId(shard),
+            service: svc(service),
+            have: None,
+        };
+        assert_eq!(
+            s.message(3, subscribe("web", 0), 2).1,
+            Step::Subscribe {
+                service: svc("web"),
+                have: None
+            }
+        );
+        assert!(matches!(
+            s.message(3, subscribe("db", 0), 2).1,
+            Step::Deny { reason, .. } if reason.contains("watch_rules")
+        ));
+        assert!(matches!(
+            s.message(3, subscribe("web", 1), 2).1,
+            Step::Deny { reason, .. } if reason.contains("serves shard 0, not shard 1")
+        ));
+    }
+
+    #[test]
+    fn requests_are_stamped_with_who_and_when_or_refused() {
+        let mut s = sessions();
+        let cat = catalog();
+        s.connect(1, identity(Role::Agent, "n1"));
+        // No session yet: listing is refused.
+        assert!(s.request(1, Request::NodeInstances, &cat, 5).is_err());
+        s.message(1, hello("n1"), 5);
+        let Ok(Accepted::Propose(envelope)) =
+            s.request(1, Request::Register(registration("n1", "web")), &cat, 9)
+        else {
+            panic!("an agent registers on its own node")
+        };
+        assert_eq!(envelope.at_ms, 9);
+        assert_eq!(envelope.actor, identity(Role::Agent, "n1").principal);
+        assert!(matches!(
+            s.request(
+                1,
+                Request::ReportDown {
+                    node: NodeId::new("n2").unwrap(),
+                    epoch: AgentEpoch(1)
+                },
+                &cat,
+                9
+            ),
+            Ok(Accepted::Down { reporter, .. }) if reporter.as_str() == "n1"
+        ));
+        // A connection that is gone.
+        assert!(s.request(7, Request::NodeInstances, &cat, 9).is_err());
+    }
+
+    /// The two-signal rule (R4) as the core and the simulator carry it: a
+    /// report about a node the arbiter still hears answers "partition",
+    /// removes nothing; about a node silent long enough, it proposes the
+    /// verdict and answers the first reporter once committed.
+    #[test]
+    fn a_down_report_needs_the_arbiters_own_silence_too() {
+        use crate::leader::{agent_principal, LeaderMemory, LeaderParams};
+        let mut cat = catalog();
+        let params = LeaderParams::from(&ArbiterConfig::default());
+        let silence = params.silence_ms;
+        let me = Principal {
+            role: Role::Arbiter,
+            name: PrincipalName::new("a").unwrap(),
+        };
+        let mut leader: LeaderMemory<u32> = LeaderMemory::new(params, me, 0);
+        leader.take_office(0, cat.leases_mut());
+        let (n1, n2) = (NodeId::new("n1").unwrap(), NodeId::new("n2").unwrap());
+        // n1 was heard just now: the report is held, then heard again →
+        // partition.
+        leader.heard(&n1, 1_000);
+        let held = leader.report_down(
+            n2.clone(),
+            agent_principal(&n2),
+            n1.clone(),
+            AgentEpoch(1),
+            1_000,
+            Some(1),
+        );
+        assert!(held.is_empty(), "held for the arbiter's own signal");
+        leader.heard(&n1, 1_500);
+        let verdicts = leader.sweep(1_600, cat.leases()).verdicts;
+        let [verdict] = <[_; 1]>::try_from(verdicts).expect("one verdict");
+        match down_outcome(verdict) {
+            DownOutcome::Answer { waiting, answer } => {
+                assert_eq!(waiting, vec![1]);
+                assert!(
+                    matches!(answer, Response::Rejected { kind: RejectKind::Invalid, message } if message.contains("partition"))
+                );
+            }
+            other => panic!("a heard node is a partition: {other:?}"),
+        }
+        // Silent since 1.5 s: a new report settles once silence has passed.
+        leader.report_down(
+            n2.clone(),
+            agent_principal(&n2),
+            n1.clone(),
+            AgentEpoch(1),
+            2_000,
+            Some(2),
+        );
+        leader.report_down(
+            n2.clone(),
+            agent_principal(&n2),
+            n1.clone(),
+            AgentEpoch(1),
+            2_100,
+            Some(3),
+        );
+        let verdicts = leader.sweep(1_500 + silence + 1, cat.leases()).verdicts;
+        let [verdict] = <[_; 1]>::try_from(verdicts).expect("one verdict");
+        match down_outcome(verdict) {
+            DownOutcome::Propose {
+                envelope,
+                first,
+                others,
+                answer,
+            } => {
+                assert!(
+                    matches!(envelope.command, Command::NodeDown { ref node, .. } if *node == n1)
+                );
+                assert_eq!(first, Some(2));
+                assert_eq!(others, vec![3]);
+                assert!(matches!(answer, Response::Committed { .. }));
+            }
+            other => panic!("a silent node is proposed down: {other:?}"),
+        }
     }
 }

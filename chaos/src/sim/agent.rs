@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
-use rollcall_leases::leader::agent_principal;
 use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
 use rollcall_leases::{LeaseId, State, Version};
 use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
@@ -171,54 +170,11 @@ impl World {
             let s = self.service_index[service];
             self.applied(a, s, *revision);
         }
-        if !self.link_up(a) || !self.arb.sessions.contains_key(&g) {
-            return;
-        }
         match message {
-            SessionUp::Keepalive => {
-                self.counters.keepalives += 1;
-                self.heard(a);
-            }
-            SessionUp::Renew => {
-                self.counters.renewals += 1;
-                self.heard(a);
-                let now_ms = self.now_ms() + 1;
-                let agent = &self.agents[a as usize];
-                let arb = &mut self.arb;
-                // The core's renewal: the leader memory renews the lease,
-                // and reinstates one the guard holds.
-                let renewal = arb.leader.renew(
-                    arb.catalog.leases_mut(),
-                    &agent.node,
-                    agent.epoch,
-                    now_ms,
-                    &agent_principal(&agent.node),
-                );
-                match renewal {
-                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
-                    Ok(None) => {}
-                    Err(_) => {
-                        // The core refuses the session (the lease ended,
-                        // say by a down verdict): the agent reconnects and
-                        // is granted a new one.
-                        self.counters.renewals_refused += 1;
-                        self.drop_session(g);
-                        let latency = self.arbiter_latency();
-                        self.after(
-                            latency,
-                            Ev::Closed {
-                                agent: a,
-                                session: g,
-                            },
-                        );
-                    }
-                }
-            }
-            SessionUp::Ack { service, revision } => {
-                self.heard(a);
-                self.arb.dist.ack(g, &service, revision);
-            }
             SessionUp::Subscribe { service, have, .. } => {
+                if !self.link_up(a) {
+                    return;
+                }
                 let s = self.service_index[&service];
                 let latency = self.arbiter_latency();
                 let at = self.up_arrival(a, latency);
@@ -230,8 +186,10 @@ impl World {
                     },
                 );
             }
-            SessionUp::Unsubscribe { service } => self.arb.dist.unsubscribe(g, &service),
-            SessionUp::Hello { .. } => {}
+            message => {
+                self.counters.keepalives += u64::from(matches!(message, SessionUp::Keepalive));
+                self.session_message(a, g, message);
+            }
         }
     }
 

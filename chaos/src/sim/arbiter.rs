@@ -17,9 +17,9 @@
 
 use rollcall_leases::distribution::{Distributor, Output};
 use rollcall_leases::identity::Identity;
-use rollcall_leases::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate};
-use rollcall_leases::sessions::{down_outcome, Authorized, DownOutcome};
+use rollcall_leases::leader::{LeaderMemory, LeaderParams, Verdict};
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionUp};
+use rollcall_leases::sessions::{down_outcome, Accepted, DownOutcome, Step};
 use rollcall_leases::{
     answers, Applied, Command, Effect, Envelope, PrincipalName, Revision, Role, State,
 };
@@ -33,83 +33,115 @@ impl World {
     fn identity(&self, a: u32) -> Identity {
         let node = &self.agents[a as usize].node;
         Identity::new(
-            self.arb.rules.region.clone(),
+            self.arb.sessions.rules().region.clone(),
             Role::Agent,
             PrincipalName::new(node.as_str()).expect("simulated names are valid"),
         )
     }
 
+    /// Agent `a`'s handshake completed: its connection `session` sends
+    /// Hello, which the session layer reads as the core does.
     pub(super) fn hello(&mut self, a: u32, session: u64) {
         if !self.link_up(a) {
             let latency = self.arbiter_latency();
             self.after(latency, Ev::Closed { agent: a, session });
             return;
         }
-        let identity = self.identity(a);
-        let agent = &self.agents[a as usize];
-        if self
-            .arb
-            .rules
-            .may_hold_lease(&identity, &agent.node)
-            .is_err()
-        {
-            let latency = self.arbiter_latency();
-            self.after(latency, Ev::Closed { agent: a, session });
-            return;
-        }
-        self.arb.sessions.insert(session, a);
+        self.arb.sessions.connect(session, self.identity(a));
+        self.arb.conns.insert(session, a);
         self.arb.dist.connect(session);
-        self.heard(a);
-        let now_ms = self.now_ms();
         let agent = &self.agents[a as usize];
-        let env = Envelope {
-            at_ms: now_ms,
-            actor: principal(Role::Agent, agent.node.as_str()),
-            command: Command::GrantLease {
-                node: agent.node.clone(),
-                epoch: agent.epoch,
-                zone: self.zone_labels[agent.zone as usize].clone(),
-                ttl_ms: self.arbiter_config.lease.ttl_ms,
-            },
+        let hello = SessionUp::Hello {
+            node: agent.node.clone(),
+            epoch: agent.epoch,
+            zone: self.zone_labels[agent.zone as usize].clone(),
         };
-        self.propose(env, Then::Welcome { agent: a, session });
+        self.session_message(a, session, hello);
     }
 
+    /// One message on agent `a`'s session stream reaches the arbiter now:
+    /// the core's session layer says what it means, this carries it out.
+    pub(super) fn session_message(&mut self, a: u32, session: u64, message: SessionUp) {
+        if !self.link_up(a) || !self.arb.conns.contains_key(&session) {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let (heard, step) = self.arb.sessions.message(session, message, now_ms);
+        if let Some((node, _, _)) = heard {
+            self.arb.leader.heard(&node, now_ms);
+        }
+        match step {
+            Step::Grant(envelope) => self.propose(envelope, Then::Welcome { agent: a, session }),
+            Step::Refuse(_) | Step::Close(_) => {
+                self.drop_session(session);
+                let latency = self.arbiter_latency();
+                self.after(latency, Ev::Closed { agent: a, session });
+            }
+            Step::Deny { service, reason } => self.carry(vec![Output::Send {
+                agent: session,
+                updates: vec![ServiceUpdate::Denied { service, reason }],
+            }]),
+            Step::Subscribe { service, have } => {
+                let mut out = Vec::new();
+                self.arb.dist.subscribe(
+                    session,
+                    service,
+                    have,
+                    now_ms,
+                    &self.arb.catalog,
+                    &mut out,
+                );
+                self.carry(out);
+            }
+            Step::Unsubscribe(service) => self.arb.dist.unsubscribe(session, &service),
+            Step::Ack { service, revision } => self.arb.dist.ack(session, &service, revision),
+            Step::Renew { node, epoch, actor } => {
+                self.counters.renewals += 1;
+                // The core's renewal: the leader memory renews the lease,
+                // and reinstates one the guard holds.
+                let arb = &mut self.arb;
+                let renewal =
+                    arb.leader
+                        .renew(arb.catalog.leases_mut(), &node, epoch, now_ms, &actor);
+                match renewal {
+                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
+                    Ok(None) => {}
+                    Err(_) => {
+                        // The core refuses the session (the lease ended,
+                        // say by a down verdict): the agent reconnects and
+                        // is granted a new one.
+                        self.counters.renewals_refused += 1;
+                        self.drop_session(session);
+                        let latency = self.arbiter_latency();
+                        self.after(latency, Ev::Closed { agent: a, session });
+                    }
+                }
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    /// Subscriptions on session `session` arrive, in order.
     pub(super) fn subscribe(&mut self, session: u64, subs: Vec<(u32, Option<Revision>)>) {
-        let Some(&a) = self.arb.sessions.get(&session) else {
+        let Some(&a) = self.arb.conns.get(&session) else {
             return;
         };
-        if !self.link_up(a) {
-            return;
-        }
-        self.heard(a);
-        let now_ms = self.now_ms();
-        let node = self.agents[a as usize].node.clone();
-        let mut out = Vec::new();
         for (s, have) in subs {
-            let key = self.services[s as usize].clone();
-            if let Err(reason) = self.arb.rules.may_watch(&node, &key) {
-                out.push(Output::Send {
-                    agent: session,
-                    updates: vec![ServiceUpdate::Denied {
-                        service: key,
-                        reason,
-                    }],
-                });
-                continue;
-            }
-            self.arb
-                .dist
-                .subscribe(session, key, have, now_ms, &self.arb.catalog, &mut out);
+            let service = self.services[s as usize].clone();
+            let message = SessionUp::Subscribe {
+                shard: rollcall_leases::ShardId(0),
+                service,
+                have,
+            };
+            self.session_message(a, session, message);
         }
-        self.carry(out);
     }
 
     /// An agent's request arrives (a request, not a session message: the
-    /// core does not count it as hearing the session). It is authorized
-    /// by the core's rules and carried out as the core does.
+    /// core does not count it as hearing the session). The session layer
+    /// accepts or refuses it, and it is carried out as the core does.
     pub(super) fn request(&mut self, a: u32, session: u64, request: u64, body: Request) {
-        if !self.arb.sessions.contains_key(&session) || !self.link_up(a) {
+        if !self.arb.conns.contains_key(&session) || !self.link_up(a) {
             return;
         }
         if matches!(
@@ -122,31 +154,21 @@ impl World {
             self.counters.unhealthy += 1;
         }
         let now_ms = self.now_ms();
-        let identity = self.identity(a);
-        let agent = &self.agents[a as usize];
-        let held = (agent.node.clone(), agent.epoch);
-        let authorized = self
+        let accepted = self
             .arb
-            .rules
-            .authorize(&identity, Some(&held), body, &self.arb.catalog);
-        match authorized {
-            Ok(Authorized::Command(command)) => {
-                let env = Envelope {
-                    at_ms: now_ms,
-                    actor: identity.principal,
-                    command,
-                };
-                self.propose(env, Then::Reply { agent: a, request });
-            }
-            Ok(Authorized::Down {
+            .sessions
+            .request(session, body, &self.arb.catalog, now_ms);
+        match accepted {
+            Ok(Accepted::Propose(env)) => self.propose(env, Then::Reply { agent: a, request }),
+            Ok(Accepted::Down {
                 reporter,
+                actor,
                 node,
                 epoch,
             }) => {
                 // The leader memory holds it for the arbiter's own
                 // signal, as the core does.
                 self.counters.down_reports += 1;
-                let actor = agent_principal(&reporter);
                 let verdicts = self.arb.leader.report_down(
                     reporter,
                     actor,
@@ -157,11 +179,11 @@ impl World {
                 );
                 self.verdicts(verdicts);
             }
-            Ok(Authorized::List(node)) => {
+            Ok(Accepted::List(node)) => {
                 let response = answers::node_instances(&self.arb.catalog, &node);
                 self.answer(a, request, response);
             }
-            Ok(Authorized::Await {
+            Ok(Accepted::Await {
                 service, revision, ..
             }) => {
                 let (acked, total) = self.arb.dist.propagation(&service, revision);
@@ -218,13 +240,6 @@ impl World {
                 },
             );
         }
-    }
-
-    /// A message on agent `a`'s session stream reaches the arbiter now.
-    pub(super) fn heard(&mut self, a: u32) {
-        let now_ms = self.now_ms();
-        let node = &self.agents[a as usize].node;
-        self.arb.leader.heard(node, now_ms);
     }
 
     pub(super) fn arbiter_tick(&mut self) {
@@ -383,7 +398,7 @@ impl World {
                     agent: session,
                     updates,
                 } => {
-                    let Some(&a) = self.arb.sessions.get(&session) else {
+                    let Some(&a) = self.arb.conns.get(&session) else {
                         continue;
                     };
                     let bytes = self.message_bytes(&updates);
@@ -419,7 +434,7 @@ impl World {
                     self.at(at_ms.max(self.now_ms()) * 1_000, Ev::Wake { session });
                 }
                 Output::Disconnect { agent: session, .. } => {
-                    if let Some(a) = self.arb.sessions.remove(&session) {
+                    if let Some(a) = self.arb.conns.remove(&session) {
                         if self.link_up(a) {
                             let latency = self.arbiter_latency();
                             self.after(latency, Ev::Closed { agent: a, session });
@@ -461,7 +476,8 @@ impl World {
     }
 
     pub(super) fn drop_session(&mut self, session: u64) {
-        if self.arb.sessions.remove(&session).is_some() {
+        if self.arb.conns.remove(&session).is_some() {
+            self.arb.sessions.disconnect(session);
             self.arb.dist.disconnect(session);
         }
     }
@@ -471,7 +487,10 @@ impl World {
         self.arb.queue.clear();
         // Its memory is gone with it.
         self.arb.leader.step_down();
-        let sessions = std::mem::take(&mut self.arb.sessions);
+        let sessions = std::mem::take(&mut self.arb.conns);
+        for &session in sessions.keys() {
+            self.arb.sessions.disconnect(session);
+        }
         self.arb.dist = Distributor::new(
             self.arb.dist_params.clone(),
             rollcall_leases::codec::shared_service_snapshot,

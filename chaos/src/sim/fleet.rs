@@ -18,7 +18,7 @@ use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
 use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
 use rollcall_leases::distribution::{DistParams, Distributor};
 use rollcall_leases::leader::{LeaderMemory, LeaderParams};
-use rollcall_leases::sessions::Rules;
+use rollcall_leases::sessions::{Rules, Sessions};
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, Label, NodeId, Registration,
     Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
@@ -303,8 +303,12 @@ impl World {
                 rollcall_leases::codec::shared_service_snapshot,
             ),
             dist_params,
-            sessions: BTreeMap::new(),
-            rules: Rules::new(&arbiter_config, region),
+            conns: BTreeMap::new(),
+            sessions: Sessions::new(
+                Rules::new(&arbiter_config, region),
+                ShardId(0),
+                arbiter_config.lease.ttl_ms,
+            ),
             leader,
             queue: Vec::new(),
             committing: false,

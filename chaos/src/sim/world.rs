@@ -45,7 +45,7 @@ use rollcall_gossip::sim::Sim as ZoneSim;
 use rollcall_leases::distribution::{DistParams, Distributor};
 use rollcall_leases::leader::LeaderMemory;
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate};
-use rollcall_leases::sessions::Rules;
+use rollcall_leases::sessions::Sessions;
 use rollcall_leases::{
     AgentEpoch, Catalog, Command, Envelope, InstanceId, Label, LeaseId, NodeId, Principal,
     PrincipalName, Revision, Role, ServiceKey, Version,
@@ -283,9 +283,10 @@ pub(super) struct Arbiter {
     pub(super) catalog: Catalog,
     pub(super) dist: Distributor,
     pub(super) dist_params: DistParams,
-    pub(super) sessions: BTreeMap<u64, u32>,
-    /// The arbiter's own session rules.
-    pub(super) rules: Rules,
+    /// Each connection's agent.
+    pub(super) conns: BTreeMap<u64, u32>,
+    /// The arbiter's own session layer.
+    pub(super) sessions: Sessions,
     /// The arbiter core's own leader memory: session silence, held down
     /// reports, expiries, purges.
     pub(super) leader: LeaderMemory<Reporter>,
@@ -562,7 +563,7 @@ impl World {
                 updates,
             } => self.update(agent, session, updates),
             Ev::SendDone { session } => {
-                if self.arb.up && self.arb.sessions.contains_key(&session) {
+                if self.arb.up && self.arb.conns.contains_key(&session) {
                     let mut out = Vec::new();
                     self.arb
                         .dist
@@ -571,7 +572,7 @@ impl World {
                 }
             }
             Ev::Wake { session } => {
-                if self.arb.up && self.arb.sessions.contains_key(&session) {
+                if self.arb.up && self.arb.conns.contains_key(&session) {
                     let mut out = Vec::new();
                     self.arb
                         .dist

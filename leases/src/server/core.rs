@@ -36,7 +36,6 @@ use crate::clock::now_ms;
 use crate::command::{Command, Envelope};
 use crate::distribution::{DistParams, Distributor, Output};
 use crate::endpoint::{Principal, Role};
-use crate::identity::Identity;
 use crate::ids::{AgentEpoch, AgentId, Revision};
 use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use crate::name::{NodeId, PrincipalName, ServiceKey};
@@ -50,13 +49,7 @@ use crate::server::metrics::{
     KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
 };
 use crate::server::peer::{self, PeerError, Peers};
-use crate::sessions::{down_outcome, Authorized, DownOutcome, Rules};
-
-struct Conn {
-    identity: Identity,
-    tx: mpsc::UnboundedSender<Outbound>,
-    session: Option<(NodeId, AgentEpoch)>,
-}
+use crate::sessions::{down_outcome, Accepted, DownOutcome, Rules, Sessions, Step};
 
 /// What to do once a proposal is decided.
 enum Then {
@@ -158,14 +151,16 @@ pub struct Replica {
 /// The core's state.
 pub struct Core {
     config: ArbiterConfig,
-    /// Who may hold, watch and write what (R10).
-    rules: Rules,
+    /// Every connection's session, and who may hold, watch and write
+    /// what (R10).
+    sessions: Sessions,
     replica: Replica,
     standing: Standing,
     mark: AppliedMark,
     dist: Distributor,
     metrics: Arc<Metrics>,
-    conns: HashMap<AgentId, Conn>,
+    /// Where each connection's messages go.
+    conns: HashMap<AgentId, mpsc::UnboundedSender<Outbound>>,
     /// Session silence, held down reports, expiries (R3, R4).
     leader: LeaderMemory<oneshot::Sender<Response>>,
     heard_out: HashMap<NodeId, HeardNote>,
@@ -207,7 +202,10 @@ impl Core {
             DistParams::from(&config),
             crate::codec::shared_service_snapshot,
         );
-        let region = replica.applied.lock().params().region.clone();
+        let (region, shard) = {
+            let cat = replica.applied.lock();
+            (cat.params().region.clone(), cat.params().shard)
+        };
         let me = Principal {
             role: Role::Arbiter,
             name: PrincipalName::new(&config.name)
@@ -217,7 +215,7 @@ impl Core {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Core {
             leader: LeaderMemory::new(LeaderParams::from(&config), me, now),
-            rules: Rules::new(&config, region),
+            sessions: Sessions::new(Rules::new(&config, region), shard, config.lease.ttl_ms),
             config,
             replica,
             standing: Standing::Follower { leader: None },
@@ -314,14 +312,8 @@ impl Core {
                 tx,
             } => {
                 self.dist.connect(agent);
-                self.conns.insert(
-                    agent,
-                    Conn {
-                        identity,
-                        tx,
-                        session: None,
-                    },
-                );
+                self.sessions.connect(agent, identity);
+                self.conns.insert(agent, tx);
             }
             CoreMsg::Session { agent, msg } => self.session(agent, msg, now, proposals),
             CoreMsg::Request {
@@ -339,10 +331,9 @@ impl Core {
             CoreMsg::Closed { agent } => {
                 self.dist.disconnect(agent);
                 self.regions.forget(agent);
-                if let Some(conn) = self.conns.remove(&agent) {
-                    if let Some((node, _)) = conn.session {
-                        tracing::info!(node = %node, agent, "agent session closed");
-                    }
+                self.conns.remove(&agent);
+                if let Some((node, _)) = self.sessions.disconnect(agent) {
+                    tracing::info!(node = %node, agent, "agent session closed");
                 }
             }
             CoreMsg::Admin(AdminQuery::Status(reply)) => {
@@ -369,8 +360,8 @@ impl Core {
     }
 
     fn send(&self, agent: AgentId, message: SessionDown) {
-        if let Some(conn) = self.conns.get(&agent) {
-            let _ = conn.tx.send(Outbound::Message {
+        if let Some(tx) = self.conns.get(&agent) {
+            let _ = tx.send(Outbound::Message {
                 message,
                 notify: false,
             });
@@ -378,8 +369,8 @@ impl Core {
     }
 
     fn close(&mut self, agent: AgentId, reason: String) {
-        if let Some(conn) = self.conns.get(&agent) {
-            let _ = conn.tx.send(Outbound::Close(reason));
+        if let Some(tx) = self.conns.get(&agent) {
+            let _ = tx.send(Outbound::Close(reason));
         }
     }
 
@@ -409,6 +400,7 @@ impl Core {
         }
     }
 
+    /// One message on a session stream, as the session layer reads it.
     fn session(
         &mut self,
         agent: AgentId,
@@ -416,59 +408,19 @@ impl Core {
         now: u64,
         proposals: &mut Vec<(Envelope, Then)>,
     ) {
-        let Some(conn) = self.conns.get(&agent) else {
-            return;
-        };
-        let identity = conn.identity.clone();
-        let session = conn.session.clone();
-        if let Some((node, epoch)) = &session {
-            let renewed = matches!(msg, SessionUp::Renew);
-            self.heard(node, *epoch, now, renewed);
+        let (heard, step) = self.sessions.message(agent, msg, now);
+        if let Some((node, epoch, renewed)) = heard {
+            self.heard(&node, epoch, now, renewed);
         }
-        match (msg, session) {
-            (SessionUp::Hello { node, epoch, zone }, None) => {
-                if let Err(reason) = self.rules.may_hold_lease(&identity, &node) {
-                    self.refuse(agent, reason);
-                    return;
-                }
-                self.heard(&node, epoch, now, false);
-                if let Some(conn) = self.conns.get_mut(&agent) {
-                    conn.session = Some((node.clone(), epoch));
-                }
-                let command = Command::GrantLease {
-                    node,
-                    epoch,
-                    zone,
-                    ttl_ms: self.config.lease.ttl_ms,
-                };
-                proposals.push((self.envelope(&identity, command, now), Then::Welcome(agent)));
+        match step {
+            Step::Grant(envelope) => proposals.push((envelope, Then::Welcome(agent))),
+            Step::Refuse(reason) => self.refuse(agent, reason),
+            Step::Close(reason) => self.close(agent, reason),
+            Step::Deny { service, reason } => {
+                let update = SessionDown::Update(vec![ServiceUpdate::Denied { service, reason }]);
+                self.send(agent, update);
             }
-            (SessionUp::Hello { .. }, Some(_)) => {
-                self.close(agent, "a second Hello on one session".into())
-            }
-            (_, None) => self.close(agent, "the session must start with Hello".into()),
-            (
-                SessionUp::Subscribe {
-                    service,
-                    shard,
-                    have,
-                },
-                Some((node, _)),
-            ) => {
-                let ours = self.replica.applied.lock().params().shard;
-                let allowed = if shard == ours {
-                    self.rules.may_watch(&node, &service)
-                } else {
-                    Err(format!(
-                        "this arbiter serves shard {ours}, not shard {shard}"
-                    ))
-                };
-                if let Err(reason) = allowed {
-                    let update =
-                        SessionDown::Update(vec![ServiceUpdate::Denied { service, reason }]);
-                    self.send(agent, update);
-                    return;
-                }
+            Step::Subscribe { service, have } => {
                 let mut out = Vec::new();
                 let cat = self.replica.applied.lock();
                 self.dist
@@ -480,27 +432,27 @@ impl Core {
                 self.push_regions(&[agent], now);
                 self.carry(out);
             }
-            (SessionUp::Unsubscribe { service }, Some(_)) => {
+            Step::Unsubscribe(service) => {
                 self.dist.unsubscribe(agent, &service);
                 self.regions.touch(agent);
             }
-            (SessionUp::Ack { service, revision }, Some(_)) => {
+            Step::Ack { service, revision } => {
                 self.dist.ack(agent, &service, revision);
                 self.answer_waiters(now);
             }
-            (SessionUp::Renew, Some((node, epoch))) => {
+            Step::Renew { node, epoch, actor } => {
                 self.metrics.renewals.inc();
                 if !self.is_leader() {
                     // Queued by `heard` for the leader.
                     return;
                 }
-                match self.renew(&node, epoch, now, &identity.principal) {
+                match self.renew(&node, epoch, now, &actor) {
                     Ok(Some(reinstate)) => proposals.push((reinstate, Then::Nothing)),
                     Ok(None) => {}
                     Err(reason) => self.refuse(agent, reason),
                 }
             }
-            (SessionUp::Keepalive, Some(_)) => {}
+            Step::Nothing => {}
         }
     }
 
@@ -528,41 +480,26 @@ impl Core {
         now: u64,
         proposals: &mut Vec<(Envelope, Then)>,
     ) {
-        let Some(conn) = self.conns.get(&agent) else {
-            return;
-        };
-        let identity = conn.identity.clone();
-        let session = conn.session.clone();
-        let authorized = {
+        let accepted = {
             let cat = self.replica.applied.lock();
-            self.rules
-                .authorize(&identity, session.as_ref(), request, &cat)
+            self.sessions.request(agent, request, &cat, now)
         };
-        match authorized {
-            Ok(Authorized::Command(command)) => {
-                proposals.push((self.envelope(&identity, command, now), Then::Reply(reply)))
-            }
+        match accepted {
+            Ok(Accepted::Propose(envelope)) => proposals.push((envelope, Then::Reply(reply))),
             // Answered from acknowledgements, not committed: this replica's
             // agents and every other replica's.
-            Ok(Authorized::Await {
+            Ok(Accepted::Await {
                 service,
                 revision,
                 timeout_ms,
             }) => self.await_everywhere(service, revision, timeout_ms, now, reply),
-            Ok(Authorized::Down {
+            Ok(Accepted::Down {
                 reporter,
+                actor,
                 node,
                 epoch,
-            }) => self.report_down(
-                reporter,
-                identity.principal,
-                node,
-                epoch,
-                now,
-                reply,
-                proposals,
-            ),
-            Ok(Authorized::List(node)) => {
+            }) => self.report_down(reporter, actor, node, epoch, now, reply, proposals),
+            Ok(Accepted::List(node)) => {
                 let cat = self.replica.applied.lock();
                 let _ = reply.send(crate::answers::node_instances(&cat, &node));
             }
@@ -854,14 +791,6 @@ impl Core {
         }
     }
 
-    fn envelope(&self, identity: &Identity, command: Command, now: u64) -> Envelope {
-        Envelope {
-            at_ms: now,
-            actor: identity.principal.clone(),
-            command,
-        }
-    }
-
     /// Proposes: on the leader the proposals join the queue of the next
     /// batch, which is one Raft entry (group commit: one fsynced append and
     /// one replication round for all of them) with at most two batches in
@@ -1021,10 +950,9 @@ impl Core {
             Done::Refused(refused) => {
                 for (node, reason) in refused {
                     let agents: Vec<AgentId> = self
-                        .conns
-                        .iter()
-                        .filter(|(_, c)| c.session.as_ref().is_some_and(|(n, _)| *n == node))
-                        .map(|(a, _)| *a)
+                        .sessions
+                        .agents()
+                        .filter(|a| self.sessions.held(*a).is_some_and(|(n, _)| *n == node))
                         .collect();
                     for agent in agents {
                         self.refuse(agent, reason.clone());
@@ -1084,7 +1012,7 @@ impl Core {
                 let cat = self.replica.applied.lock();
                 let lease = cat.leases().get(node).map(|l| l.id).unwrap_or_default();
                 let welcome = SessionDown::Welcome {
-                    region: self.rules.region.clone(),
+                    region: self.sessions.rules().region.clone(),
                     shard: cat.params().shard,
                     revision: cat.revision(),
                     lease,
@@ -1355,9 +1283,7 @@ impl Core {
         let epoch = RegionsEpoch::of(&cat, &remote);
         let mut due = Vec::new();
         for &agent in agents {
-            if self.conns.get(&agent).is_none_or(|c| c.session.is_none())
-                || self.regions.unchanged(agent, epoch, now)
-            {
+            if self.sessions.held(agent).is_none() || self.regions.unchanged(agent, epoch, now) {
                 continue;
             }
             let update = regions_update(self.dist.subscriptions(agent), &cat, &remote, now);
@@ -1377,8 +1303,8 @@ impl Core {
         for o in out {
             match o {
                 Output::Send { agent, updates } => {
-                    if let Some(conn) = self.conns.get(&agent) {
-                        let _ = conn.tx.send(Outbound::Message {
+                    if let Some(tx) = self.conns.get(&agent) {
+                        let _ = tx.send(Outbound::Message {
                             message: SessionDown::Update(updates),
                             notify: true,
                         });
@@ -1446,13 +1372,13 @@ impl Core {
             }
         }
         m.ack_lag.clear();
-        for (agent, conn) in &self.conns {
-            if let Some((node, _)) = &conn.session {
+        for agent in self.sessions.agents() {
+            if let Some((node, _)) = self.sessions.held(agent) {
                 m.ack_lag
                     .get_or_create(&NodeLabel {
                         node: node.to_string(),
                     })
-                    .set(self.dist.ack_lag(*agent, &cat) as i64);
+                    .set(self.dist.ack_lag(agent, &cat) as i64);
             }
         }
         let stats = self.dist.stats();
@@ -1470,8 +1396,12 @@ impl Core {
             let counter = m.resends.get_or_create(&KindLabel { kind });
             counter.inc_by(total.saturating_sub(counter.get()));
         }
-        m.connected_agents
-            .set(self.conns.values().filter(|c| c.session.is_some()).count() as i64);
+        m.connected_agents.set(
+            self.sessions
+                .agents()
+                .filter(|a| self.sessions.held(*a).is_some())
+                .count() as i64,
+        );
         m.held_leases.set(cat.leases().held() as i64);
         m.leases.set(cat.leases().len() as i64);
         m.revision.set(cat.revision().0 as i64);
@@ -1501,22 +1431,22 @@ impl Core {
     fn status(&self, now: u64) -> serde_json::Value {
         let cat = self.replica.applied.lock();
         let agents: Vec<serde_json::Value> = self
-            .conns
-            .iter()
-            .filter_map(|(agent, c)| {
-                let (node, epoch) = c.session.as_ref()?;
+            .sessions
+            .agents()
+            .filter_map(|agent| {
+                let (node, epoch) = self.sessions.held(agent)?;
                 Some(serde_json::json!({
                     "node": node.as_str(),
                     "epoch": epoch.0,
                     "last_heard_ms_ago": self.leader.last_heard(node).map(|t| now.saturating_sub(t)),
-                    "ack_lag": self.dist.ack_lag(*agent, &cat),
+                    "ack_lag": self.dist.ack_lag(agent, &cat),
                 }))
             })
             .collect();
         let raft = self.replica.raft.metrics().borrow().clone();
         serde_json::json!({
             "name": self.config.name,
-            "region": self.rules.region.as_str(),
+            "region": self.sessions.rules().region.as_str(),
             "shard": cat.params().shard.0,
             "revision": cat.revision().0,
             "services": cat.services().len(),
