@@ -5,7 +5,7 @@
 //! the arbiter confirmed with its own silence.
 
 use std::net::{TcpListener, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,14 +32,26 @@ fn free_udp() -> u16 {
         .port()
 }
 
-/// Kills every process it holds when dropped, so a failing test leaves none.
-struct Processes(Vec<Child>);
+/// Kills every process it holds when dropped, so a failing test leaves none;
+/// a failing test also prints the end of every process's log (the logs live
+/// in a temporary directory that goes with the test).
+struct Processes(Vec<Child>, Vec<PathBuf>);
 
 impl Drop for Processes {
     fn drop(&mut self) {
         for child in &mut self.0 {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for log in &self.1 {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("----- {} (last 60 lines) -----", log.display());
+                for line in &lines[lines.len().saturating_sub(60)..] {
+                    eprintln!("{line}");
+                }
+            }
         }
     }
 }
@@ -121,14 +133,17 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         c = certs.display()
     );
     std::fs::write(d.join("arbiter.toml"), arbiter_toml).unwrap();
-    let mut processes = Processes(vec![spawn(
-        &[
-            "arbiter",
-            "--config",
-            d.join("arbiter.toml").to_str().unwrap(),
-        ],
-        &d.join("arbiter.log"),
-    )]);
+    let mut processes = Processes(
+        vec![spawn(
+            &[
+                "arbiter",
+                "--config",
+                d.join("arbiter.toml").to_str().unwrap(),
+            ],
+            &d.join("arbiter.log"),
+        )],
+        vec![d.join("arbiter.log")],
+    );
 
     let gossip: Vec<u16> = (0..AGENTS).map(|_| free_udp()).collect();
     let http: Vec<u16> = (0..AGENTS).map(|_| free_tcp()).collect();
@@ -150,6 +165,7 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
             &["agent", "--config", path.to_str().unwrap()],
             &d.join(format!("agent-{i}.log")),
         ));
+        processes.1.push(d.join(format!("agent-{i}.log")));
     }
     // Register one instance per agent through its own API.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -179,6 +195,19 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
     for &h in &http {
         wait_for("every agent sees every instance", || {
             ready_ids(h).is_some_and(|ids| ids.len() == AGENTS)
+        });
+    }
+
+    // The zone's gossip must know node-3 before it dies, or nobody could
+    // report it (agents started together may lose their first join and try
+    // again half a second later); only its lease would remove it then.
+    for &h in &http {
+        wait_for("every agent's gossip knows every other node", || {
+            get(&format!("http://127.0.0.1:{h}/v1/status")).is_some_and(|s| {
+                s["gossip"]["alive"]
+                    .as_array()
+                    .is_some_and(|alive| alive.len() == AGENTS - 1)
+            })
         });
     }
 

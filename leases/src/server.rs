@@ -183,10 +183,7 @@ impl ArbiterServer {
             applied: applied.clone(),
             peers: peers.clone(),
         };
-        let remote = Arc::new(std::sync::Mutex::new(crate::remote::RemoteViews::new(
-            region.clone(),
-        )));
-        let core = Core::new(config.clone(), replica, metrics.clone(), remote.clone());
+        let core = Core::new(config.clone(), replica, metrics.clone());
         let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
         let mut tasks = vec![tokio::spawn(core.run(core_rx))];
         tasks.push(tokio::spawn(connection::accept_loop(
@@ -206,7 +203,6 @@ impl ArbiterServer {
             metrics,
             token: token.into(),
             write_timeout,
-            remote,
         });
         let (admin_stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(async move {

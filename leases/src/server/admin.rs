@@ -25,7 +25,7 @@
 //! /v1/remote/{region}/heard` (that region confirmed the view at a version
 //! is current) and `GET /v1/remote` (every view with its age).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -39,7 +39,6 @@ use rollcall_config::{ConfigFile, PolicyFile};
 
 use crate::audit::AuditQuery;
 use crate::catalog::Rejection;
-use crate::clock::now_ms;
 use crate::command::Command;
 use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
@@ -48,7 +47,7 @@ use crate::peer_protocol::{MembershipChange, PeerRequest, PeerResponse};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{RejectKind, Response as Answer};
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
-use crate::remote::{RegionView, RemoteViews};
+use crate::remote::RegionView;
 use crate::server::core::raft_json;
 use crate::server::messages::{AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
@@ -78,8 +77,6 @@ pub struct AdminState {
     pub token: Arc<str>,
     /// How long one write may take (`raft.write_timeout_ms`).
     pub write_timeout: std::time::Duration,
-    /// The remote view the region bridge reports (memory only).
-    pub remote: Arc<Mutex<RemoteViews>>,
 }
 
 /// The admin routes.
@@ -689,27 +686,7 @@ async fn list_remote(
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
-    let now = now_ms();
-    let here = state.applied.lock().params().region.to_string();
-    let remote = state.remote.lock().expect("remote view lock");
-    let regions: Vec<serde_json::Value> = remote
-        .iter()
-        .map(|held| {
-            let view = &held.view;
-            serde_json::json!({
-                "region": view.region.to_string(),
-                "version": view.version.0,
-                "as_of_ms": view.as_of_ms,
-                "age_ms": held.age_ms(now),
-                "max_age_ms": held.max_age_ms,
-                "fresh": held.fresh(now),
-                "ingress": view.ingress,
-                "summaries": view.summaries,
-            })
-        })
-        .collect();
-    drop(remote);
-    Ok(Json(serde_json::json!({"region": here, "regions": regions})).into_response())
+    Ok(Json(ask(&state, AdminQuery::Remote).await?).into_response())
 }
 
 /// `PUT /v1/remote/{region}`: one region's whole view.
@@ -742,23 +719,14 @@ async fn put_remote(
         ));
     }
     let version = report.view.version;
-    state
-        .remote
-        .lock()
-        .expect("remote view lock")
-        .put(
-            report.view,
-            report.heard_ms_ago,
-            report.max_age_ms,
-            now_ms(),
-        )
-        .map_err(|e| {
-            error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_view",
-                e.to_string(),
-            )
-        })?;
+    ask(&state, |reply| AdminQuery::PutRemote {
+        view: report.view,
+        heard_ms_ago: report.heard_ms_ago,
+        max_age_ms: report.max_age_ms,
+        reply,
+    })
+    .await?
+    .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_view", e))?;
     Ok(
         Json(serde_json::json!({"region": region.to_string(), "version": version.0}))
             .into_response(),
@@ -784,13 +752,14 @@ async fn remote_heard(
     let region = remote_region(&state, path)?;
     let Json(heard) =
         body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
-    let confirmed = state.remote.lock().expect("remote view lock").confirm(
-        &region,
-        heard.version,
-        heard.as_of_ms,
-        heard.heard_ms_ago,
-        now_ms(),
-    );
+    let confirmed = ask(&state, |reply| AdminQuery::RemoteHeard {
+        region: region.clone(),
+        version: heard.version,
+        as_of_ms: heard.as_of_ms,
+        heard_ms_ago: heard.heard_ms_ago,
+        reply,
+    })
+    .await?;
     if !confirmed {
         return Err(error(
             StatusCode::CONFLICT,

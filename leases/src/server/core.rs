@@ -177,9 +177,9 @@ pub struct Core {
     queue: Vec<(Envelope, Then)>,
     /// Leader: batches sent to openraft and not yet answered.
     in_flight: usize,
-    /// The remote view the region bridge reports (shared with the admin
-    /// endpoint, memory only).
-    remote: Arc<std::sync::Mutex<RemoteViews>>,
+    /// The remote view the region bridge reports (memory only; the admin
+    /// endpoint reads and writes it through this core's mailbox).
+    remote: RemoteViews,
     /// What each session was last told of regions and policies.
     regions: RegionsFeed,
     /// When the sessions' regions messages are next looked at (ms).
@@ -191,12 +191,7 @@ const REGIONS_INTERVAL_MS: u64 = 1_000;
 
 impl Core {
     /// A core over a replica whose Raft node is running.
-    pub fn new(
-        config: ArbiterConfig,
-        replica: Replica,
-        metrics: Arc<Metrics>,
-        remote: Arc<std::sync::Mutex<RemoteViews>>,
-    ) -> Self {
+    pub fn new(config: ArbiterConfig, replica: Replica, metrics: Arc<Metrics>) -> Self {
         let now = now_ms();
         let dist = Distributor::new(
             DistParams::from(&config),
@@ -215,6 +210,7 @@ impl Core {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Core {
             leader: LeaderMemory::new(LeaderParams::from(&config), me, now),
+            remote: RemoteViews::new(region.clone()),
             sessions: Sessions::new(Rules::new(&config, region), shard, config.lease.ttl_ms),
             config,
             replica,
@@ -233,7 +229,6 @@ impl Core {
             done_rx: Some(done_rx),
             queue: Vec::new(),
             in_flight: 0,
-            remote,
             regions: RegionsFeed::new(),
             next_regions_ms: now,
         }
@@ -338,6 +333,33 @@ impl Core {
             }
             CoreMsg::Admin(AdminQuery::Status(reply)) => {
                 let _ = reply.send(self.status(now));
+            }
+            CoreMsg::Admin(AdminQuery::Remote(reply)) => {
+                let _ = reply.send(self.remote_json(now));
+            }
+            CoreMsg::Admin(AdminQuery::PutRemote {
+                view,
+                heard_ms_ago,
+                max_age_ms,
+                reply,
+            }) => {
+                let put = self
+                    .remote
+                    .put(view, heard_ms_ago, max_age_ms, now)
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(put);
+            }
+            CoreMsg::Admin(AdminQuery::RemoteHeard {
+                region,
+                version,
+                as_of_ms,
+                heard_ms_ago,
+                reply,
+            }) => {
+                let confirmed = self
+                    .remote
+                    .confirm(&region, version, as_of_ms, heard_ms_ago, now);
+                let _ = reply.send(confirmed);
             }
             CoreMsg::Admin(AdminQuery::RefreshMetrics(reply)) => {
                 self.refresh_metrics();
@@ -1279,19 +1301,18 @@ impl Core {
     /// services it follows).
     fn push_regions(&mut self, agents: &[AgentId], now: u64) {
         let cat = self.replica.applied.lock();
-        let remote = self.remote.lock().expect("remote view lock");
-        let epoch = RegionsEpoch::of(&cat, &remote);
+        let remote = &self.remote;
+        let epoch = RegionsEpoch::of(&cat, remote);
         let mut due = Vec::new();
         for &agent in agents {
             if self.sessions.held(agent).is_none() || self.regions.unchanged(agent, epoch, now) {
                 continue;
             }
-            let update = regions_update(self.dist.subscriptions(agent), &cat, &remote, now);
+            let update = regions_update(self.dist.subscriptions(agent), &cat, remote, now);
             if self.regions.due(agent, &update, epoch, now) {
                 due.push((agent, update));
             }
         }
-        drop(remote);
         drop(cat);
         for (agent, update) in due {
             self.metrics.regions_sent.inc();
@@ -1350,7 +1371,7 @@ impl Core {
         m.remote_view_age.clear();
         m.remote_view_fresh.clear();
         let now = now_ms();
-        for held in self.remote.lock().expect("remote view lock").iter() {
+        for held in self.remote.iter() {
             let label = RegionLabel {
                 region: held.view.region.to_string(),
             };
@@ -1426,6 +1447,28 @@ impl Core {
                     .set(last.saturating_sub(matched.map_or(0, |l| l.index)) as i64);
             }
         }
+    }
+
+    /// `GET /v1/remote`.
+    fn remote_json(&self, now: u64) -> serde_json::Value {
+        let regions: Vec<serde_json::Value> = self
+            .remote
+            .iter()
+            .map(|held| {
+                let view = &held.view;
+                serde_json::json!({
+                    "region": view.region.to_string(),
+                    "version": view.version.0,
+                    "as_of_ms": view.as_of_ms,
+                    "age_ms": held.age_ms(now),
+                    "max_age_ms": held.max_age_ms,
+                    "fresh": held.fresh(now),
+                    "ingress": view.ingress,
+                    "summaries": view.summaries,
+                })
+            })
+            .collect();
+        serde_json::json!({"region": self.sessions.rules().region.to_string(), "regions": regions})
     }
 
     fn status(&self, now: u64) -> serde_json::Value {

@@ -31,6 +31,33 @@ pub enum Outbound {
 pub enum AdminQuery {
     /// `GET /v1/status`.
     Status(oneshot::Sender<serde_json::Value>),
+    /// `GET /v1/remote`: every other region's view, with its age.
+    Remote(oneshot::Sender<serde_json::Value>),
+    /// `PUT /v1/remote/{region}`: one region's whole view (memory only).
+    PutRemote {
+        /// The view.
+        view: crate::remote::RegionView,
+        /// How long ago the bridge last heard that region, ms.
+        heard_ms_ago: u64,
+        /// Past this age the view counts as unknown, ms.
+        max_age_ms: u64,
+        /// The refusal, if the view does not check.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// `POST /v1/remote/{region}/heard`: the view held at `version` is
+    /// still current; answers whether one is held at that version.
+    RemoteHeard {
+        /// The region.
+        region: crate::name::Label,
+        /// The version confirmed.
+        version: crate::ids::Revision,
+        /// As of when, in that region's time, ms.
+        as_of_ms: u64,
+        /// How long ago the bridge heard it, ms.
+        heard_ms_ago: u64,
+        /// Whether a view at that version is held.
+        reply: oneshot::Sender<bool>,
+    },
     /// `GET /metrics`: refresh the gauges, then answer.
     RefreshMetrics(oneshot::Sender<()>),
     /// An operator's catalog write (`PUT /v1/policies`): proposed like an
