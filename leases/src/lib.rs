@@ -1,26 +1,43 @@
-//! The catalog model and the lease arbiter's state machine (R2, R3), sans-IO.
+//! The catalog model, the lease arbiter's decisions (R2, R3) and the
+//! arbiter server that carries them out.
 //!
-//! Everything here is deterministic: `Catalog::apply` takes a command that
-//! carries its own time and returns what changed; nothing reads a clock, a
-//! socket or a random source. The arbiter server, the Raft log and the
-//! simulator all drive this same code.
+//! Two halves. The sans-IO half is deterministic: `Catalog::apply` takes
+//! a command that carries its own time and returns what changed; the
+//! session machine (`sessions`), the leader memory (`leader`) and the
+//! distributor (`distribution`) take time and randomness as arguments and
+//! return what to do. None of them reads a clock, a socket, a file or an
+//! unseeded random source, so the arbiter server, the Raft log and the
+//! fleet simulator all drive this same code. The IO half (`server`, `raft`,
+//! `client`, `tls`, `redb_file`, `clock`) owns sockets, files and the
+//! clock, and only carries the decisions out.
 //!
-//! Map of the crate:
+//! Map of the crate, sans-IO:
 //! - `name`, `ids`: validated names and numeric identities.
 //! - `endpoint`: the endpoint record, states, liveness, principals.
-//! - `command`: the replicated commands.
+//! - `command`: the replicated commands; `audit`: their audit entries.
 //! - `catalog`: the state machine and its queries.
 //! - `lease`, `guard`: node leases and the mass-expiry guard.
 //! - `delta_log`, `digest`, `snapshot`, `view`: distribution (R6).
-//! - `protocol`: the agent ↔ arbiter messages; `distribution`: who gets
-//!   which change when (sans-IO).
+//! - `protocol`: the agent ↔ arbiter messages; `peer_protocol`: replica ↔
+//!   replica requests; `distribution`: who gets which change when.
+//! - `sessions`: per connected agent, controller or bridge, what the
+//!   leader decides from each message and request (grants, watches,
+//!   authorization, down reports); `answers`: the answers built from the
+//!   catalog; `leader`: session silence, the two-signal down rule,
+//!   expiries, purges.
 //! - `codec`: the only encoder and decoder.
 //! - `params`: what every replica of a shard must agree on.
-//! - `policy`: service policies as the catalog holds them (R9).
+//! - `policy`, `regions`: service policies as the catalog holds them and
+//!   the regions message agents get (R9).
 //! - `remote`: the non-authoritative view of other regions the region
 //!   bridge reports (R9), held in arbiter memory only.
+//! - `identity`, `secret`: principals from certificates, tokens.
 //! - `fault`: the chaos suite's wire fault points, only in builds with the
 //!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
+//!
+//! IO: `server` (the arbiter process: QUIC sessions, the core task, peers,
+//! admin HTTP), `raft` (openraft over redb), `client` (the QUIC client
+//! agents and controllers use), `tls`, `clock` (the one wall-clock read).
 
 pub mod answers;
 pub mod audit;

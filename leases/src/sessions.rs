@@ -586,11 +586,13 @@ mod tests {
     use crate::params::CatalogParams;
 
     fn rules() -> Rules {
-        let mut config = ArbiterConfig::default();
-        config.controllers = vec![ControllerGrant {
-            name: "deployer".into(),
-            services: vec![ServicePattern::try_from("default/api/*".to_owned()).unwrap()],
-        }];
+        let mut config = ArbiterConfig {
+            controllers: vec![ControllerGrant {
+                name: "deployer".into(),
+                services: vec![ServicePattern::try_from("default/api/*".to_owned()).unwrap()],
+            }],
+            ..ArbiterConfig::default()
+        };
         config.watch_rules = vec![WatchRule {
             nodes: vec!["n2".into()],
             services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],

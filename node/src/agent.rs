@@ -511,6 +511,11 @@ impl AgentActor {
                     task,
                 }),
                 Output::Publish(published) => self.views.publish(published, now_ms()),
+                Output::Changed(key) => {
+                    if let Some(published) = self.state.published(&key) {
+                        self.views.publish(published, now_ms());
+                    }
+                }
                 Output::PublishDown(nodes) => self.views.set_down(nodes),
                 Output::PublishConnected(up) => self.views.set_connected(up),
                 Output::PublishRegions(regions) => self.views.set_regions(regions),

@@ -56,6 +56,10 @@ use crate::registrations::{Intent, LocalInstance, Registrations};
 use crate::sync::{CatalogSync, SyncOut, SyncStats};
 use crate::view::{Published, Status};
 
+use checkers::Checkers;
+
+mod checkers;
+
 /// Catalog shards per region. One today; services map to shards by key
 /// (`shard_of`), so more can be added without changing the protocol.
 pub const SHARDS: u16 = 1;
@@ -101,6 +105,9 @@ pub enum WriteOutcome<T> {
 }
 
 /// A call of the local API, validated at the edge.
+// Moved once per input, never stored in bulk: boxing the large variant
+// would cost an allocation per input for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Call {
     /// `PUT /v1/agent/instances`.
@@ -167,6 +174,9 @@ pub enum Reply {
 }
 
 /// Everything the state machine hears.
+// Moved once per input, never stored in bulk: boxing the large variant
+// would cost an allocation per input for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Input {
     /// A local API call.
@@ -327,6 +337,10 @@ pub enum Output {
     },
     /// What the agent holds of a service now, for the data plane's view.
     Publish(Published),
+    /// Only when publications are deferred ([`AgentState::defer_publications`]):
+    /// this service's view changed; [`AgentState::published`] gives what to
+    /// publish, any time before the data plane next reads it.
+    Changed(ServiceKey),
     /// The nodes out of this agent's routing because its gossip holds them
     /// down (R7).
     PublishDown(BTreeSet<NodeId>),
@@ -405,6 +419,9 @@ enum Link {
 }
 
 /// What a request in flight is for.
+// Moved once per input, never stored in bulk: boxing the large variant
+// would cost an allocation per input for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum Purpose {
     /// A local registration: answer `call`.
@@ -513,7 +530,7 @@ pub struct AgentState {
     sync: CatalogSync,
     shard_revision: Revision,
     regs: Registrations,
-    health: BTreeMap<InstanceId, (Option<Generation>, InstanceHealth)>,
+    health: Checkers,
     /// The state and reason each local instance's health (or its session)
     /// wants in the catalog, until the arbiter has it.
     desired: BTreeMap<InstanceId, (State, Reason)>,
@@ -545,10 +562,10 @@ pub struct AgentState {
     publish: BTreeSet<ServiceKey>,
     publish_all: bool,
     publish_down: bool,
+    /// Whether views that changed are announced (`Changed`) instead of
+    /// built and published at once.
+    defer: bool,
     wake: Option<u64>,
-    /// When the next check is due, and whether an input may have moved it.
-    health_due: Option<u64>,
-    health_moved: bool,
     counters: Counters,
 }
 
@@ -586,7 +603,8 @@ impl AgentState {
             sync,
             shard_revision: Revision(0),
             regs: restored.registrations,
-            health: BTreeMap::new(),
+            health: Checkers::default(),
+            defer: false,
             desired: BTreeMap::new(),
             downs: DownVerdicts::default(),
             gossip_alive: None,
@@ -612,8 +630,6 @@ impl AgentState {
             publish_all: true,
             publish_down: true,
             wake: None,
-            health_due: None,
-            health_moved: true,
             counters: Counters::default(),
         };
         for service in &config.services {
@@ -652,19 +668,6 @@ impl AgentState {
         rng: &mut R,
         out: &mut Vec<Output>,
     ) {
-        // Inputs that never touch a health checker: a catalog or regions
-        // update, gossip, a follow, a save.
-        let untouched = matches!(
-            input,
-            Input::Message {
-                message: SessionDown::Update(_) | SessionDown::Regions(_),
-                ..
-            } | Input::PeerDown { .. }
-                | Input::PeerUp { .. }
-                | Input::Follow(_)
-                | Input::Saved { .. }
-        );
-        self.health_moved |= !untouched;
         match input {
             Input::Call { call, op } => self.call(call, op, now_ms, rng, out),
             Input::WorkloadSessionClosed {
@@ -728,13 +731,17 @@ impl AgentState {
                 passed,
                 detail,
             } => {
-                let events = match self.health.get_mut(&instance) {
-                    // A result for a checker replaced since is dropped.
-                    Some((g, health)) if *g == generation => {
-                        health.result(which, passed, &detail, now_ms, rng)
-                    }
-                    _ => Vec::new(),
-                };
+                // A result for a checker replaced since is dropped.
+                let events = self
+                    .health
+                    .update(&instance, |g, health| {
+                        if *g == generation {
+                            health.result(which, passed, &detail, now_ms, rng)
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .unwrap_or_default();
                 for event in events {
                     self.health_event(&instance, event, out);
                 }
@@ -1067,15 +1074,16 @@ impl AgentState {
         }
         // Probes due and TTL checks.
         let mut events = Vec::new();
-        for (id, (generation, health)) in self.health.iter_mut() {
-            if health.next_due_ms().is_none_or(|t| t > now_ms) {
+        for id in self.health.due_at(now_ms) {
+            let Some((generation, due)) = self.health.update(&id, |generation, health| {
+                (*generation, health.due(now_ms, rng))
+            }) else {
                 continue;
-            }
-            let due = health.due(now_ms, rng);
+            };
             for task in due.probes {
                 out.push(Output::Probe {
                     instance: id.clone(),
-                    generation: *generation,
+                    generation,
                     task,
                 });
             }
@@ -1126,7 +1134,11 @@ impl AgentState {
             std::mem::take(&mut self.publish).into_iter().collect()
         };
         for key in keys {
-            if let Some(published) = self.published(&key) {
+            if self.defer {
+                if self.sync.get(&key).is_some() {
+                    out.push(Output::Changed(key));
+                }
+            } else if let Some(published) = self.published(&key) {
                 out.push(Output::Publish(published));
             }
         }
@@ -1139,15 +1151,7 @@ impl AgentState {
         }
     }
 
-    fn next_wake(&mut self) -> Option<u64> {
-        // Only inputs that can touch a checker move the next check.
-        if std::mem::take(&mut self.health_moved) {
-            self.health_due = self
-                .health
-                .values()
-                .filter_map(|(_, h)| h.next_due_ms())
-                .min();
-        }
+    fn next_wake(&self) -> Option<u64> {
         let link = match &self.link {
             Link::Waiting { until_ms } => Some(*until_ms),
             Link::Up {
@@ -1163,15 +1167,27 @@ impl AgentState {
             self.retry_writes_at,
             self.flush_at,
             self.drains.keys().next().copied(),
-            self.health_due,
+            self.health.next_due_ms(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
+    /// From now on a view that changed is announced as
+    /// [`Output::Changed`] and built only when the driver asks for it with
+    /// [`AgentState::published`]. A driver whose data plane reads a view
+    /// far less often than it changes (the fleet simulator, which runs
+    /// thousands of agents and samples their traffic) saves building every
+    /// intermediate set; what it publishes before a read is the same set an
+    /// immediate publication of the last change would have been, since
+    /// every change to what a view holds marks it changed again.
+    pub fn defer_publications(&mut self) {
+        self.defer = true;
+    }
+
     /// What the data plane's view of `key` holds now.
-    fn published(&self, key: &ServiceKey) -> Option<Published> {
+    pub fn published(&self, key: &ServiceKey) -> Option<Published> {
         let t = self.sync.get(key)?;
         let mut p = Published::waiting(key.clone(), self.settings.started_ms);
         let config = &self.settings.config;
@@ -1404,9 +1420,7 @@ impl AgentState {
         now_ms: u64,
     ) -> Result<serde_json::Value, ApiError> {
         self.authorize_instance(caller, id, generation)?;
-        if let Some((_, health)) = self.health.get_mut(id) {
-            health.heartbeat(now_ms);
-        }
+        self.health.update(id, |_, health| health.heartbeat(now_ms));
         let Some(local) = self.regs.get(id) else {
             return Err(ApiError::not_found(format!(
                 "instance {id} is not registered on this agent"
@@ -2052,9 +2066,7 @@ impl AgentState {
                             l.generation = Some(g);
                             l.committed = l.intent == Intent::Serve;
                         }
-                        if let Some((tag, _)) = self.health.get_mut(&instance) {
-                            *tag = Some(g);
-                        }
+                        self.health.update(&instance, |tag, _| *tag = Some(g));
                         self.save(Then::Nothing, out);
                         self.push_front(Step::Intent(instance));
                     }
@@ -2309,7 +2321,7 @@ impl AgentState {
             return;
         };
         let mut wanted = Vec::new();
-        for (id, (_, health)) in &self.health {
+        for (id, (_, health)) in self.health.iter() {
             let current = plan
                 .listed
                 .iter()

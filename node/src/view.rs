@@ -266,6 +266,16 @@ impl Views {
         self.inner.changed.notify_waiters();
     }
 
+    /// Whether the view of `key` remembers recent connect failures (the
+    /// only part of it a publication changes besides the published set:
+    /// failures of endpoints no longer ready are forgotten then).
+    pub fn remembers_failures(&self, key: &ServiceKey) -> bool {
+        self.inner
+            .services
+            .get(key)
+            .is_some_and(|view| !view.lock().recent_failures.is_empty())
+    }
+
     /// The nodes whose endpoints are out of this agent's data plane because
     /// its gossip holds them down (R7).
     pub fn set_down(&self, nodes: BTreeSet<NodeId>) {

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::{LeaseId, State, Version};
+use rollcall_leases::{LeaseId, ServiceKey, State, Version};
 use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
 use rollcall_node::api_types::ValidRegistration;
 
@@ -33,7 +33,11 @@ impl World {
         let now_ms = self.now_ms();
         settings.started_ms = now_ms;
         let mut out = Vec::new();
-        let machine = AgentState::new(settings, restored, now_ms, &mut self.rng, &mut out);
+        let mut machine = AgentState::new(settings, restored, now_ms, &mut self.rng, &mut out);
+        // Thousands of agents run here and their traffic is sampled: a view
+        // is built when it is read (or when a publication would forget
+        // something), not at every change.
+        machine.defer_publications();
         self.agents[a as usize].machine = Some(machine);
         self.carry_agent(a, out);
     }
@@ -122,6 +126,17 @@ impl World {
                 Output::Publish(published) => {
                     self.agents[a as usize].views.publish(published, now_ms)
                 }
+                Output::Changed(key) => {
+                    let agent = &mut self.agents[a as usize];
+                    if agent.views.remembers_failures(&key) {
+                        // Publishing forgets failures of endpoints gone:
+                        // at once, as the real agent does.
+                        agent.unpublished.remove(&key);
+                        agent.publish(&key, now_ms);
+                    } else {
+                        agent.unpublished.insert(key);
+                    }
+                }
                 Output::PublishDown(nodes) => {
                     let crashed: Vec<u32> = nodes
                         .iter()
@@ -139,7 +154,11 @@ impl World {
                 Output::PublishRegions(regions) => {
                     self.agents[a as usize].views.set_regions(regions)
                 }
-                Output::LiftEjections(node) => self.agents[a as usize].views.lift_node(&node),
+                Output::LiftEjections(node) => {
+                    let agent = &mut self.agents[a as usize];
+                    agent.publish_all(now_ms);
+                    agent.views.lift_node(&node);
+                }
                 Output::WakeAt(at_ms) => {
                     self.agents[a as usize].wake = Some(at_ms);
                     let at = (at_ms * 1_000).max(self.now);
@@ -545,6 +564,29 @@ impl World {
                         || record.state == State::Ready)
             }
             _ => false,
+        }
+    }
+}
+
+impl Agent {
+    /// Publishes the machine's view of `key` now.
+    pub(super) fn publish(&self, key: &ServiceKey, now_ms: u64) {
+        if let Some(published) = self.machine.as_ref().and_then(|m| m.published(key)) {
+            self.views.publish(published, now_ms);
+        }
+    }
+
+    /// Publishes `key`'s view if it changed since it was last published.
+    pub(super) fn publish_pending(&mut self, key: &ServiceKey, now_ms: u64) {
+        if self.unpublished.remove(key) {
+            self.publish(key, now_ms);
+        }
+    }
+
+    /// Publishes every view that changed since it was last published.
+    pub(super) fn publish_all(&mut self, now_ms: u64) {
+        for key in std::mem::take(&mut self.unpublished) {
+            self.publish(&key, now_ms);
         }
     }
 }

@@ -106,6 +106,7 @@ impl World {
                 machine: None,
                 restored: Some(Restored::default()),
                 views,
+                unpublished: BTreeSet::new(),
                 follows: Vec::new(),
                 instances: Vec::new(),
                 connecting: None,

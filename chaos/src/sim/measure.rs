@@ -198,13 +198,14 @@ impl World {
         let s = agent.follows[self.rng.random_range(0..agent.follows.len())];
         let key = self.services[s as usize].clone();
         let now_ms = self.now_ms();
-        let views = agent.views.clone();
+        let (views, zone) = (agent.views.clone(), agent.zone as usize);
+        self.agents[a as usize].publish_pending(&key, now_ms);
         let view = views.service(&key);
         let Lookup::Serve(answer) = view.lookup(&views, now_ms) else {
             return;
         };
         let selection = answer.selection;
-        let zone = self.zone_labels[agent.zone as usize].clone();
+        let zone = self.zone_labels[zone].clone();
         let p = self.agent_config.data_plane.clone();
         let mut tried = BTreeSet::new();
         let mut answered = None;

@@ -245,6 +245,10 @@ pub(super) struct Agent {
     pub(super) restored: Option<Restored>,
     /// Its endpoint view, as its data plane reads it.
     pub(super) views: Views,
+    /// Services whose view changed since it was last published: built
+    /// and published before the data plane reads it (the machine defers
+    /// publications; see `AgentState::defer_publications`).
+    pub(super) unpublished: BTreeSet<ServiceKey>,
     pub(super) follows: Vec<u32>,
     pub(super) instances: Vec<u32>,
     /// The session the machine asked for: its number there, and here.

@@ -120,6 +120,10 @@ impl Harness {
             }
             i += 1;
         }
+        assert!(
+            self.state.health.indexed_exactly(),
+            "the checkers' due index drifted from their due times"
+        );
         self.log.extend(out.iter().cloned());
         out
     }
@@ -603,4 +607,70 @@ fn retry_later_waits_with_jitter_then_subscribes_again() {
     assert_eq!(subscribes(&out), 0, "not before the arbiter's wait");
     let out = h.tick_at(h.now + 1_001);
     assert_eq!(subscribes(&out), 1, "within the wait plus its jitter");
+}
+
+#[test]
+fn every_checker_is_probed_when_due_and_the_wake_up_is_the_first_due_check() {
+    let mut h = Harness::new();
+    let (session, _) = h.connect();
+    let _ = session;
+    for i in 0..5 {
+        register_committed(&mut h, &format!("web-{i}"), true);
+    }
+    let mut probes: BTreeMap<InstanceId, u32> = BTreeMap::new();
+    let mut wake = None;
+    let start = h.now;
+    // Follow the agent's own wake-ups for 20 s, answering every probe.
+    for _ in 0..10_000 {
+        let at = wake.take().unwrap_or(h.now + 1);
+        if at > start + 20_000 {
+            break;
+        }
+        let out = h.tick_at(at.max(h.now));
+        let mut answers = Vec::new();
+        for o in &out {
+            match o {
+                Output::Probe {
+                    instance,
+                    generation,
+                    task,
+                } => {
+                    *probes.entry(instance.clone()).or_default() += 1;
+                    answers.push(Input::Probed {
+                        instance: instance.clone(),
+                        generation: *generation,
+                        which: task.which,
+                        passed: true,
+                        detail: String::new(),
+                    });
+                }
+                Output::WakeAt(at) => wake = Some(*at),
+                _ => {}
+            }
+        }
+        for input in answers {
+            for o in h.feed(input) {
+                if let Output::WakeAt(at) = o {
+                    wake = Some(at);
+                }
+            }
+        }
+        if wake.is_none() {
+            wake = h.state.next_wake();
+        }
+        assert_eq!(
+            h.state.health.next_due_ms(),
+            h.state
+                .health
+                .iter()
+                .filter_map(|(_, (_, c))| c.next_due_ms())
+                .min(),
+        );
+    }
+    assert_eq!(probes.len(), 5, "every instance was probed: {probes:?}");
+    for (instance, n) in &probes {
+        // The default readiness interval is 10 s or shorter: at least two
+        // rounds in 20 s, each instance on its own schedule.
+        assert!(*n >= 2, "{instance} probed {n} times in 20 s");
+    }
 }

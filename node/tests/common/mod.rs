@@ -24,6 +24,7 @@ use serde_json::Value;
 pub struct AgentSystem;
 
 impl AgentSystem {
+    #[allow(clippy::new_ret_no_self)] // the name actix_rt's test macro calls
     pub fn new() -> actix::SystemRunner {
         rollcall_node::runtime::system(Some(2))
     }
