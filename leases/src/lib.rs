@@ -37,7 +37,8 @@
 //!
 //! IO: `server` (the arbiter process: QUIC sessions, the core task, peers,
 //! admin HTTP), `raft` (openraft over redb), `client` (the QUIC client
-//! agents and controllers use), `tls`, `clock` (the one wall-clock read).
+//! agents and controllers use), `tls`, `clock` (the one wall-clock read),
+//! `shutdown` (the one stop signal every task of a process observes).
 
 pub mod answers;
 pub mod audit;
@@ -69,6 +70,7 @@ pub mod remote;
 pub mod secret;
 pub mod server;
 pub mod sessions;
+pub mod shutdown;
 pub mod snapshot;
 
 pub mod tls;

@@ -77,10 +77,12 @@ pub struct ArbiterServer {
     raft: CatalogRaftNode,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
-    tasks: Vec<JoinHandle<()>>,
-    /// Stops the admin HTTP server gracefully (its connections close, so
-    /// nothing keeps the store open after `shutdown`).
-    admin_stop: tokio::sync::oneshot::Sender<()>,
+    /// The one stop signal: the core, the admin server and the accept loop
+    /// observe it.
+    stop: crate::shutdown::Trigger,
+    core_task: JoinHandle<()>,
+    write_timeout: Duration,
+    accept_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
 }
 
@@ -185,8 +187,9 @@ impl ArbiterServer {
         };
         let core = Core::new(config.clone(), replica, metrics.clone());
         let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
-        let mut tasks = vec![tokio::spawn(core.run(core_rx))];
-        tasks.push(tokio::spawn(connection::accept_loop(
+        let (stop, stopping) = crate::shutdown::channel();
+        let core_task = tokio::spawn(core.run(core_rx, stopping.clone()));
+        let accept_task = tokio::spawn(connection::accept_loop(
             endpoint.clone(),
             core_tx.clone(),
             PeerContext {
@@ -194,7 +197,7 @@ impl ArbiterServer {
                 region: region.clone(),
                 timeout: write_timeout,
             },
-        )));
+        ));
         let app = admin::router(admin::AdminState {
             core: core_tx,
             applied,
@@ -204,10 +207,10 @@ impl ArbiterServer {
             token: token.into(),
             write_timeout,
         });
-        let (admin_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut admin_stopping = stopping;
         let admin_task = tokio::spawn(async move {
             let serve = axum::serve(admin, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
+                admin_stopping.fired().await;
             });
             if let Err(e) = serve.await {
                 tracing::error!(error = %e, "admin endpoint stopped");
@@ -222,8 +225,10 @@ impl ArbiterServer {
             raft: node,
             peers,
             endpoint,
-            tasks,
-            admin_stop,
+            stop,
+            core_task,
+            write_timeout,
+            accept_task,
             admin_task,
         })
     }
@@ -240,20 +245,21 @@ impl ArbiterServer {
         self.peers.local_addr().map_or(0, |a| a.port())
     }
 
-    /// Stops serving and waits until the storage is released, so the same
-    /// data directory can be opened again (tests restart arbiters).
+    /// Stops serving (one signal; Ctrl-C / SIGTERM in the binary) and
+    /// waits until the storage is released, so the same data directory can
+    /// be opened again: the admin server stops accepting and finishes its
+    /// requests; the core answers the batches it sent to Raft (new writes
+    /// are refused as unavailable meanwhile, at most `raft.write_timeout_ms`);
+    /// then every session and peer connection is closed with a reason,
+    /// Raft stops (the log is fsynced at every append, so nothing is left
+    /// to flush) and the store is closed when the last task holding it
+    /// ends. A task that overruns its bound is abandoned with a warning.
     pub async fn shutdown(self) {
-        // The admin server first, gracefully: its open keep-alive
-        // connections hold the store; a bounded wait, then it is aborted.
-        let _ = self.admin_stop.send(());
-        let mut admin_task = self.admin_task;
-        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut admin_task)
-            .await
-            .is_err()
-        {
-            admin_task.abort();
-            let _ = admin_task.await;
-        }
+        self.stop.fire();
+        let grace = Duration::from_millis(2_000);
+        finish("admin server", self.admin_task, grace).await;
+        // The core bounds its own wait by the write timeout.
+        finish("core", self.core_task, self.write_timeout + grace).await;
         self.endpoint.close(
             quinn::VarInt::from_u32(crate::protocol::close_code::DONE),
             b"arbiter shutting down",
@@ -262,13 +268,24 @@ impl ArbiterServer {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
-        for task in &self.tasks {
-            task.abort();
-        }
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        finish("accept loop", self.accept_task, grace).await;
         self.endpoint.wait_idle().await;
+        tracing::info!("arbiter stopped");
+    }
+}
+
+/// Waits for `task` to end by itself for at most `bound`; past it the task
+/// is abandoned (aborted) with a warning, so a stuck part never keeps the
+/// process from stopping.
+async fn finish(what: &str, mut task: JoinHandle<()>, bound: Duration) {
+    if tokio::time::timeout(bound, &mut task).await.is_err() {
+        tracing::warn!(
+            part = what,
+            bound_ms = bound.as_millis() as u64,
+            "did not stop within its bound; abandoned"
+        );
+        task.abort();
+        let _ = task.await;
     }
 }
 

@@ -11,7 +11,9 @@ use rollcall_config::ArbiterConfig;
 use rollcall_leases::client::ArbiterClient;
 use rollcall_leases::codec::{decode_service_snapshot, FORMAT_VERSION};
 use rollcall_leases::identity::Identity;
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::protocol::{
+    RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
+};
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{self, Ca, TlsMaterial};
 use rollcall_leases::{
@@ -438,4 +440,149 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
         }
     ));
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_every_session_with_a_reason_and_releases_the_store() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let before = revision(&server).await;
+    let conn = raw(&ca, &server).await;
+    let (closed, ()) = tokio::join!(
+        tokio::time::timeout(PATIENCE, conn.closed()),
+        server.shutdown()
+    );
+    match closed.expect("the arbiter closes the session") {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, quinn::VarInt::from_u32(0), "normal close");
+            assert_eq!(&close.reason[..], b"arbiter shutting down");
+        }
+        other => panic!("closed otherwise: {other}"),
+    }
+    // The store is released: the same directory opens again with the
+    // catalog it held.
+    let again = arbiter(&ca, dir.path(), |_| {}).await;
+    assert!(revision(&again).await >= before);
+    again.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_in_flight_at_shutdown_are_answered_and_every_committed_one_survives() {
+    const WRITERS: u8 = 8;
+    const EACH: u8 = 100;
+    const BEFORE_STOP: usize = 40;
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let client = ArbiterClient::new(&material(&ca, Role::Agent, "seed")).unwrap();
+    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new("seed").unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("z1").unwrap(),
+    };
+    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
+    assert!(matches!(
+        r.next().await.unwrap(),
+        SessionDown::Welcome { .. }
+    ));
+    // Writers register one instance after another until an answer is not
+    // "committed"; the shutdown starts while they write.
+    let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let (conn, commits) = (conn.clone(), commits.clone());
+        writers.spawn(async move {
+            let mut answers = Vec::new();
+            for j in 0..EACH {
+                let id = format!("web-{w}-{j}");
+                let reg = Registration {
+                    instance_id: InstanceId::new(&id).unwrap(),
+                    service: service(),
+                    node: NodeId::new("seed").unwrap(),
+                    epoch: AgentEpoch(1),
+                    address: IpAddr::V4(Ipv4Addr::new(10, 0, w, j)),
+                    port: 8080,
+                    zone: None,
+                    version: Version::new("v1").unwrap(),
+                    weight: Weight::DEFAULT,
+                    labels: Vec::new(),
+                    initial: State::Ready,
+                };
+                let answer = conn.request(&Request::Register(reg)).await;
+                let committed = matches!(answer, Ok(Response::Committed { .. }));
+                answers.push((id, answer));
+                if !committed {
+                    break;
+                }
+                commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            answers
+        });
+    }
+    let start = std::time::Instant::now();
+    while commits.load(std::sync::atomic::Ordering::Relaxed) < BEFORE_STOP {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "writes are committed before the shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (answers, ()) = tokio::join!(
+        tokio::time::timeout(PATIENCE, writers.join_all()),
+        server.shutdown()
+    );
+    let answers: Vec<_> = answers
+        .expect("every writer ends: answered or cut off, never left hanging")
+        .into_iter()
+        .flatten()
+        .collect();
+    for (id, answer) in &answers {
+        match answer {
+            Ok(
+                Response::Committed { .. }
+                | Response::Rejected {
+                    kind: RejectKind::Unavailable,
+                    ..
+                },
+            )
+            | Err(_) => {}
+            Ok(other) => panic!("{id}: an unexpected answer {other:?}"),
+        }
+    }
+    let committed: HashSet<&String> = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, Ok(Response::Committed { .. })))
+        .map(|(id, _)| id)
+        .collect();
+    assert!(committed.len() >= BEFORE_STOP);
+    // Every write answered as committed is in the reopened store's log.
+    let again = arbiter(&ca, dir.path(), |_| {}).await;
+    let token = std::fs::read_to_string(&again.token_file).unwrap();
+    let audit: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://{}/v1/audit?limit=1000", again.admin_addr))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let registered: HashSet<String> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["command"] == "register")
+        .filter_map(|e| e["instance"].as_str().map(str::to_owned))
+        .collect();
+    let lost: Vec<&&String> = committed
+        .iter()
+        .filter(|id| !registered.contains(**id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "answered committed but not in the log: {lost:?}"
+    );
+    again.shutdown().await;
 }

@@ -45,7 +45,7 @@ pub mod registrations;
 pub mod runtime;
 pub mod selector;
 pub mod session;
-pub mod shutdown;
+pub use rollcall_leases::shutdown;
 pub mod store;
 pub mod sync;
 pub mod view;

@@ -9,11 +9,13 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rollcall_config::{BridgeConfig, BridgePeer};
+use rollcall_leases::clock::now_ms;
 use rollcall_leases::codec::{write_frame, FrameError};
 use rollcall_leases::protocol::close_code;
+use rollcall_leases::shutdown::{self, Shutdown, Trigger};
 use rollcall_leases::{Ingress, Label, RemotePolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -38,13 +40,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A session that lasted this long resets the backoff.
 const STABLE_SESSION: Duration = Duration::from_secs(10);
 
-/// Wall clock in ms since the Unix epoch: the informative times the
-/// protocol carries (when a summary was taken).
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+/// How long `shutdown` waits for each task to end by itself.
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 
 /// Closes `conn` with `code` and `reason` (cut to what a close frame holds).
 fn close(conn: &quinn::Connection, code: u32, reason: &str) {
@@ -67,6 +64,8 @@ struct Shared {
     max_age_ms: u64,
     /// The origin of the monotonic ms the subscribers count ages in.
     started: Instant,
+    /// The bridge's stop signal.
+    stopping: Shutdown,
 }
 
 impl Shared {
@@ -84,6 +83,7 @@ pub struct Bridge {
     stats: Arc<Stats>,
     metrics: Arc<Metrics>,
     endpoint: quinn::Endpoint,
+    stop: Trigger,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -125,6 +125,7 @@ impl Bridge {
         }
         let stats = Arc::new(Stats::default());
         let metrics = Arc::new(Metrics::new());
+        let (stop, stopping) = shutdown::channel();
         let shared = Arc::new(Shared {
             metrics: metrics.clone(),
             check: PeerCheck::new(&tls, region.clone())?,
@@ -135,6 +136,7 @@ impl Bridge {
             max_age_ms: config.summary_max_age_ms,
             started: Instant::now(),
             region: region.clone(),
+            stopping: stopping.clone(),
         });
         let mut tasks = vec![
             tokio::spawn(observe_loop(
@@ -173,8 +175,11 @@ impl Bridge {
                         }
                     }),
                 );
+                let mut stopping = stopping.clone();
                 tasks.push(tokio::spawn(async move {
-                    if let Err(e) = axum::serve(listener, app).await {
+                    let serve = axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { stopping.fired().await });
+                    if let Err(e) = serve.await {
                         tracing::error!(error = %e, "bridge metrics endpoint stopped");
                     }
                 }));
@@ -198,6 +203,7 @@ impl Bridge {
             stats,
             metrics,
             endpoint,
+            stop,
             tasks,
         })
     }
@@ -212,19 +218,34 @@ impl Bridge {
         self.stats.snapshot()
     }
 
-    /// Stops every task and closes every connection.
+    /// Stops through one signal (Ctrl-C / SIGTERM in the binary): the
+    /// arbiter is no longer read, no peer is accepted or dialled again,
+    /// every session is closed with a reason, and each task ends by
+    /// itself (one that overruns a bound is abandoned with a warning).
     pub async fn shutdown(self) {
+        // Every connection first, so each peer reads the reason; then the
+        // loops end.
         self.endpoint.close(
             quinn::VarInt::from_u32(close_code::DONE),
             b"bridge shutting down",
         );
-        for task in &self.tasks {
-            task.abort();
-        }
+        self.stop.fire();
         for task in self.tasks {
-            let _ = task.await;
+            let mut task = task;
+            if tokio::time::timeout(SHUTDOWN_BOUND, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    bound_ms = SHUTDOWN_BOUND.as_millis() as u64,
+                    "a bridge task did not stop within its bound; abandoned"
+                );
+                task.abort();
+                let _ = task.await;
+            }
         }
         self.endpoint.wait_idle().await;
+        tracing::info!("bridge stopped");
     }
 }
 
@@ -235,8 +256,12 @@ async fn observe_loop(shared: Arc<Shared>, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut stopping = shared.stopping.clone();
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopping.fired() => return,
+        }
         match shared.api.observe().await {
             Ok(observation) => {
                 let version = observation.version;
@@ -244,7 +269,7 @@ async fn observe_loop(shared: Arc<Shared>, interval: Duration) {
                     .publisher
                     .lock()
                     .expect("publisher lock")
-                    .observe(observation, wall_ms());
+                    .observe(observation, now_ms());
                 shared.published.send_modify(|n| *n += 1);
                 if failing {
                     tracing::info!(revision = %version, "this region's arbiter answers again");
@@ -396,9 +421,13 @@ async fn dial_loop(
     // Policies this region's arbiter refused (a home conflict), offered
     // again with every update until accepted or superseded.
     let mut pending: Vec<RemotePolicy> = Vec::new();
+    let mut stopping = shared.stopping.clone();
     loop {
         let started = Instant::now();
-        let ended = sync_once(&endpoint, &client, &peer, &region, &shared, &mut pending).await;
+        let ended = tokio::select! {
+            ended = sync_once(&endpoint, &client, &peer, &region, &shared, &mut pending) => ended,
+            _ = stopping.fired() => return,
+        };
         tracing::info!(peer = %region, address = %peer.address, reason = %ended, "subscription ended; reconnecting");
         if started.elapsed() >= STABLE_SESSION {
             failures = 0;
@@ -408,7 +437,10 @@ async fn dial_loop(
             .saturating_mul(1 << failures.min(16))
             .min(BACKOFF_MAX)
             .as_millis() as u64;
-        tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))) => {}
+            _ = stopping.fired() => return,
+        }
     }
 }
 
@@ -495,7 +527,7 @@ async fn sync_once(
         m.heard(region);
         m.sync_lag
             .get_or_create(&label)
-            .set(wall_ms().saturating_sub(as_of_ms) as f64 / 1000.0);
+            .set(now_ms().saturating_sub(as_of_ms) as f64 / 1000.0);
     }
 }
 

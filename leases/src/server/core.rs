@@ -50,6 +50,7 @@ use crate::server::metrics::{
 };
 use crate::server::peer::{self, PeerError, Peers};
 use crate::sessions::{down_outcome, Accepted, DownOutcome, Rules, Sessions, Step};
+use crate::shutdown::Shutdown;
 
 mod commit;
 mod replication;
@@ -79,6 +80,7 @@ enum Wake {
     Applied(AppliedMark),
     Raft(openraft::RaftMetrics<ReplicaId, openraft::BasicNode>),
     Timer,
+    Stop,
 }
 
 /// Results of work the core started on other tasks.
@@ -192,6 +194,9 @@ pub struct Core {
     queue: Vec<(Envelope, Then)>,
     /// Leader: batches sent to openraft and not yet answered.
     in_flight: usize,
+    /// Since when (ms) the process is shutting down: new proposals are
+    /// refused, and the core ends once its batches are answered.
+    stopping_since: Option<u64>,
     /// The remote view the region bridge reports (memory only; the admin
     /// endpoint reads and writes it through this core's mailbox).
     remote: RemoteViews,
@@ -244,6 +249,7 @@ impl Core {
             done_rx: Some(done_rx),
             queue: Vec::new(),
             in_flight: 0,
+            stopping_since: None,
             regions: RegionsFeed::new(),
             next_regions_ms: now,
         }
@@ -253,10 +259,13 @@ impl Core {
         matches!(self.standing, Standing::Leader)
     }
 
-    /// Runs until every sender of `rx` is gone. The clock is read once
-    /// per wake-up, at this edge, and handed to everything the wake-up
-    /// carries out (a batch of mailbox messages shares that one reading).
-    pub async fn run(mut self, mut rx: mpsc::Receiver<CoreMsg>) {
+    /// Runs until every sender of `rx` is gone, or until `stop` fired and
+    /// the batches sent to Raft are answered (new proposals are refused as
+    /// unavailable meanwhile; at most `raft.write_timeout_ms`). The clock is
+    /// read once per wake-up, at this edge, and handed to everything the
+    /// wake-up carries out (a batch of mailbox messages shares that one
+    /// reading).
+    pub async fn run(mut self, mut rx: mpsc::Receiver<CoreMsg>, mut stop: Shutdown) {
         let sweep_ms = self.config.lease.sweep_interval_ms;
         let mut now = now_ms();
         let mut next_sweep_ms = now + sweep_ms;
@@ -287,6 +296,7 @@ impl Core {
                     Wake::Raft(raft_metrics.borrow_and_update().clone())
                 }
                 _ = tokio::time::sleep(sleep) => Wake::Timer,
+                _ = stop.fired(), if self.stopping_since.is_none() => Wake::Stop,
             };
             now = now_ms();
             let mut proposals: Vec<(Envelope, Then)> = Vec::new();
@@ -304,6 +314,14 @@ impl Core {
                 Wake::Applied(mark) => self.on_applied(mark, now),
                 Wake::Raft(m) => self.on_raft_metrics(&m, now),
                 Wake::Timer => {}
+                Wake::Stop => {
+                    tracing::info!(
+                        batches = self.in_flight,
+                        queued = self.queue.len(),
+                        "arbiter shutting down: answering the batches in flight, refusing new writes"
+                    );
+                    self.stopping_since = Some(now);
+                }
             }
             if now >= next_sweep_ms {
                 next_sweep_ms = now + sweep_ms;
@@ -321,6 +339,15 @@ impl Core {
             self.answer_waiters(now);
             if !proposals.is_empty() {
                 self.propose(proposals);
+            }
+            if let Some(since) = self.stopping_since {
+                let drained = self.in_flight == 0 && self.queue.is_empty();
+                if drained || now >= since + self.config.raft.write_timeout_ms {
+                    if !drained {
+                        tracing::warn!(batches = self.in_flight, "arbiter shutting down with batches unanswered after raft.write_timeout_ms");
+                    }
+                    return;
+                }
             }
         }
     }

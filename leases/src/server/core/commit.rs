@@ -13,6 +13,16 @@ impl Core {
     /// each is refused as unavailable once `write_timeout_ms` has passed.
     /// The answers come back as `Done`.
     pub(super) fn propose(&mut self, proposals: Vec<(Envelope, Then)>) {
+        if self.stopping_since.is_some() {
+            let refused = crate::answers::unavailable(
+                "this arbiter replica is shutting down; the write is not committed; retry (another replica of the group answers)".into(),
+            );
+            for (envelope, then) in proposals {
+                self.leader.settled(&envelope.command);
+                self.finish(then, &envelope, Decided::Remote(refused.clone()));
+            }
+            return;
+        }
         if self.is_leader() {
             self.queue.extend(proposals);
             self.send_batches();

@@ -1,5 +1,5 @@
-//! One shutdown signal for every task and actor of an agent process
-//! (mini-redis's `shutdown`): the listeners stop accepting, open work
+//! One shutdown signal for every task and actor of a process (an agent,
+//! an arbiter, a bridge; mini-redis's `shutdown`): the listeners stop accepting, open work
 //! finishes within its bound, files are flushed and the session is closed
 //! with a reason. Nothing is aborted half-way.
 
