@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollcall_config::ArbiterConfig;
-use rollcall_leases::client::ArbiterClient;
+use rollcall_leases::client::{ArbiterClient, ArbiterConn, SessionReader, SessionWriter};
 use rollcall_leases::codec::{decode_service_snapshot, FORMAT_VERSION};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::protocol::{
@@ -49,18 +49,61 @@ async fn arbiter(
         .unwrap()
 }
 
-async fn revision(server: &ArbiterServer) -> u64 {
+/// `GET path` on the admin API with the operator token.
+async fn admin_get(server: &ArbiterServer, path: &str) -> serde_json::Value {
     let token = std::fs::read_to_string(&server.token_file).unwrap();
-    let status: serde_json::Value = reqwest::Client::new()
-        .get(format!("http://{}/v1/status", server.admin_addr))
+    reqwest::Client::new()
+        .get(format!("http://{}{path}", server.admin_addr))
         .bearer_auth(token.trim())
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    status["revision"].as_u64().unwrap()
+        .unwrap()
+}
+
+async fn revision(server: &ArbiterServer) -> u64 {
+    admin_get(server, "/v1/status").await["revision"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Node `seed`'s session, welcomed.
+async fn seed_session(
+    ca: &Ca,
+    server: &ArbiterServer,
+) -> (ArbiterConn, SessionWriter, SessionReader) {
+    let client = ArbiterClient::new(&material(ca, Role::Agent, "seed")).unwrap();
+    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
+    let hello = SessionUp::Hello {
+        node: NodeId::new("seed").unwrap(),
+        epoch: AgentEpoch(1),
+        zone: Label::new("z1").unwrap(),
+    };
+    let (w, mut r) = conn.open_session(&hello).await.unwrap();
+    assert!(matches!(
+        r.next().await.unwrap(),
+        SessionDown::Welcome { .. }
+    ));
+    (conn, w, r)
+}
+
+/// A READY registration of `id` on node `seed` (epoch 1) at `address`.
+fn seed_registration(id: &str, address: Ipv4Addr) -> Registration {
+    Registration {
+        instance_id: InstanceId::new(id).unwrap(),
+        service: service(),
+        node: NodeId::new("seed").unwrap(),
+        epoch: AgentEpoch(1),
+        address: IpAddr::V4(address),
+        port: 8080,
+        zone: None,
+        version: Version::new("v1").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    }
 }
 
 async fn metric(server: &ArbiterServer, name: &str) -> f64 {
@@ -94,32 +137,9 @@ async fn a_reconnect_storm_never_exceeds_the_snapshot_bound_and_everyone_converg
     let addr = server.quic_addr.to_string();
 
     // One agent fills the service.
-    let seed = ArbiterClient::new(&material(&ca, Role::Agent, "seed")).unwrap();
-    let conn = seed.connect(&addr).await.unwrap();
-    let hello = SessionUp::Hello {
-        node: NodeId::new("seed").unwrap(),
-        epoch: AgentEpoch(1),
-        zone: Label::new("z1").unwrap(),
-    };
-    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
-    assert!(matches!(
-        r.next().await.unwrap(),
-        SessionDown::Welcome { .. }
-    ));
+    let (conn, _w, _r) = seed_session(&ca, &server).await;
     for i in 0..50u8 {
-        let reg = Registration {
-            instance_id: InstanceId::new(&format!("web-{i}")).unwrap(),
-            service: service(),
-            node: NodeId::new("seed").unwrap(),
-            epoch: AgentEpoch(1),
-            address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
-            port: 8080,
-            zone: None,
-            version: Version::new("v1").unwrap(),
-            weight: Weight::DEFAULT,
-            labels: Vec::new(),
-            initial: State::Ready,
-        };
+        let reg = seed_registration(&format!("web-{i}"), Ipv4Addr::new(10, 0, 0, i));
         assert!(matches!(
             conn.request(&Request::Register(reg)).await.unwrap(),
             Response::Committed { .. }
@@ -475,18 +495,7 @@ async fn writes_in_flight_at_shutdown_are_answered_and_every_committed_one_survi
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let server = arbiter(&ca, dir.path(), |_| {}).await;
-    let client = ArbiterClient::new(&material(&ca, Role::Agent, "seed")).unwrap();
-    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
-    let hello = SessionUp::Hello {
-        node: NodeId::new("seed").unwrap(),
-        epoch: AgentEpoch(1),
-        zone: Label::new("z1").unwrap(),
-    };
-    let (_w, mut r) = conn.open_session(&hello).await.unwrap();
-    assert!(matches!(
-        r.next().await.unwrap(),
-        SessionDown::Welcome { .. }
-    ));
+    let (conn, _w, _r) = seed_session(&ca, &server).await;
     // Writers register one instance after another until an answer is not
     // "committed"; the shutdown starts while they write.
     let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -497,19 +506,7 @@ async fn writes_in_flight_at_shutdown_are_answered_and_every_committed_one_survi
             let mut answers = Vec::new();
             for j in 0..EACH {
                 let id = format!("web-{w}-{j}");
-                let reg = Registration {
-                    instance_id: InstanceId::new(&id).unwrap(),
-                    service: service(),
-                    node: NodeId::new("seed").unwrap(),
-                    epoch: AgentEpoch(1),
-                    address: IpAddr::V4(Ipv4Addr::new(10, 0, w, j)),
-                    port: 8080,
-                    zone: None,
-                    version: Version::new("v1").unwrap(),
-                    weight: Weight::DEFAULT,
-                    labels: Vec::new(),
-                    initial: State::Ready,
-                };
+                let reg = seed_registration(&id, Ipv4Addr::new(10, 0, w, j));
                 let answer = conn.request(&Request::Register(reg)).await;
                 let committed = matches!(answer, Ok(Response::Committed { .. }));
                 answers.push((id, answer));
@@ -559,16 +556,7 @@ async fn writes_in_flight_at_shutdown_are_answered_and_every_committed_one_survi
     assert!(committed.len() >= BEFORE_STOP);
     // Every write answered as committed is in the reopened store's log.
     let again = arbiter(&ca, dir.path(), |_| {}).await;
-    let token = std::fs::read_to_string(&again.token_file).unwrap();
-    let audit: serde_json::Value = reqwest::Client::new()
-        .get(format!("http://{}/v1/audit?limit=1000", again.admin_addr))
-        .bearer_auth(token.trim())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = admin_get(&again, "/v1/audit?limit=1000").await;
     let registered: HashSet<String> = audit
         .as_array()
         .unwrap()

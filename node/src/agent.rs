@@ -247,6 +247,33 @@ impl Agent {
         };
         let mut outputs = Vec::new();
         let state = AgentState::new(settings, restored, now_ms(), &mut rand::rng(), &mut outputs);
+        // What the cache holds is in the data plane's view before any
+        // listener answers: the actor starts a moment later, and a resolve
+        // of a cached service must not find an empty view meanwhile (an
+        // agent restarted while the arbiter is down serves its cache at
+        // once). The other outputs wait for the actor.
+        let outputs: Vec<Output> = outputs
+            .into_iter()
+            .filter_map(|output| match output {
+                Output::Publish(published) => {
+                    views.publish(published, now_ms());
+                    None
+                }
+                Output::PublishDown(nodes) => {
+                    views.set_down(nodes);
+                    None
+                }
+                Output::PublishConnected(up) => {
+                    views.set_connected(up);
+                    None
+                }
+                Output::PublishRegions(regions) => {
+                    views.set_regions(regions);
+                    None
+                }
+                other => Some(other),
+            })
+            .collect();
         context.run(AgentActor {
             state,
             views: views.clone(),

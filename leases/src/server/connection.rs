@@ -99,6 +99,9 @@ async fn serve(
         .await
         .is_err()
     {
+        // The core is gone: the arbiter is shutting down. Say so, rather
+        // than let the dropped connection close with no reason.
+        close(&conn, close_code::DONE, "arbiter shutting down");
         return;
     }
     let (session_tx, session_rx) = oneshot::channel();
