@@ -19,8 +19,8 @@
 //! for one silence window after an election.
 //!
 //! It decides nothing about the catalog itself (that is `Catalog::apply`)
-//! and touches no socket (connections hold those); it does read the clock,
-//! as the driver of sans-IO state machines.
+//! and touches no socket (connections hold those); as the driver of
+//! sans-IO state machines it reads the clock, once per wake-up in `run`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
