@@ -188,6 +188,7 @@ impl AuditEntry {
                 None,
                 format!("replicated policy of {service} dropped: deleted in home region {home} by its revision {home_revision}"),
             ),
+            Command::Identify { catalog } => (None, format!("catalog identity {catalog}")),
         };
         Some(AuditEntry {
             revision,
@@ -221,6 +222,7 @@ fn effect_name(effect: &Effect) -> &'static str {
         Effect::Changed => "changed",
         Effect::Purged { .. } => "purged",
         Effect::PolicyChanged => "policy changed",
+        Effect::Identified => "identified",
     }
 }
 

@@ -24,7 +24,7 @@ use crate::delta_log::{Change, DeltaLog, LogAnswer, ServiceDelta};
 use crate::digest::Digest;
 use crate::endpoint::{EndpointRecord, Labels, Liveness, State};
 use crate::guard::{ExpiryGuard, GuardDecision};
-use crate::ids::{AgentEpoch, Generation, LeaseId, Revision};
+use crate::ids::{AgentEpoch, CatalogId, Generation, LeaseId, Revision};
 use crate::lease::{Lease, LeaseTable};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
 use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
@@ -261,6 +261,8 @@ pub enum Effect {
     Changed,
     /// A service policy was set or deleted.
     PolicyChanged,
+    /// The catalog got its identity.
+    Identified,
     /// A purge removed these.
     Purged {
         /// Records removed.
@@ -366,6 +368,8 @@ pub struct Catalog {
     log: DeltaLog,
     policies: BTreeMap<PolicyKey, StoredPolicy>,
     replicated: BTreeMap<PolicyKey, ReplicatedPolicy>,
+    /// The catalog's identity, once its group's first leader named it.
+    identity: Option<CatalogId>,
     /// Reused buffer for encoding records to hash them.
     scratch: Vec<u8>,
 }
@@ -386,6 +390,7 @@ impl Catalog {
             log,
             policies: BTreeMap::new(),
             replicated: BTreeMap::new(),
+            identity: None,
             scratch: Vec::new(),
         }
     }
@@ -495,6 +500,13 @@ impl Catalog {
                     Effect::PolicyChanged
                 }
                 _ => Effect::Unchanged,
+            },
+            Command::Identify { catalog } => match self.identity {
+                Some(_) => Effect::Unchanged,
+                None => {
+                    self.identity = Some(*catalog);
+                    Effect::Identified
+                }
             },
         };
         Ok(self.commit(rev, batch, effect))
@@ -1189,6 +1201,12 @@ impl Catalog {
         self.revision
     }
 
+    /// The catalog's identity; `None` until its group's first leader named
+    /// it (`Command::Identify`).
+    pub fn identity(&self) -> Option<CatalogId> {
+        self.identity
+    }
+
     /// The parameters this catalog runs with.
     pub fn params(&self) -> &CatalogParams {
         &self.params
@@ -1357,6 +1375,7 @@ impl Catalog {
             guard: self.guard.export(),
             policies: self.policies.values().cloned().collect(),
             replicated_policies: self.replicated.values().cloned().collect(),
+            identity: self.identity,
         }
     }
 
@@ -1373,6 +1392,7 @@ impl Catalog {
         }
         let mut cat = Catalog::new(params);
         cat.revision = snap.revision;
+        cat.identity = snap.identity;
         cat.log = DeltaLog::new(snap.revision, cat.params.delta_log.clone());
         for entry in snap.services {
             if entry.revision > snap.revision {

@@ -23,7 +23,7 @@ use crate::command::Envelope;
 use crate::delta_log::ServiceDelta;
 use crate::digest::Digest;
 use crate::endpoint::{EndpointRecord, Labels, Liveness, Principal, Role, State, Weight};
-use crate::ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+use crate::ids::{AgentEpoch, CatalogId, Generation, LeaseId, Revision, ShardId};
 use crate::lease::Lease;
 use crate::name::{
     InstanceId, Label, LabelValue, NodeId, PrincipalName, Reason, ServiceKey, Version,
@@ -84,8 +84,12 @@ pub enum FrameKind {
     /// A `CatalogSnapshot`: the kind-11 body followed by the policies
     /// replicated from other regions. A new kind rather than a new format
     /// version, so every other frame stays readable by older builds and a
-    /// stored kind-4 or kind-11 snapshot by this one.
-    CatalogSnapshot = 12,
+    /// stored kind-4 or kind-11 snapshot by this one. Read (as a catalog
+    /// without an identity), never written.
+    CatalogSnapshotWithoutIdentity = 12,
+    /// A `CatalogSnapshot`: the kind-12 body followed by the catalog's
+    /// identity.
+    CatalogSnapshot = 13,
 }
 
 impl FrameKind {
@@ -95,6 +99,7 @@ impl FrameKind {
             FrameKind::Delta => "delta",
             FrameKind::ServiceSnapshot => "service snapshot",
             FrameKind::CatalogSnapshot
+            | FrameKind::CatalogSnapshotWithoutIdentity
             | FrameKind::CatalogSnapshotWithoutReplicas
             | FrameKind::CatalogSnapshotWithoutPolicies => "catalog snapshot",
             FrameKind::SessionUp => "session message from an agent",
@@ -310,32 +315,44 @@ pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
     };
     frame(
         FrameKind::CatalogSnapshot,
-        &(wire, &snap.policies, &snap.replicated_policies),
+        &(
+            wire,
+            &snap.policies,
+            &snap.replicated_policies,
+            snap.identity,
+        ),
     )
 }
 
 /// Decodes a whole shard, checking every service's digest and policy. A
 /// snapshot written before service policies existed (frame kind 4) decodes
 /// as a shard without policies, one written before replicated policies
-/// existed (kind 11) as a shard without replicated policies.
+/// existed (kind 11) as a shard without replicated policies, one written
+/// before catalog identities existed (kind 12) as a shard without one.
 pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecError> {
     const WHAT: &str = "catalog snapshot";
     type Body = (
         CatalogSnapshotWire,
         Vec<StoredPolicy>,
         Vec<ReplicatedPolicy>,
+        Option<CatalogId>,
     );
     let limit = MAX_CATALOG_SNAPSHOT_BYTES;
     let kind = bytes.get(1).copied();
-    let (wire, policies, replicated_policies): Body = match kind {
+    let (wire, policies, replicated_policies, identity): Body = match kind {
         Some(k) if k == FrameKind::CatalogSnapshotWithoutPolicies as u8 => {
             let wire = unframe(bytes, FrameKind::CatalogSnapshotWithoutPolicies, limit)?;
-            (wire, Vec::new(), Vec::new())
+            (wire, Vec::new(), Vec::new(), None)
         }
         Some(k) if k == FrameKind::CatalogSnapshotWithoutReplicas as u8 => {
             let (wire, policies) =
                 unframe(bytes, FrameKind::CatalogSnapshotWithoutReplicas, limit)?;
-            (wire, policies, Vec::new())
+            (wire, policies, Vec::new(), None)
+        }
+        Some(k) if k == FrameKind::CatalogSnapshotWithoutIdentity as u8 => {
+            let (wire, policies, replicated) =
+                unframe(bytes, FrameKind::CatalogSnapshotWithoutIdentity, limit)?;
+            (wire, policies, replicated, None)
         }
         _ => unframe(bytes, FrameKind::CatalogSnapshot, limit)?,
     };
@@ -355,6 +372,7 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         guard: wire.guard,
         policies,
         replicated_policies,
+        identity,
     })
 }
 

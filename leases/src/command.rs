@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::endpoint::{Labels, Liveness, Principal, State, Weight};
-use crate::ids::{AgentEpoch, Generation, Revision};
+use crate::ids::{AgentEpoch, CatalogId, Generation, Revision};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey, Version};
 use crate::policy::{Policy, PolicyKey, RemotePolicy};
 
@@ -137,6 +137,13 @@ pub enum Command {
         /// The home's revision at or after the deletion.
         home_revision: Revision,
     },
+    /// The first leader of a new group names the catalog (`CatalogId`).
+    /// Changes nothing once the catalog has an identity: the first one
+    /// committed is the catalog's for good.
+    Identify {
+        /// The identity.
+        catalog: CatalogId,
+    },
 }
 
 /// The body of a registration.
@@ -187,6 +194,7 @@ impl Command {
             Command::DeletePolicy { .. } => "delete-policy",
             Command::ReplicatePolicy(_) => "replicate-policy",
             Command::DropReplicatedPolicy { .. } => "drop-replicated-policy",
+            Command::Identify { .. } => "identify",
         }
     }
 }

@@ -68,6 +68,44 @@ number_type!(
     "shard"
 );
 
+/// The identity of one catalog: drawn at random by the first leader of a
+/// newly bootstrapped arbiter group and committed as the catalog's first
+/// change it makes (`Command::Identify`), so every replica and every
+/// snapshot of that group carries the same one, and a rebuilt or restored
+/// group (an empty store bootstrapped again) gets another. Agents compare it
+/// with the one their cache was filled from (Welcome, cache files): a cache
+/// of another catalog is discarded, never served as current.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CatalogId(pub u64);
+
+impl CatalogId {
+    /// A fresh random identity.
+    pub fn random() -> CatalogId {
+        CatalogId(rand::random())
+    }
+
+    /// Parses the 16 hex digits `Display` writes.
+    pub fn parse(text: &str) -> Option<CatalogId> {
+        if text.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(text, 16).ok().map(CatalogId)
+    }
+}
+
+impl fmt::Display for CatalogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for CatalogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "catalog-{:016x}", self.0)
+    }
+}
+
 impl Revision {
     /// The revision after this one.
     pub fn next(self) -> Revision {

@@ -126,6 +126,11 @@ impl<W> LeaderMemory<W> {
         }
     }
 
+    /// Who this replica's own proposals come from.
+    pub fn principal(&self) -> &Principal {
+        &self.me
+    }
+
     /// The settings.
     pub fn params(&self) -> &LeaderParams {
         &self.params

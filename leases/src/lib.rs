@@ -83,7 +83,7 @@ pub use command::{Command, Envelope, Registration};
 pub use delta_log::{Change, ServiceDelta};
 pub use digest::Digest;
 pub use endpoint::{EndpointRecord, Liveness, Principal, Role, State, Weight};
-pub use ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+pub use ids::{AgentEpoch, CatalogId, Generation, LeaseId, Revision, ShardId};
 pub use name::{
     InstanceId, Label, LabelValue, NameError, NodeId, PrincipalName, Reason, ServiceKey, Version,
 };

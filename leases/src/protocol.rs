@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::Registration;
 use crate::delta_log::ServiceDelta;
 use crate::endpoint::{Liveness, State};
-use crate::ids::{AgentEpoch, Generation, LeaseId, Revision, ShardId};
+use crate::ids::{AgentEpoch, CatalogId, Generation, LeaseId, Revision, ShardId};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
 
 /// The ALPN protocol id of this protocol.
@@ -77,6 +77,10 @@ pub enum SessionDown {
         region: Label,
         /// The shard this arbiter serves.
         shard: ShardId,
+        /// The catalog's identity (`None` only until a new group's first
+        /// leader named it). An agent whose cache was filled from another
+        /// catalog discards it.
+        catalog: Option<CatalogId>,
         /// The shard's current revision.
         revision: Revision,
         /// The node's lease.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::endpoint::EndpointRecord;
-use crate::ids::{Generation, Revision, ShardId};
+use crate::ids::{CatalogId, Generation, Revision, ShardId};
 use crate::lease::Lease;
 use crate::name::{InstanceId, Label, ServiceKey};
 use crate::policy::{ReplicatedPolicy, StoredPolicy};
@@ -85,4 +85,7 @@ pub struct CatalogSnapshot {
     pub policies: Vec<StoredPolicy>,
     /// Other regions' policies the region bridge replicated, in key order.
     pub replicated_policies: Vec<ReplicatedPolicy>,
+    /// The catalog's identity (`None` before its first leader named it,
+    /// and in snapshots written before identities existed).
+    pub identity: Option<CatalogId>,
 }

@@ -44,9 +44,20 @@ async fn arbiter(
         ..ArbiterConfig::default()
     };
     tune(&mut config);
-    ArbiterServer::start(config, &material(ca, Role::Arbiter, "arbiter-1"))
+    let server = ArbiterServer::start(config, &material(ca, Role::Arbiter, "arbiter-1"))
         .await
-        .unwrap()
+        .unwrap();
+    // The first leader names the catalog as its first change: revisions a
+    // test compares are counted from there.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while admin_get(&server, "/v1/status").await["catalog"].is_null() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the catalog was never named"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server
 }
 
 /// `GET path` on the admin API with the operator token.

@@ -41,8 +41,8 @@ use rollcall_leases::protocol::{
     NodeInstance, RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
 };
 use rollcall_leases::{
-    shard_of, AgentEpoch, Generation, InstanceId, Label, LeaseId, Liveness, NodeId, Reason,
-    RegionsUpdate, Registration, Revision, Role, ServiceKey, ServiceView, ShardId, State,
+    shard_of, AgentEpoch, CatalogId, Generation, InstanceId, Label, LeaseId, Liveness, NodeId,
+    Reason, RegionsUpdate, Registration, Revision, Role, ServiceKey, ServiceView, ShardId, State,
 };
 
 use crate::api_types::{
@@ -53,7 +53,7 @@ use crate::failover::Regions;
 use crate::health::{HealthEvent, InstanceHealth, ProbeTask, Which};
 use crate::link::{renew_after_ms, resend_health, Backoff, DownVerdicts};
 use crate::registrations::{Intent, LocalInstance, Registrations};
-use crate::sync::{CatalogSync, SyncOut, SyncStats};
+use crate::sync::{CatalogSync, Discard, SyncOut, SyncStats};
 use crate::view::{Published, Status};
 
 use checkers::Checkers;
@@ -205,6 +205,8 @@ pub enum Input {
         ttl_ms: u64,
         /// The shard's revision at the Welcome.
         revision: Revision,
+        /// The arbiter's catalog (`None` until its group named it).
+        catalog: Option<CatalogId>,
     },
     /// The session ended, or never started.
     SessionEnded {
@@ -307,8 +309,9 @@ pub enum Output {
     /// Write these views to the disk cache and delete these services'
     /// cache files.
     StoreViews {
-        /// Views to write (shared with the state machine).
-        views: Vec<Arc<ServiceView>>,
+        /// Views to write (shared with the state machine), each with the
+        /// catalog it came from.
+        views: Vec<(Arc<ServiceView>, Option<CatalogId>)>,
         /// Services whose files go.
         forget: Vec<ServiceKey>,
     },
@@ -372,8 +375,8 @@ pub struct Settings {
 /// What the agent found on disk at start.
 #[derive(Clone, Debug, Default)]
 pub struct Restored {
-    /// The cached views.
-    pub views: Vec<ServiceView>,
+    /// The cached views, each with the catalog it came from.
+    pub views: Vec<(ServiceView, Option<CatalogId>)>,
     /// The cached regions message and when it arrived.
     pub regions: Option<(RegionsUpdate, u64)>,
     /// The local registrations.
@@ -581,8 +584,8 @@ impl AgentState {
     ) -> Self {
         let config = settings.config.clone();
         let mut sync = CatalogSync::new(ShardId(0));
-        for view in restored.views {
-            sync.load_cached(view);
+        for (view, catalog) in restored.views {
+            sync.load_cached(view, catalog);
         }
         let mut warm = restored.health;
         let mut regions = Regions::new();
@@ -695,7 +698,16 @@ impl AgentState {
                 lease,
                 ttl_ms,
                 revision,
-            } => self.connected(session, lease, ttl_ms, revision, now_ms, rng, out),
+                catalog,
+            } => self.connected(
+                session,
+                lease,
+                ttl_ms,
+                (catalog, revision),
+                now_ms,
+                rng,
+                out,
+            ),
             Input::SessionEnded { session, reason } => {
                 if self.session_id() == Some(session) {
                     tracing::warn!(arbiter = ?self.address, error = %reason, "arbiter session ended");
@@ -806,7 +818,7 @@ impl AgentState {
         session: SessionId,
         lease: LeaseId,
         ttl_ms: u64,
-        revision: Revision,
+        (catalog, revision): (Option<CatalogId>, Revision),
         now_ms: u64,
         rng: &mut R,
         out: &mut Vec<Output>,
@@ -842,9 +854,46 @@ impl AgentState {
         out.push(Output::PublishConnected(true));
         self.publish_down = true;
         let mut outs = Vec::new();
-        self.sync.connected(&mut outs);
+        let discarded = self.sync.connected(catalog, revision, &mut outs);
+        let arbiter = self.address.clone().unwrap_or_default();
+        self.discarded(&arbiter, catalog, revision, &discarded);
         self.carry_sync(outs, now_ms, rng, out);
         self.start_plan(out);
+    }
+
+    /// Reports cached views a new session's arbiter made the agent drop.
+    fn discarded(
+        &mut self,
+        arbiter: &str,
+        catalog: Option<CatalogId>,
+        revision: Revision,
+        discarded: &[(ServiceKey, Discard)],
+    ) {
+        let Some((_, why)) = discarded.first() else {
+            return;
+        };
+        let services: Vec<String> = discarded
+            .iter()
+            .take(8)
+            .map(|(s, _)| s.to_string())
+            .collect();
+        let catalog = catalog.map_or_else(|| "unnamed".to_string(), |c| c.to_string());
+        let cause = match why {
+            Discard::OtherCatalog => {
+                "the arbiter serves another catalog than the one the cache was filled from"
+            }
+            Discard::AheadOfArbiter => {
+                "the cache holds revisions the arbiter's catalog has not reached"
+            }
+        };
+        tracing::warn!(
+            arbiter,
+            catalog,
+            revision = revision.0,
+            discarded = discarded.len(),
+            services = ?services,
+            "{cause} (a rebuilt or restored arbiter group?): those cached views are no longer served and are fetched again by snapshot"
+        );
     }
 
     fn disconnected<R: Rng + ?Sized>(&mut self, now_ms: u64, rng: &mut R, out: &mut Vec<Output>) {
@@ -1099,9 +1148,12 @@ impl AgentState {
         self.flush_at = None;
         let dirty = std::mem::take(&mut self.dirty);
         let forget: Vec<ServiceKey> = std::mem::take(&mut self.forget).into_iter().collect();
-        let views: Vec<Arc<ServiceView>> = dirty
+        let views: Vec<(Arc<ServiceView>, Option<CatalogId>)> = dirty
             .iter()
-            .filter_map(|s| self.sync.get(s).and_then(|t| t.view.clone()))
+            .filter_map(|s| {
+                let t = self.sync.get(s)?;
+                Some((t.view.clone()?, t.catalog))
+            })
             .collect();
         if !views.is_empty() || !forget.is_empty() {
             out.push(Output::StoreViews { views, forget });
@@ -2358,6 +2410,7 @@ impl AgentState {
                         now_ms.saturating_sub(t)
                     }
                 }),
+                catalog: self.sync.catalog().map(|c| c.to_string()),
             },
             lease: match &self.link {
                 Link::Up { lease, ttl_ms, .. } => Some(LeaseStatus {

@@ -704,6 +704,11 @@ pub struct ArbiterStatus {
     pub address: Option<String>,
     /// Milliseconds since the last successful contact; `null` if never.
     pub last_contact_ms: Option<u64>,
+    /// The identity of the arbiter's catalog (16 hex digits) as of the last
+    /// session; `null` before any, or while the arbiter group has not named
+    /// it yet.
+    #[serde(default)]
+    pub catalog: Option<String>,
 }
 
 /// The node lease.
@@ -1144,6 +1149,7 @@ mod tests {
                 connected: true,
                 address: Some("10.0.0.9:7443".into()),
                 last_contact_ms: Some(40),
+                catalog: Some("0123456789abcdef".into()),
             },
             lease: Some(LeaseStatus {
                 id: 2,
@@ -1186,7 +1192,7 @@ mod tests {
         assert_eq!(value["lease"], json!({"id": 2, "ttl_ms": 10_000}));
         assert_eq!(
             value["arbiter"],
-            json!({"connected": true, "address": "10.0.0.9:7443", "last_contact_ms": 40})
+            json!({"connected": true, "address": "10.0.0.9:7443", "last_contact_ms": 40, "catalog": "0123456789abcdef"})
         );
         let back: StatusResponse = serde_json::from_value(value).unwrap();
         assert_eq!(back, status);

@@ -6,7 +6,11 @@
 //! `<namespace>.<service>.<port_name>.snap`. Every part of a service key is a
 //! DNS label, which cannot contain '.' or '/', so the name is a safe path
 //! component and no two keys share a name. Files are written with
-//! `durable::write_atomic` and hold `codec::encode_service_snapshot` bytes.
+//! `durable::write_atomic` and hold a frame of the agent's own kind: the
+//! identity of the catalog the view came from (`CatalogId`, so a view of a
+//! rebuilt or another arbiter group is never resumed) and the
+//! `codec::encode_service_snapshot` bytes. Files written before catalogs
+//! had identities hold the snapshot bytes alone and load with no identity.
 //!
 //! A file that fails any check (durable checksum, codec decode with its
 //! digest, view construction, or a name that does not match the service
@@ -25,7 +29,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use rollcall_leases::codec::{self, MAX_SERVICE_SNAPSHOT_BYTES};
-use rollcall_leases::{ServiceKey, ServiceView};
+use rollcall_leases::{CatalogId, ServiceKey, ServiceView};
 
 use crate::durable::{self, DurableError};
 
@@ -41,6 +45,16 @@ const REGIONS_KIND: u8 = 0x40;
 
 /// Largest regions file.
 const MAX_REGIONS_BYTES: usize = 16 * 1024 * 1024;
+
+/// The frame kind of a service file: `(Option<CatalogId>, snapshot bytes)`.
+const SERVICE_KIND: u8 = 0x41;
+
+/// The frame kind of a service file written before catalog identities:
+/// the snapshot frame itself.
+const LEGACY_SERVICE_KIND: u8 = 3;
+
+/// Largest service file: a snapshot and the frame around it.
+const MAX_SERVICE_FILE_BYTES: usize = MAX_SERVICE_SNAPSHOT_BYTES + 64;
 
 /// Why the cache could not be opened or changed.
 #[derive(Debug, thiserror::Error)]
@@ -61,9 +75,10 @@ pub enum CacheError {
 /// What [`ServiceCache::load_all`] found.
 #[derive(Debug, Default)]
 pub struct LoadReport {
-    /// Every intact cached service, sorted by service key. Serve them as
-    /// stale until the arbiter confirms or replaces them.
-    pub views: Vec<ServiceView>,
+    /// Every intact cached service with the catalog it came from, sorted by
+    /// service key. Serve them as stale until the arbiter confirms or
+    /// replaces them.
+    pub views: Vec<(ServiceView, Option<CatalogId>)>,
     /// Cache files not served, each with the reason, sorted by path. Corrupt
     /// ones were deleted; ones that could not be read at all (an IO error)
     /// were left in place for an operator to look at.
@@ -98,17 +113,19 @@ impl ServiceCache {
         self.dir.join(file_name(service))
     }
 
-    /// Persists `view` durably, replacing any earlier copy of its service.
+    /// Persists `view`, which came from `catalog`, durably, replacing any
+    /// earlier copy of its service.
     ///
     /// A view of a service that does not exist (never snapshotted, or
     /// deleted by the arbiter) has no snapshot to keep: its file is removed
     /// instead, so a restart never serves a deleted service as an existing
     /// empty one.
-    pub fn store(&self, view: &ServiceView) -> Result<(), CacheError> {
+    pub fn store(&self, view: &ServiceView, catalog: Option<CatalogId>) -> Result<(), CacheError> {
         if !view.exists() {
             return self.remove(view.service());
         }
-        let bytes = codec::encode_service_snapshot(&view.to_snapshot());
+        let snapshot = codec::encode_service_snapshot(&view.to_snapshot());
+        let bytes = codec::frame_as(SERVICE_KIND, &(catalog, snapshot));
         durable::write_atomic(&self.path_of(view.service()), &bytes)?;
         Ok(())
     }
@@ -194,7 +211,7 @@ impl ServiceCache {
                 continue;
             }
             match load_file(&path) {
-                Ok(view) => report.views.push(view),
+                Ok(loaded) => report.views.push(loaded),
                 Err(Unusable::Unreadable(reason)) => {
                     tracing::warn!(path = %path.display(), %reason, "cannot read a cache file; not serving it");
                     report.discarded.push((path, reason));
@@ -209,7 +226,9 @@ impl ServiceCache {
                 }
             }
         }
-        report.views.sort_by(|a, b| a.service().cmp(b.service()));
+        report
+            .views
+            .sort_by(|a, b| a.0.service().cmp(b.0.service()));
         report.discarded.sort();
         report
     }
@@ -243,8 +262,8 @@ fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-fn load_file(path: &Path) -> Result<ServiceView, Unusable> {
-    let bytes = match durable::read_verified(path, MAX_SERVICE_SNAPSHOT_BYTES as u64) {
+fn load_file(path: &Path) -> Result<(ServiceView, Option<CatalogId>), Unusable> {
+    let bytes = match durable::read_verified(path, MAX_SERVICE_FILE_BYTES as u64) {
         Ok(Some(bytes)) => bytes,
         // Removed between listing and reading: there is nothing to serve.
         Ok(None) => return Err(Unusable::Unreadable("the file disappeared".to_string())),
@@ -252,6 +271,16 @@ fn load_file(path: &Path) -> Result<ServiceView, Unusable> {
         Err(error @ DurableError::Io { .. }) => return Err(Unusable::Unreadable(chain(&error))),
     };
     let corrupt = |e: &dyn std::error::Error| Unusable::Corrupt(chain(e));
+    let (catalog, bytes) = match bytes.get(1) {
+        Some(&LEGACY_SERVICE_KIND) => (None, bytes),
+        _ => codec::unframe_as::<(Option<CatalogId>, Vec<u8>)>(
+            &bytes,
+            SERVICE_KIND,
+            "service cache file",
+            MAX_SERVICE_FILE_BYTES,
+        )
+        .map_err(|e| corrupt(&e))?,
+    };
     let snapshot = codec::decode_service_snapshot(&bytes).map_err(|e| corrupt(&e))?;
     let view = ServiceView::from_snapshot(&snapshot).map_err(|e| corrupt(&e))?;
     let expected = file_name(view.service());
@@ -261,7 +290,7 @@ fn load_file(path: &Path) -> Result<ServiceView, Unusable> {
             view.service()
         )));
     }
-    Ok(view)
+    Ok((view, catalog))
 }
 
 #[cfg(test)]
@@ -371,14 +400,15 @@ mod tests {
         assert_eq!(cache.dir(), data.path().join("cache"));
         let stored = views(&["checkout", "cart"]);
         for view in &stored {
-            cache.store(view).unwrap();
+            cache.store(view, Some(CatalogId(9))).unwrap();
         }
         assert!(cache.path_of(&key("cart")).ends_with("shop.cart.http.snap"));
 
         let report = cache.load_all();
         assert!(report.discarded.is_empty(), "{:?}", report.discarded);
         assert_eq!(report.views.len(), 2);
-        for loaded in &report.views {
+        for (loaded, catalog) in &report.views {
+            assert_eq!(*catalog, Some(CatalogId(9)));
             let original = stored
                 .iter()
                 .find(|v| v.service() == loaded.service())
@@ -387,7 +417,19 @@ mod tests {
             assert!(loaded.records().eq(original.records()));
             assert_eq!(loaded, original);
         }
-        assert_eq!(report.views[0].service(), &key("cart"), "sorted by key");
+        assert_eq!(report.views[0].0.service(), &key("cart"), "sorted by key");
+    }
+
+    #[test]
+    fn a_file_written_before_catalog_identities_loads_with_none() {
+        let data = tempfile::tempdir().unwrap();
+        let cache = ServiceCache::open(data.path()).unwrap();
+        let view = views(&["checkout"]).remove(0);
+        let legacy = codec::encode_service_snapshot(&view.to_snapshot());
+        durable::write_atomic(&cache.path_of(view.service()), &legacy).unwrap();
+        let report = cache.load_all();
+        assert!(report.discarded.is_empty(), "{:?}", report.discarded);
+        assert_eq!(report.views, vec![(view, None)]);
     }
 
     #[test]
@@ -395,7 +437,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let cache = ServiceCache::open(data.path()).unwrap();
         for view in views(&["checkout", "cart"]) {
-            cache.store(&view).unwrap();
+            cache.store(&view, Some(CatalogId(9))).unwrap();
         }
         let bad = cache.path_of(&key("cart"));
         let mut bytes = fs::read(&bad).unwrap();
@@ -405,7 +447,7 @@ mod tests {
 
         let report = cache.load_all();
         assert_eq!(report.views.len(), 1);
-        assert_eq!(report.views[0].service(), &key("checkout"));
+        assert_eq!(report.views[0].0.service(), &key("checkout"));
         assert_eq!(report.discarded.len(), 1);
         assert_eq!(report.discarded[0].0, bad);
         assert!(
@@ -421,7 +463,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let cache = ServiceCache::open(data.path()).unwrap();
         let view = views(&["checkout"]).remove(0);
-        cache.store(&view).unwrap();
+        cache.store(&view, Some(CatalogId(9))).unwrap();
         let path = cache.path_of(view.service());
         let bytes = fs::read(&path).unwrap();
         fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
@@ -454,7 +496,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let cache = ServiceCache::open(data.path()).unwrap();
         let view = views(&["checkout"]).remove(0);
-        cache.store(&view).unwrap();
+        cache.store(&view, Some(CatalogId(9))).unwrap();
         let wrong = cache.path_of(&key("cart"));
         fs::rename(cache.path_of(view.service()), &wrong).unwrap();
 
@@ -474,7 +516,7 @@ mod tests {
     fn files_that_are_not_snapshots_are_ignored() {
         let data = tempfile::tempdir().unwrap();
         let cache = ServiceCache::open(data.path()).unwrap();
-        cache.store(&views(&["checkout"])[0]).unwrap();
+        cache.store(&views(&["checkout"])[0], None).unwrap();
         let others = [
             cache.dir().join("README"),
             cache.dir().join("notes.txt"),
@@ -496,12 +538,12 @@ mod tests {
         let cache = ServiceCache::open(data.path()).unwrap();
         let stored = views(&["checkout", "cart"]);
         for view in &stored {
-            cache.store(view).unwrap();
+            cache.store(view, Some(CatalogId(9))).unwrap();
         }
         cache.remove(&key("checkout")).unwrap();
         cache.remove(&key("checkout")).unwrap();
         let gone = ServiceView::empty(key("cart"), stored[1].to_snapshot().shard);
-        cache.store(&gone).unwrap();
+        cache.store(&gone, None).unwrap();
 
         let report = cache.load_all();
         assert!(report.views.is_empty());

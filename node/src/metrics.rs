@@ -47,6 +47,13 @@ pub struct ServiceLabel {
     pub service: String,
 }
 
+/// Label of cache discards.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `other_catalog` or `ahead_of_arbiter`.
+    pub reason: String,
+}
+
 /// Label of per-instance series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InstanceLabel {
@@ -110,6 +117,8 @@ pub struct AgentMetrics {
     pub reconnects: Counter,
     /// Full snapshots applied (fallbacks from deltas).
     pub snapshots_applied: Counter,
+    /// Cached views dropped at a session start, by reason.
+    pub cache_discarded: Family<ReasonLabel, Counter>,
     /// Connections or queries answered "no backend".
     pub no_backend: Family<ServiceLabel, Counter>,
     /// Local ejections.
@@ -161,6 +170,7 @@ impl AgentMetrics {
             digest_mismatches: Counter::default(),
             reconnects: Counter::default(),
             snapshots_applied: Counter::default(),
+            cache_discarded: Family::default(),
             no_backend: Family::default(),
             ejections: Family::default(),
             connect_failures: Counter::default(),
@@ -221,6 +231,11 @@ impl AgentMetrics {
             "reconnects",
             "Arbiter sessions started after the first",
             m.reconnects.clone(),
+        );
+        registry.register(
+            "cache_discarded",
+            "Cached views dropped at an arbiter session's start: from another catalog (a rebuilt or restored arbiter group) or ahead of the arbiter's revision",
+            m.cache_discarded.clone(),
         );
         registry.register(
             "snapshots_applied",
@@ -314,6 +329,24 @@ impl AgentMetrics {
             .inc_by(stats.digest_mismatches - before.digest_mismatches);
         self.snapshots_applied
             .inc_by(stats.snapshots_applied - before.snapshots_applied);
+        for (reason, now, then) in [
+            (
+                crate::sync::Discard::OtherCatalog,
+                stats.discarded_other_catalog,
+                before.discarded_other_catalog,
+            ),
+            (
+                crate::sync::Discard::AheadOfArbiter,
+                stats.discarded_ahead,
+                before.discarded_ahead,
+            ),
+        ] {
+            self.cache_discarded
+                .get_or_create(&ReasonLabel {
+                    reason: reason.as_str().to_string(),
+                })
+                .inc_by(now - then);
+        }
         self.health_flaps
             .inc_by(scrape.health_flaps - reported.health_flaps);
         self.reconnects

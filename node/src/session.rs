@@ -84,8 +84,9 @@ impl Actor for SessionActor {
                     lease,
                     ttl_ms,
                     revision,
+                    catalog,
                     ..
-                } => Ok((conn, writer, reader, lease, ttl_ms, revision)),
+                } => Ok((conn, writer, reader, lease, ttl_ms, (revision, catalog))),
                 SessionDown::Refused { reason } => Err(ClientError::Connection(format!(
                     "arbiter refused the session: {reason}"
                 ))),
@@ -95,7 +96,7 @@ impl Actor for SessionActor {
             }
         };
         ctx.spawn(handshake.into_actor(self).map(|result, act, ctx| {
-            let (conn, mut writer, reader, lease, ttl_ms, revision) = match result {
+            let (conn, mut writer, reader, lease, ttl_ms, (revision, catalog)) = match result {
                 Ok(up) => up,
                 Err(e) => return act.end(e.to_string(), ctx),
             };
@@ -107,6 +108,7 @@ impl Actor for SessionActor {
                 lease,
                 ttl_ms,
                 revision,
+                catalog,
             });
             // The writer sends in order; the reader runs on its own, so a
             // frame read is never cancelled half-way by another event.

@@ -15,8 +15,11 @@ use crate::registrations::RegistrationsFile;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct StoreViews {
-    /// Views to write.
-    pub views: Vec<std::sync::Arc<rollcall_leases::ServiceView>>,
+    /// Views to write, each with the catalog it came from.
+    pub views: Vec<(
+        std::sync::Arc<rollcall_leases::ServiceView>,
+        Option<rollcall_leases::CatalogId>,
+    )>,
     /// Services whose files go.
     pub forget: Vec<ServiceKey>,
 }
@@ -99,8 +102,8 @@ impl Handler<StoreViews> for StoreActor {
         self.write(
             ctx,
             move || {
-                for view in &views {
-                    if let Err(e) = cache.store(view) {
+                for (view, catalog) in &views {
+                    if let Err(e) = cache.store(view, *catalog) {
                         tracing::warn!(service = %view.service(), error = %e, "cache write failed");
                     }
                 }

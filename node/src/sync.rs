@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rollcall_leases::codec::decode_service_snapshot;
 use rollcall_leases::protocol::ServiceUpdate;
-use rollcall_leases::{Revision, ServiceKey, ServiceView, ShardId, ViewError};
+use rollcall_leases::{CatalogId, Revision, ServiceKey, ServiceView, ShardId, ViewError};
 
 /// What the driver must do after a sync step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +62,32 @@ pub struct Tracked {
     pub confirmed_at_ms: Option<u64>,
     /// The arbiter refused the watch (its `watch_rules`), with the reason.
     pub denied: Option<String>,
+    /// The catalog the view came from (`None`: unknown, from a cache file
+    /// written before catalogs had identities, or from an arbiter whose
+    /// catalog had none yet).
+    pub catalog: Option<CatalogId>,
+}
+
+/// Why [`CatalogSync::connected`] dropped a held view instead of resuming
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Discard {
+    /// The view came from another catalog than the arbiter's (a rebuilt or
+    /// restored arbiter group, or another region's).
+    OtherCatalog,
+    /// The view is at a revision the arbiter's catalog has not reached,
+    /// and nothing says they are the same catalog.
+    AheadOfArbiter,
+}
+
+impl Discard {
+    /// The metric label and log word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Discard::OtherCatalog => "other_catalog",
+            Discard::AheadOfArbiter => "ahead_of_arbiter",
+        }
+    }
 }
 
 /// Counters for metrics and the status endpoint.
@@ -77,6 +103,10 @@ pub struct SyncStats {
     pub digest_mismatches: u64,
     /// Snapshots that did not decode or did not check.
     pub bad_snapshots: u64,
+    /// Held views dropped at a session start: of another catalog.
+    pub discarded_other_catalog: u64,
+    /// Held views dropped at a session start: ahead of the arbiter.
+    pub discarded_ahead: u64,
 }
 
 /// Every followed service.
@@ -85,6 +115,8 @@ pub struct CatalogSync {
     shard: ShardId,
     services: BTreeMap<ServiceKey, Tracked>,
     connected: bool,
+    /// The catalog of the current (or last) session's arbiter.
+    catalog: Option<CatalogId>,
     stats: SyncStats,
 }
 
@@ -95,13 +127,14 @@ impl CatalogSync {
             shard,
             services: BTreeMap::new(),
             connected: false,
+            catalog: None,
             stats: SyncStats::default(),
         }
     }
 
-    /// Serves a view loaded from the disk cache, marked stale until the
-    /// arbiter confirms it (R7).
-    pub fn load_cached(&mut self, view: ServiceView) {
+    /// Serves a view loaded from the disk cache (filled from `catalog`),
+    /// marked stale until the arbiter confirms it (R7).
+    pub fn load_cached(&mut self, view: ServiceView, catalog: Option<CatalogId>) {
         let service = view.service().clone();
         self.services.insert(
             service,
@@ -111,6 +144,7 @@ impl CatalogSync {
                 synced: false,
                 confirmed_at_ms: None,
                 denied: None,
+                catalog,
             },
         );
     }
@@ -129,6 +163,7 @@ impl CatalogSync {
                 synced: false,
                 confirmed_at_ms: None,
                 denied: None,
+                catalog: None,
             },
         );
         if self.connected {
@@ -140,15 +175,54 @@ impl CatalogSync {
         true
     }
 
-    /// A session started: subscribe to everything, each holding what it has.
-    pub fn connected(&mut self, out: &mut Vec<SyncOut>) {
+    /// A session started with an arbiter of `catalog` at `revision`:
+    /// subscribe to everything, each holding what it has. A view of
+    /// another catalog, or one ahead of the arbiter's revision without a
+    /// matching catalog, is dropped (no longer served, its cache file
+    /// forgotten) and fetched anew by snapshot; those are returned.
+    pub fn connected(
+        &mut self,
+        catalog: Option<CatalogId>,
+        revision: Revision,
+        out: &mut Vec<SyncOut>,
+    ) -> Vec<(ServiceKey, Discard)> {
         self.connected = true;
-        for (service, t) in &self.services {
+        self.catalog = catalog;
+        let mut discarded = Vec::new();
+        for (service, t) in &mut self.services {
+            let held = t.view.as_ref().filter(|v| v.exists()).map(|v| v.revision());
+            let discard = match (held, t.catalog, catalog) {
+                (None, ..) => None,
+                (Some(_), Some(mine), Some(theirs)) if mine != theirs => {
+                    Some(Discard::OtherCatalog)
+                }
+                (Some(_), Some(mine), Some(theirs)) if mine == theirs => None,
+                (Some(held), ..) if held > revision => Some(Discard::AheadOfArbiter),
+                _ => None,
+            };
+            let have = match discard {
+                Some(why) => {
+                    t.view = None;
+                    t.unknown = false;
+                    t.synced = false;
+                    t.confirmed_at_ms = None;
+                    t.catalog = None;
+                    out.push(SyncOut::Forget(service.clone()));
+                    match why {
+                        Discard::OtherCatalog => self.stats.discarded_other_catalog += 1,
+                        Discard::AheadOfArbiter => self.stats.discarded_ahead += 1,
+                    }
+                    discarded.push((service.clone(), why));
+                    None
+                }
+                None => held,
+            };
             out.push(SyncOut::Subscribe {
                 service: service.clone(),
-                have: t.view.as_ref().filter(|v| v.exists()).map(|v| v.revision()),
+                have,
             });
         }
+        discarded
     }
 
     /// The session ended: every view is stale from now on.
@@ -174,6 +248,7 @@ impl CatalogSync {
 
     /// Applies one update from the arbiter.
     pub fn update(&mut self, update: ServiceUpdate, now_ms: u64, out: &mut Vec<SyncOut>) {
+        let catalog = self.catalog;
         match update {
             ServiceUpdate::Deltas(deltas) => {
                 let Some(service) = deltas.first().map(|d| d.service.clone()) else {
@@ -214,7 +289,7 @@ impl CatalogSync {
                 }
                 let revision = view.revision();
                 t.unknown = !view.exists();
-                Self::confirmed(t, now_ms);
+                Self::confirmed(t, catalog, now_ms);
                 out.push(SyncOut::Ack {
                     service: service.clone(),
                     revision,
@@ -238,7 +313,7 @@ impl CatalogSync {
                         let revision = view.revision();
                         t.view = Some(Arc::new(view));
                         t.unknown = false;
-                        Self::confirmed(t, now_ms);
+                        Self::confirmed(t, catalog, now_ms);
                         self.stats.snapshots_applied += 1;
                         out.push(SyncOut::Ack {
                             service: service.clone(),
@@ -256,14 +331,14 @@ impl CatalogSync {
             }
             ServiceUpdate::Current { service, .. } => {
                 if let Some(t) = self.services.get_mut(&service) {
-                    Self::confirmed(t, now_ms);
+                    Self::confirmed(t, catalog, now_ms);
                 }
             }
             ServiceUpdate::Unknown { service } => {
                 if let Some(t) = self.services.get_mut(&service) {
                     t.view = None;
                     t.unknown = true;
-                    Self::confirmed(t, now_ms);
+                    Self::confirmed(t, catalog, now_ms);
                     out.push(SyncOut::Forget(service));
                 }
             }
@@ -284,8 +359,9 @@ impl CatalogSync {
         }
     }
 
-    fn confirmed(t: &mut Tracked, now_ms: u64) {
+    fn confirmed(t: &mut Tracked, catalog: Option<CatalogId>, now_ms: u64) {
         t.synced = true;
+        t.catalog = catalog;
         t.denied = None;
         t.confirmed_at_ms = Some(now_ms);
     }
@@ -298,6 +374,11 @@ impl CatalogSync {
     /// Every followed service, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&ServiceKey, &Tracked)> {
         self.services.iter()
+    }
+
+    /// The catalog of the current (or last) session's arbiter.
+    pub fn catalog(&self) -> Option<CatalogId> {
+        self.catalog
     }
 
     /// Counters.
@@ -330,6 +411,8 @@ mod tests {
     };
 
     use super::*;
+
+    const CATALOG: CatalogId = CatalogId(1);
 
     fn svc(s: &str) -> ServiceKey {
         ServiceKey::new("default", s, "default").unwrap()
@@ -385,7 +468,7 @@ mod tests {
         let mut out = Vec::new();
         sync.follow(svc("a"), &mut out);
         sync.follow(svc("b"), &mut out);
-        sync.connected(&mut out);
+        sync.connected(Some(CATALOG), cat.revision(), &mut out);
         for s in ["a", "b"] {
             let SinceAnswer::Deltas(d) = cat.changes_since(&svc(s), Revision(0)) else {
                 panic!()
@@ -589,11 +672,105 @@ mod tests {
         assert!(!t.synced);
         assert_eq!(t.age_ms(1_500, 0), 500);
         let mut out = Vec::new();
-        sync.connected(&mut out);
+        let discarded = sync.connected(Some(CATALOG), Revision(1), &mut out);
+        assert!(discarded.is_empty(), "same catalog, lagging replica: kept");
         assert!(
             out.iter()
                 .all(|o| matches!(o, SyncOut::Subscribe { have: Some(_), .. })),
             "reconnects resume by delta: {out:?}"
         );
+    }
+
+    /// The views `setup` holds, as a restarted agent loads them from cache
+    /// files naming `catalog`.
+    fn restarted(catalog: Option<CatalogId>) -> CatalogSync {
+        let (_, old) = setup();
+        let mut sync = CatalogSync::new(ShardId(0));
+        for (_, t) in old.iter() {
+            sync.load_cached((**t.view.as_ref().unwrap()).clone(), catalog);
+        }
+        sync
+    }
+
+    fn subscriptions(out: &[SyncOut]) -> Vec<(String, Option<Revision>)> {
+        out.iter()
+            .filter_map(|o| match o {
+                SyncOut::Subscribe { service, have } => Some((service.service.to_string(), *have)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn views_of_another_catalog_are_dropped_and_fetched_by_snapshot() {
+        let mut sync = restarted(Some(CATALOG));
+        let mut out = Vec::new();
+        // A rebuilt arbiter group: another identity, and a revision far
+        // ahead of the cached ones, so only the identity can tell.
+        let discarded = sync.connected(Some(CatalogId(2)), Revision(1_000), &mut out);
+        assert_eq!(
+            discarded,
+            vec![
+                (svc("a"), Discard::OtherCatalog),
+                (svc("b"), Discard::OtherCatalog)
+            ]
+        );
+        assert_eq!(
+            subscriptions(&out),
+            vec![("a".into(), None), ("b".into(), None)]
+        );
+        assert!(out.contains(&SyncOut::Forget(svc("a"))));
+        assert!(
+            sync.get(&svc("a")).unwrap().view.is_none(),
+            "no longer served"
+        );
+        assert_eq!(sync.stats().discarded_other_catalog, 2);
+
+        // The new catalog's snapshot is then held as the new catalog's.
+        let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
+        apply(
+            &mut cat,
+            Command::GrantLease {
+                node: NodeId::new("n1").unwrap(),
+                epoch: AgentEpoch(1),
+                zone: Label::new("z1").unwrap(),
+                ttl_ms: 10_000,
+            },
+        );
+        register(&mut cat, "a9", "a");
+        let snap = rollcall_leases::codec::shared_service_snapshot(
+            &cat.service_snapshot(&svc("a")).unwrap(),
+        );
+        sync.update(ServiceUpdate::Snapshot(snap), 5, &mut out);
+        let t = sync.get(&svc("a")).unwrap();
+        assert_eq!(t.catalog, Some(CatalogId(2)));
+        assert_eq!(t.view.as_ref().unwrap().records().count(), 1);
+    }
+
+    #[test]
+    fn views_ahead_of_an_arbiter_are_dropped_unless_the_catalog_is_the_same() {
+        // A cache written before identities (or an arbiter not named yet):
+        // ahead of the arbiter's revision means another catalog.
+        for (mine, theirs) in [(None, Some(CATALOG)), (Some(CATALOG), None), (None, None)] {
+            let mut sync = restarted(mine);
+            let mut out = Vec::new();
+            let discarded = sync.connected(theirs, Revision(1), &mut out);
+            assert_eq!(discarded.len(), 2, "{mine:?} {theirs:?}");
+            assert!(discarded
+                .iter()
+                .all(|(_, why)| *why == Discard::AheadOfArbiter));
+            assert_eq!(sync.stats().discarded_ahead, 2);
+        }
+        // Not ahead, or the same catalog (a lagging replica): resumed.
+        let mut sync = restarted(None);
+        let mut out = Vec::new();
+        assert!(sync
+            .connected(Some(CATALOG), Revision(50), &mut out)
+            .is_empty());
+        assert!(subscriptions(&out).iter().all(|(_, have)| have.is_some()));
+        let mut sync = restarted(Some(CATALOG));
+        assert!(sync
+            .connected(Some(CATALOG), Revision(0), &mut out)
+            .is_empty());
     }
 }

@@ -231,6 +231,80 @@ async fn a_restarted_agent_serves_its_cache_while_the_arbiter_is_down() {
     wait_ready(&http, "web", &["web-1"]).await;
 }
 
+/// Issue 22, item 1: `dev`, register and deregister until `web` is at
+/// revision 16, stop, remove the arbiter's data, start again, register
+/// `new-1`. The agent's cache is of the old catalog: it must not be served
+/// against the new one (before, `web` stayed at the cached revision 16,
+/// stale and without `new-1`, for good).
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn an_agent_discards_a_cache_of_a_rebuilt_arbiter_group() {
+    let mut cluster = Cluster::start().await;
+    let (agent, http) = connected_agent(&cluster, "node-a").await;
+    let old_catalog = eventually("the arbiter names its catalog", || async {
+        cluster.admin().status().await["catalog"]
+            .as_str()
+            .map(str::to_owned)
+    })
+    .await;
+    assert_eq!(
+        http.status().await["arbiter"]["catalog"],
+        old_catalog.as_str()
+    );
+    for i in 1..=6 {
+        assert_eq!(http.register("web", &format!("old-{i}"), 8080).await.0, 200);
+    }
+    for i in 2..=6 {
+        let (status, body) = http.deregister(&format!("old-{i}"), "?generation=1").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    wait_ready(&http, "web", &["old-1"]).await;
+    let old_revision = cluster.admin().revision().await;
+    assert!(old_revision >= 12, "{old_revision}");
+    let cache_file = cluster
+        .agent_dir("node-a")
+        .join("cache")
+        .join("default.web.default.snap");
+    eventually("the cache file holds the last revision", || async {
+        let bytes = std::fs::read(&cache_file).ok()?;
+        (bytes.len() > 8).then_some(())
+    })
+    .await;
+    agent.shutdown().await;
+
+    // The arbiter group is rebuilt: an empty store, a new catalog.
+    cluster.stop_arbiter().await;
+    std::fs::remove_dir_all(&cluster.arbiter_config.data_dir).unwrap();
+    cluster.start_arbiter().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let (status, body) = http.register("web", "new-1", 8080).await;
+    assert_eq!(status, 200, "{body}");
+    // old-1 is this agent's own registration: it registers it again in
+    // the new catalog. Both are served from the new catalog, current.
+    wait_ready(&http, "web", &["new-1", "old-1"]).await;
+    let (_, body) = http.resolve("web").await;
+    assert!(
+        body["revision"].as_u64().unwrap() < old_revision,
+        "the revision is the new catalog's: {body}"
+    );
+    let new_catalog = cluster.admin().status().await["catalog"].clone();
+    assert!(new_catalog.is_string());
+    assert_ne!(new_catalog, old_catalog.as_str());
+    assert_eq!(http.status().await["arbiter"]["catalog"], new_catalog);
+    let metrics = http
+        .client
+        .get(format!("{}/metrics", http.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("rollcall_agent_cache_discarded_total{reason=\"other_catalog\"} 1"),
+        "{metrics}"
+    );
+}
+
 #[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn a_drain_while_the_arbiter_is_down_applies_locally_then_commits() {
     let mut cluster = Cluster::start().await;

@@ -480,6 +480,7 @@ impl World {
         }
         self.counters.reconnects += 1;
         let revision = self.arb.catalog.revision();
+        let catalog = self.arb.catalog.identity();
         self.feed(
             a,
             Input::Connected {
@@ -487,6 +488,7 @@ impl World {
                 lease,
                 ttl_ms: self.arbiter_config.lease.ttl_ms,
                 revision,
+                catalog,
             },
         );
     }

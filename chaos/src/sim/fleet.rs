@@ -260,7 +260,7 @@ impl World {
             }
             let restored = agent.restored.as_mut().expect("not started");
             for &s in &chosen {
-                restored.views.push(views[s as usize].clone());
+                restored.views.push((views[s as usize].clone(), None));
                 followers[s as usize].push(a as u32);
             }
             agent.follows = chosen.into_iter().collect();

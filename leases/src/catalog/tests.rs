@@ -793,21 +793,49 @@ fn policies_survive_a_snapshot_and_old_snapshots_still_decode() {
     );
 
     // A snapshot written before policies existed: frame kind 4, the same
-    // body without the trailing policy lists (here two empty ones, one
-    // byte each); before replicated policies: kind 11, without the last.
-    let mut old = without.clone();
-    old[1] = 4;
-    assert_eq!(old.pop(), Some(0));
-    assert_eq!(old.pop(), Some(0));
-    let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
-    assert!(decoded.policies.is_empty());
-    assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
-    let mut old = without.clone();
-    old[1] = 11;
-    assert_eq!(old.pop(), Some(0));
-    let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
-    assert!(decoded.replicated_policies.is_empty());
-    assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
+    // body without the trailing policy lists and identity (here two empty
+    // lists and no identity, one byte each); before replicated policies:
+    // kind 11, without the last two; before identities: kind 12, without
+    // the last.
+    for (kind, trailing) in [(4u8, 3), (11, 2), (12, 1)] {
+        let mut old = without.clone();
+        old[1] = kind;
+        for _ in 0..trailing {
+            assert_eq!(old.pop(), Some(0));
+        }
+        let decoded = crate::codec::decode_catalog_snapshot(&old).unwrap();
+        assert!(decoded.replicated_policies.is_empty());
+        assert_eq!(decoded.identity, None);
+        assert_eq!(crate::codec::encode_catalog_snapshot(&decoded), without);
+    }
+}
+
+#[test]
+fn the_first_identity_committed_is_the_catalogs_for_good_and_survives_a_snapshot() {
+    let mut w = World::new();
+    assert_eq!(w.cat.identity(), None);
+    let first = crate::CatalogId(0x0123_4567_89ab_cdef);
+    let applied = w.run(Command::Identify { catalog: first }).unwrap();
+    assert_eq!(applied.effect, Effect::Identified);
+    assert!(applied.revision.is_some());
+    // A second leader's late proposal changes nothing.
+    let again = w
+        .run(Command::Identify {
+            catalog: crate::CatalogId(7),
+        })
+        .unwrap();
+    assert_eq!((again.effect, again.revision), (Effect::Unchanged, None));
+    assert_eq!(w.cat.identity(), Some(first));
+    let snap = w.cat.export();
+    let decoded =
+        crate::codec::decode_catalog_snapshot(&crate::codec::encode_catalog_snapshot(&snap))
+            .unwrap();
+    assert_eq!(decoded.identity, Some(first));
+    let back = Catalog::import(params(), decoded).unwrap();
+    assert_eq!(back.identity(), Some(first));
+    assert_eq!(first.to_string(), "0123456789abcdef");
+    assert_eq!(crate::CatalogId::parse("0123456789abcdef"), Some(first));
+    assert_eq!(crate::CatalogId::parse("0123"), None);
 }
 
 fn remote(service: &str, home: &str, home_revision: u64) -> Box<RemotePolicy> {

@@ -36,7 +36,7 @@ use crate::clock::now_ms;
 use crate::command::{Command, Envelope};
 use crate::distribution::{DistParams, Distributor, Output};
 use crate::endpoint::{Principal, Role};
-use crate::ids::{AgentEpoch, AgentId, Revision};
+use crate::ids::{AgentEpoch, AgentId, CatalogId, Revision};
 use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use crate::name::{NodeId, PrincipalName, ServiceKey};
 use crate::peer_protocol::{Heard, PeerRequest, PeerResponse};
@@ -204,10 +204,16 @@ pub struct Core {
     regions: RegionsFeed,
     /// When the sessions' regions messages are next looked at (ms).
     next_regions_ms: u64,
+    /// When this leader may next propose the catalog's identity (ms).
+    identify_after_ms: u64,
 }
 
 /// How often every session's regions message is looked at, ms.
 const REGIONS_INTERVAL_MS: u64 = 1_000;
+
+/// How long a leader waits for its proposed catalog identity to commit
+/// before it proposes one again, ms.
+const IDENTIFY_RETRY_MS: u64 = 1_000;
 
 impl Core {
     /// A core over a replica whose Raft node is running.
@@ -252,6 +258,7 @@ impl Core {
             stopping_since: None,
             regions: RegionsFeed::new(),
             next_regions_ms: now,
+            identify_after_ms: 0,
         }
     }
 
@@ -273,6 +280,11 @@ impl Core {
         let mut raft_metrics = self.replica.raft.metrics();
         let mut done_rx = self.done_rx.take().expect("run is called once");
         self.on_raft_metrics(&raft_metrics.borrow_and_update().clone(), now);
+        if self.is_leader() {
+            let mut proposals = Vec::new();
+            self.identify(now, &mut proposals);
+            self.propose(proposals);
+        }
         loop {
             // Sleep until the earliest timer, as of the previous reading.
             let due_ms = self
@@ -312,7 +324,15 @@ impl Core {
                 }
                 Wake::Done(done) => self.done(done, now),
                 Wake::Applied(mark) => self.on_applied(mark, now),
-                Wake::Raft(m) => self.on_raft_metrics(&m, now),
+                Wake::Raft(m) => {
+                    let led = self.is_leader();
+                    self.on_raft_metrics(&m, now);
+                    if !led && self.is_leader() {
+                        // Before any grant this leader proposes, so the
+                        // first Welcome of a new group names its catalog.
+                        self.identify(now, &mut proposals);
+                    }
+                }
                 Wake::Timer => {}
                 Wake::Stop => {
                     tracing::info!(
@@ -788,6 +808,29 @@ impl Core {
         drop(cat);
         self.verdicts(sweep.verdicts, proposals);
         proposals.extend(sweep.proposals.into_iter().map(|e| (e, Then::Nothing)));
+        if now >= self.identify_after_ms {
+            self.identify(now, proposals);
+        }
+    }
+
+    /// A new group's first leader names the catalog (and a leader of a
+    /// group older than identities names it on upgrade): proposed when this
+    /// replica takes office and again at sweeps while none is committed;
+    /// the first committed one wins.
+    fn identify(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
+        if self.replica.applied.lock().identity().is_none() {
+            self.identify_after_ms = now + IDENTIFY_RETRY_MS;
+            proposals.push((
+                Envelope {
+                    at_ms: now,
+                    actor: self.leader.principal().clone(),
+                    command: Command::Identify {
+                        catalog: CatalogId::random(),
+                    },
+                },
+                Then::Nothing,
+            ));
+        }
     }
 
     /// Sends again what agents have not acknowledged in time. Every

@@ -148,6 +148,7 @@ impl Harness {
                     lease: LeaseId(1),
                     ttl_ms: 10_000,
                     revision: self.catalog.revision(),
+                    catalog: self.catalog.identity(),
                 });
                 return (session, out);
             }

@@ -230,6 +230,7 @@ impl Core {
                 let welcome = SessionDown::Welcome {
                     region: self.sessions.rules().region.clone(),
                     shard: cat.params().shard,
+                    catalog: cat.identity(),
                     revision: cat.revision(),
                     lease,
                     ttl_ms: *ttl_ms,

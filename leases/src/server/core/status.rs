@@ -140,6 +140,7 @@ impl Core {
             "name": self.config.name,
             "region": self.sessions.rules().region.as_str(),
             "shard": cat.params().shard.0,
+            "catalog": cat.identity().map(|c| c.to_string()),
             "revision": cat.revision().0,
             "services": cat.services().len(),
             "leases": cat.leases().len(),
