@@ -38,7 +38,9 @@
 //! IO: `server` (the arbiter process: QUIC sessions, the core task, peers,
 //! admin HTTP), `raft` (openraft over redb), `client` (the QUIC client
 //! agents and controllers use), `tls`, `clock` (the one wall-clock read),
-//! `shutdown` (the one stop signal every task of a process observes).
+//! `shutdown` (the one stop signal every task of a process observes),
+//! `http` (what the agent's and the admin HTTP APIs share: JSON errors,
+//! connection limits and timeouts).
 
 pub mod answers;
 pub mod audit;
@@ -54,6 +56,7 @@ pub mod endpoint;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod guard;
+pub mod http;
 pub mod identity;
 pub mod ids;
 pub mod leader;

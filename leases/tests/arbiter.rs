@@ -585,3 +585,74 @@ async fn writes_in_flight_at_shutdown_are_answered_and_every_committed_one_survi
     );
     again.shutdown().await;
 }
+
+/// Issue 22, item 3: the admin API answers the documented JSON error for
+/// what the framework rejects (before: a 50 MB policy file got 400, an
+/// unknown path and a wrong method an empty body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_of_the_admin_api_is_the_json_error() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let token = std::fs::read_to_string(&server.token_file).unwrap();
+    let client = reqwest::Client::new();
+    let big = vec![b' '; 50 * 1024 * 1024];
+    let cases = [
+        (
+            reqwest::Method::PUT,
+            "/v1/policies",
+            Some(big),
+            413,
+            "too_large",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/policies/%FF/web",
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/no-such-path",
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/status",
+            None,
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    let before = revision(&server).await;
+    for (method, path, body, want_status, want_code) in cases {
+        let mut req = client
+            .request(
+                method.clone(),
+                format!("http://{}{path}", server.admin_addr),
+            )
+            .bearer_auth(token.trim());
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let kind = resp.headers().get("content-type").cloned();
+        let body: serde_json::Value = resp.json().await.expect("a JSON body");
+        assert_eq!(status, want_status, "{method} {path}: {body}");
+        assert_eq!(
+            kind.as_ref().and_then(|v| v.to_str().ok()),
+            Some("application/json")
+        );
+        assert_eq!(body["error"], want_code, "{method} {path}: {body}");
+        assert!(
+            body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{body}"
+        );
+    }
+    assert_eq!(revision(&server).await, before, "nothing changed");
+    server.shutdown().await;
+}

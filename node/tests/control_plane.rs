@@ -653,3 +653,80 @@ async fn bad_registrations_change_nothing() {
     assert_eq!(http.status().await["pending_writes"], 0);
     assert_eq!(http.resolve("web").await.0, 404, "nothing registered web");
 }
+
+/// Issue 22, item 3: every answer of the local API is the documented JSON
+/// error, including the ones the framework makes (before: a plain-text 413
+/// for a body over 64 KiB + 1, a plain-text 400 for `%FF` in a path, and
+/// empty 404 and 405 bodies).
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn every_error_of_the_local_api_is_the_json_error() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let send = |method: reqwest::Method, path: &str, body: Option<Vec<u8>>| {
+        let mut req = http
+            .client
+            .request(method, format!("{}{path}", http.base))
+            .bearer_auth(&http.token);
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let allow = resp
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let kind = resp
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body: Value = resp.json().await.expect("a JSON body");
+            (status, kind, allow, body)
+        }
+    };
+    let big = vec![b' '; rollcall_node::api::MAX_BODY_BYTES + 2];
+    let cases = [
+        (
+            reqwest::Method::PUT,
+            "/v1/agent/instances",
+            Some(big),
+            413,
+            "too_large",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/endpoints/%FF",
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/no-such-path",
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/v1/status",
+            None,
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (method, path, body, want_status, want_code) in cases {
+        let (status, kind, allow, body) = send(method.clone(), path, body).await;
+        assert_eq!(status, want_status, "{method} {path}: {body}");
+        assert_eq!(kind.as_deref(), Some("application/json"), "{method} {path}");
+        assert_eq!(body["error"], want_code, "{method} {path}: {body}");
+        assert!(
+            body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{method} {path}: {body}"
+        );
+        if status == 405 {
+            assert_eq!(allow.as_deref(), Some("GET,HEAD"), "{body}");
+        }
+    }
+}

@@ -104,7 +104,15 @@ pub fn router(state: AdminState) -> Router {
             "/v1/remote/{region}/policies",
             put(put_remote_policies).layer(DefaultBodyLimit::max(MAX_REMOTE_BODY_BYTES)),
         )
+        .fallback(crate::http::not_found)
         .with_state(state)
+        .layer(axum::middleware::map_response(crate::http::json_errors))
+}
+
+/// A body that is not the JSON expected: 400, or 413 over the size limit.
+fn json_rejected(e: axum::extract::rejection::JsonRejection) -> AdminError {
+    let status = e.status();
+    error(status, crate::http::code_for(status), e.body_text())
 }
 
 async fn cluster(
@@ -129,8 +137,7 @@ async fn add_member(
     body: Result<Json<AddMember>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
-    let Json(body) =
-        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Json(body) = body.map_err(json_rejected)?;
     if body.id == 0 {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -463,8 +470,7 @@ async fn put_policies(
     body: Result<Json<PolicyFile>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
-    let Json(file) =
-        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Json(file) = body.map_err(json_rejected)?;
     file.validate().map_err(|e| {
         error(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -706,8 +712,7 @@ async fn put_remote(
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
     let region = remote_region(&state, path)?;
-    let Json(report) =
-        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Json(report) = body.map_err(json_rejected)?;
     if report.view.region != region {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -750,8 +755,7 @@ async fn remote_heard(
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
     let region = remote_region(&state, path)?;
-    let Json(heard) =
-        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Json(heard) = body.map_err(json_rejected)?;
     let confirmed = ask(&state, |reply| AdminQuery::RemoteHeard {
         region: region.clone(),
         version: heard.version,
@@ -803,8 +807,7 @@ async fn put_remote_policies(
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
     let region = remote_region(&state, path)?;
-    let Json(body) =
-        body.map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Json(body) = body.map_err(json_rejected)?;
     let mut commands = Vec::with_capacity(body.policies.len() + body.removed.len());
     let mut keys = Vec::with_capacity(commands.capacity());
     for (i, remote) in body.policies.into_iter().enumerate() {
