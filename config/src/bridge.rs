@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 use crate::file::ConfigFile;
 use crate::{rules, ConfigError, TlsPaths};
 
+/// Longest freshness limit of another region's view, ms (one hour): a view
+/// older than that must not steer failover, and the arbiter refuses a
+/// report asking for more (`PUT /v1/remote/{region}`).
+pub const MAX_SUMMARY_MAX_AGE_MS: u64 = 3_600_000;
+
 /// Most ingress addresses one region may declare (the wire's bound).
 pub const MAX_BRIDGE_INGRESS: usize = 16;
 
@@ -156,10 +161,11 @@ impl ConfigFile for BridgeConfig {
             }
         }
         rules::at_least("bridge.sync_interval_ms", self.sync_interval_ms, 100)?;
-        rules::at_least(
+        rules::between(
             "bridge.summary_max_age_ms",
             self.summary_max_age_ms,
             self.sync_interval_ms.saturating_mul(2),
+            MAX_SUMMARY_MAX_AGE_MS.max(self.sync_interval_ms.saturating_mul(2)),
         )?;
         if self.arbiter.admin.is_empty() {
             return Err(ConfigError::invalid(

@@ -10,6 +10,15 @@ use crate::{rules, ConfigError};
 /// instance and buys little: the 15 s hard-failure SLO is met with 1 s.
 pub const MIN_CHECK_INTERVAL_MS: u64 = 100;
 
+/// Longest allowed probe interval, in ms (one hour): a check probed less
+/// often says nothing useful about the instance, and a far larger value
+/// (say u64::MAX) would mean a check that is never probed, leaving the
+/// instance STARTING for good.
+pub const MAX_CHECK_INTERVAL_MS: u64 = 3_600_000;
+
+/// Most consecutive results a threshold may ask for.
+pub const MAX_CHECK_THRESHOLD: u32 = 1_000;
+
 /// Largest allowed jitter (fraction of the interval). Half an interval
 /// already spreads a node's probes; more would stretch detection for no
 /// further benefit.
@@ -24,16 +33,16 @@ pub const MAX_CHECK_JITTER: f64 = 0.5;
 #[serde(deny_unknown_fields)]
 pub struct CheckTiming {
     /// Time between the starts of two probes, in ms (before jitter). Detection
-    /// time grows linearly with it (see the budget). At least 100.
+    /// time grows linearly with it (see the budget). 100 to 3,600,000.
     pub interval_ms: u64,
     /// How long one probe may take before it counts as failed, in ms. Must be
     /// below `interval_ms` so probes never overlap. A frozen app is only
     /// detected through timeouts, so this adds once to its detection time.
     pub timeout_ms: u64,
-    /// Consecutive failed probes that flip the check to failing. At least 1;
+    /// Consecutive failed probes that flip the check to failing. 1 to 1,000;
     /// higher rides out single slow probes but adds a whole interval each.
     pub failure_threshold: u32,
-    /// Consecutive passing probes that flip the check back to passing. At least 1.
+    /// Consecutive passing probes that flip the check back to passing. 1 to 1,000.
     pub success_threshold: u32,
     /// Random stretch of each interval, as a fraction in 0.0..=0.5: each probe
     /// fires after `interval_ms × (1 + U[0, jitter])`, so the probes of one node
@@ -82,10 +91,11 @@ impl CheckTiming {
     /// Checks the rules, naming fields as `{prefix}.interval_ms` and so on
     /// (e.g. `agent.checks.readiness`, or a registration's own path).
     pub fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
-        rules::at_least(
+        rules::between(
             &format!("{prefix}.interval_ms"),
             self.interval_ms,
             MIN_CHECK_INTERVAL_MS,
+            MAX_CHECK_INTERVAL_MS,
         )?;
         rules::at_least(&format!("{prefix}.timeout_ms"), self.timeout_ms, 1)?;
         if self.timeout_ms >= self.interval_ms {
@@ -95,15 +105,17 @@ impl CheckTiming {
                 format!("must be below interval_ms = {}", self.interval_ms),
             ));
         }
-        rules::at_least(
+        rules::between(
             &format!("{prefix}.failure_threshold"),
             self.failure_threshold,
             1,
+            MAX_CHECK_THRESHOLD,
         )?;
-        rules::at_least(
+        rules::between(
             &format!("{prefix}.success_threshold"),
             self.success_threshold,
             1,
+            MAX_CHECK_THRESHOLD,
         )?;
         if !(0.0..=MAX_CHECK_JITTER).contains(&self.jitter) {
             return Err(ConfigError::invalid(

@@ -29,14 +29,17 @@ pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
     RaftConfig, ReplicaEntry, StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
 };
-pub use bridge::{BridgeArbiter, BridgeConfig, BridgePeer, MAX_BRIDGE_INGRESS};
+pub use bridge::{
+    BridgeArbiter, BridgeConfig, BridgePeer, MAX_BRIDGE_INGRESS, MAX_SUMMARY_MAX_AGE_MS,
+};
 pub use budget::{
     Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, Phase, Setting, Term,
     HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
     SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS,
 };
 pub use checks::{
-    CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_JITTER, MIN_CHECK_INTERVAL_MS,
+    CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_INTERVAL_MS, MAX_CHECK_JITTER,
+    MAX_CHECK_THRESHOLD, MIN_CHECK_INTERVAL_MS,
 };
 pub use data_plane::{
     ConnTraffic, DataPlaneConfig, DrainConfig, IngressConfig, ProbesConfig, ProxyEntry,

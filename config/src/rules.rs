@@ -80,6 +80,23 @@ pub(crate) fn at_least<T: PartialOrd + Display>(
     Ok(())
 }
 
+/// `value` must be between `min` and `max`, both included.
+pub(crate) fn between<T: PartialOrd + Display>(
+    field: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::invalid(
+            field,
+            &value,
+            format!("must be between {min} and {max}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A file setting must not be empty.
 pub(crate) fn non_empty_file(field: &str, value: &Path) -> Result<(), ConfigError> {
     if value.as_os_str().is_empty() {

@@ -16,7 +16,7 @@ use rollcall_config::{ArbiterConfig, ControllerGrant, WatchRule};
 
 use crate::catalog::Catalog;
 use crate::command::{Command, Envelope};
-use crate::endpoint::{Principal, Role};
+use crate::endpoint::{Principal, Role, State};
 use crate::identity::Identity;
 use crate::ids::{AgentEpoch, AgentId, Revision, ShardId};
 use crate::leader::Verdict;
@@ -187,6 +187,25 @@ impl Rules {
         match request {
             Request::Register(reg) => {
                 owner_check(&reg.node, &reg.service)?;
+                // An instance id never moves between services: a live
+                // record under another service must be deregistered (or
+                // expire) first. Checked here, against what is applied,
+                // not in `apply`, so logs written before stay replayable.
+                if let (Some(record), Some(held)) = (
+                    catalog.instance(&reg.instance_id),
+                    catalog.service_of(&reg.instance_id),
+                ) {
+                    if held != &reg.service && record.state != State::Expired {
+                        return Err(Response::Rejected {
+                            kind: RejectKind::Invalid,
+                            message: format!(
+                                "instance {} is registered under service {held} ({}); deregister it first, or use another instance id (an instance id never moves between services)",
+                                reg.instance_id,
+                                record.state.as_str()
+                            ),
+                        });
+                    }
+                }
                 Ok(Authorized::Command(Command::Register(reg)))
             }
             Request::Transition {
@@ -659,6 +678,31 @@ mod tests {
             Err(Response::Rejected { kind, message }) => (kind, message),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_instance_id_does_not_move_between_services() {
+        let r = rules();
+        let cat = catalog();
+        let mut moved = registration("n1", "web");
+        moved.service = svc("api");
+        let (kind, message) = refusal(r.authorize(
+            &identity(Role::Agent, "n1"),
+            None,
+            Request::Register(moved),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Invalid);
+        assert!(message.contains("deregister it first"), "{message}");
+        // The same service again is a new generation, as before.
+        assert!(r
+            .authorize(
+                &identity(Role::Agent, "n1"),
+                None,
+                Request::Register(registration("n1", "web")),
+                &cat,
+            )
+            .is_ok());
     }
 
     #[test]

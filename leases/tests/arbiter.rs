@@ -656,3 +656,39 @@ async fn every_error_of_the_admin_api_is_the_json_error() {
     assert_eq!(revision(&server).await, before, "nothing changed");
     server.shutdown().await;
 }
+
+/// Issue 22, item 4: another region's view cannot ask to stay fresh for
+/// ever (`max_age_ms = u64::MAX` was accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_view_with_an_unbounded_max_age_is_refused() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let token = std::fs::read_to_string(&server.token_file).unwrap();
+    let put = |max_age_ms: u64| {
+        let body = serde_json::json!({
+            "view": {"region": "r2", "version": 1, "as_of_ms": 1, "ingress": ["127.0.0.1:7443"], "summaries": []},
+            "heard_ms_ago": 0,
+            "max_age_ms": max_age_ms,
+        });
+        reqwest::Client::new()
+            .put(format!("http://{}/v1/remote/r2", server.admin_addr))
+            .bearer_auth(token.trim())
+            .json(&body)
+            .send()
+    };
+    let resp = put(u64::MAX).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 422);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains("max_age_ms"),
+        "{body}"
+    );
+    assert_eq!(
+        admin_get(&server, "/v1/remote").await["regions"],
+        serde_json::json!([])
+    );
+    let resp = put(30_000).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    server.shutdown().await;
+}

@@ -1296,6 +1296,17 @@ impl AgentState {
                 if let Err(e) = self.authorize(&caller, &registration.service) {
                     return reply(out, call, Err(e));
                 }
+                if let Some(local) = self
+                    .regs
+                    .get(&registration.instance_id)
+                    .filter(|l| l.registration.service != registration.service)
+                {
+                    let e = ApiError::conflict(format!(
+                        "instance_id {} is registered under service {}; deregister it first, or use another instance id (an instance id never moves between services)",
+                        registration.instance_id, local.registration.service
+                    ));
+                    return reply(out, call, Err(e));
+                }
                 let body = Request::Register(self.registration(&registration));
                 let purpose = Purpose::Register {
                     call,

@@ -435,13 +435,22 @@ impl RegisterRequest {
         )?;
         let instance_id =
             InstanceId::new(&self.instance_id).map_err(|e| name_error("instance_id", e))?;
+        if self.instance_id.bytes().all(|b| b == b'.') {
+            // "." and ".." would be path segments, not names, in the
+            // instance paths of this API.
+            return Err(ApiError::unprocessable(format!(
+                "instance_id = {:?} is invalid: it must contain a character other than '.'",
+                self.instance_id
+            )));
+        }
         let address: IpAddr = self.address.parse().map_err(|_| {
             ApiError::unprocessable(format!(
                 "address = {:?} is not an IPv4 or IPv6 address",
                 self.address
             ))
         })?;
-        if address.is_unspecified() || address.is_multicast() {
+        let broadcast = matches!(address, IpAddr::V4(v4) if v4.is_broadcast());
+        if address.is_unspecified() || address.is_multicast() || broadcast {
             return Err(ApiError::unprocessable(format!(
                 "address = {:?} is not an address callers can connect to",
                 self.address

@@ -730,3 +730,64 @@ async fn every_error_of_the_local_api_is_the_json_error() {
         }
     }
 }
+
+/// Issue 22, item 4: values the API used to accept and then could not use
+/// are refused, each naming the field, and change nothing.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn values_that_could_not_be_used_are_refused() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let admin = cluster.admin();
+    let valid = serde_json::json!({"service": "web", "instance_id": "web-1", "address": "127.0.0.1", "port": 8080});
+    let with = |field: &str, value: Value| {
+        let mut body = valid.clone();
+        body[field] = value;
+        body
+    };
+    let put = |body: Value| http.send(reqwest::Method::PUT, "/v1/agent/instances", Some(body));
+    let before = admin.revision().await;
+    let refused = [
+        (with("address", "255.255.255.255".into()), "address"),
+        (with("address", "224.0.0.1".into()), "address"),
+        (with("instance_id", ".".into()), "instance_id"),
+        (with("instance_id", "..".into()), "instance_id"),
+        (
+            with(
+                "checks",
+                serde_json::json!({"readiness": {"kind": "tcp", "interval_ms": u64::MAX, "timeout_ms": 500}}),
+            ),
+            "checks.readiness.interval_ms",
+        ),
+        (
+            with(
+                "checks",
+                serde_json::json!({"readiness": {"kind": "tcp", "failure_threshold": u32::MAX}}),
+            ),
+            "checks.readiness.failure_threshold",
+        ),
+    ];
+    for (body, field) in refused {
+        let (status, answer) = put(body.clone()).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert!(
+            answer["detail"].as_str().unwrap().contains(field),
+            "{body}: {answer}"
+        );
+    }
+    assert_eq!(admin.revision().await, before, "nothing was written");
+
+    // An instance id does not move between services: 409, and the first
+    // registration stays.
+    assert_eq!(put(valid.clone()).await.0, 200);
+    let (status, answer) = put(with("service", "api".into())).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("default/web/default"),
+        "{answer}"
+    );
+    wait_ready(&http, "web", &["web-1"]).await;
+    assert_eq!(http.resolve("api").await.0, 404, "nothing moved to api");
+}

@@ -723,6 +723,17 @@ async fn put_remote(
             ),
         ));
     }
+    let most = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
+    if !(1..=most).contains(&report.max_age_ms) {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!(
+                "max_age_ms = {} must be between 1 and {most}",
+                report.max_age_ms
+            ),
+        ));
+    }
     let version = report.view.version;
     ask(&state, |reply| AdminQuery::PutRemote {
         view: report.view,
