@@ -75,6 +75,23 @@ pub struct AgentConfig {
     /// Longest wait of a drain with `wait=propagated`, in ms. Default 2500,
     /// inside the 3 s leave budget.
     pub propagation_timeout_ms: u64,
+    /// A service followed because of a lookup (DNS, the resolve API), not
+    /// listed in `services` or a `[[proxy]]`, is unfollowed (its
+    /// subscription, cached copy and view dropped) once nothing looked it
+    /// up for this long, in ms, while a session is up; looked up again, it
+    /// is followed again. 0 keeps every such service. Default 3600000.
+    pub follow_idle_ms: u64,
+    /// A looked-up service the arbiter says does not exist is answered as
+    /// unknown (NXDOMAIN, 404) from memory, and then forgotten once nothing
+    /// looked it up for this long, in ms; a lookup after that asks the
+    /// arbiter again. Bounds what lookups of random names can grow.
+    /// Default 30000.
+    pub unknown_ttl_ms: u64,
+    /// Most distinct services named in per-service metric labels; further
+    /// services are counted under `service="_other"`. Default 500.
+    pub metrics_max_services: usize,
+    /// `[http_limits]`: connections and timeouts of the local HTTP API.
+    pub http_limits: crate::HttpLimits,
     /// `[tls]`: this agent's mTLS files. Required by `rollcall agent` when
     /// `arbiters` is set; `rollcall dev` makes its own.
     pub tls: Option<TlsPaths>,
@@ -120,6 +137,10 @@ impl Default for AgentConfig {
             reconnect_max_ms: 5_000,
             first_resolve_wait_ms: 500,
             propagation_timeout_ms: 2_500,
+            follow_idle_ms: 3_600_000,
+            unknown_ttl_ms: 30_000,
+            metrics_max_services: 500,
+            http_limits: crate::HttpLimits::default(),
             tls: None,
             checks: ChecksConfig::default(),
             proxy: Vec::new(),
@@ -166,6 +187,22 @@ impl ConfigFile for AgentConfig {
             self.propagation_timeout_ms,
             1,
         )?;
+        if self.follow_idle_ms != 0 {
+            rules::at_least("agent.follow_idle_ms", self.follow_idle_ms, 1_000)?;
+        }
+        rules::between(
+            "agent.unknown_ttl_ms",
+            self.unknown_ttl_ms,
+            1_000,
+            3_600_000,
+        )?;
+        rules::between(
+            "agent.metrics_max_services",
+            self.metrics_max_services,
+            1,
+            100_000,
+        )?;
+        self.http_limits.validate("agent.http_limits")?;
         if let Some(tls) = &self.tls {
             tls.validate("agent.tls")?;
         }
@@ -184,6 +221,12 @@ impl ConfigFile for AgentConfig {
             "agent.ingress.preamble_timeout_ms",
             self.ingress.preamble_timeout_ms,
             100,
+        )?;
+        rules::between(
+            "agent.ingress.max_connections",
+            self.ingress.max_connections,
+            1,
+            1_000_000,
         )?;
         self.budget.validate(&format!("{PREFIX}.budget"))
     }

@@ -45,6 +45,8 @@ pub struct ArbiterConfig {
     pub admin: SocketAddr,
     /// Directory of the Raft log and snapshots. Default `"./rollcall-data/arbiter"`.
     pub data_dir: PathBuf,
+    /// `[http_limits]`: connections and timeouts of the admin endpoint.
+    pub http_limits: crate::HttpLimits,
     /// `[lease]`: node leases and the silence needed for gossip verdicts.
     pub lease: LeaseConfig,
     /// `[guard]`: the mass-expiry guard.
@@ -78,6 +80,7 @@ impl Default for ArbiterConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7443)),
             admin: SocketAddr::from(([127, 0, 0, 1], 7071)),
             data_dir: PathBuf::from("./rollcall-data/arbiter"),
+            http_limits: crate::HttpLimits::default(),
             lease: LeaseConfig::default(),
             guard: GuardConfig::default(),
             catalog: CatalogConfig::default(),
@@ -368,6 +371,7 @@ impl ConfigFile for ArbiterConfig {
             ));
         }
         rules::non_empty_path("arbiter.data_dir", &self.data_dir)?;
+        self.http_limits.validate("arbiter.http_limits")?;
         self.validate_lease()?;
         self.validate_guard()?;
         self.validate_catalog()?;

@@ -70,6 +70,10 @@ pub struct IngressConfig {
     pub listen: Option<SocketAddr>,
     /// Longest wait for a connection's preamble, in ms. Default 2000.
     pub preamble_timeout_ms: u64,
+    /// Most connections the gateway holds at once; one more is closed as
+    /// soon as it is accepted (`rollcall_agent_ingress_refused_total
+    /// {reason="too_many_connections"}`). Default 10000.
+    pub max_connections: usize,
 }
 
 impl Default for IngressConfig {
@@ -77,6 +81,7 @@ impl Default for IngressConfig {
         IngressConfig {
             listen: None,
             preamble_timeout_ms: 2_000,
+            max_connections: 10_000,
         }
     }
 }

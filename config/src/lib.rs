@@ -20,6 +20,7 @@ mod data_plane;
 mod error;
 mod file;
 mod gossip;
+mod http;
 mod policy;
 mod rules;
 mod security;
@@ -48,6 +49,7 @@ pub use data_plane::{
 pub use error::ConfigError;
 pub use file::ConfigFile;
 pub use gossip::{GossipConfig, GossipPreset, SwimSettings};
+pub use http::HttpLimits;
 pub use policy::{
     PolicyFile, ServicePolicy, SingleWriter, TrafficClass, DEFAULT_CAPACITY_LIMIT,
     MAX_POLICIES_PER_FILE, MAX_POLICY_REGIONS,

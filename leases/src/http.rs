@@ -2,11 +2,26 @@
 //! admin API) share: every error answer is the documented JSON body
 //! `{"error": code, "detail": text}`, including the ones the framework
 //! makes itself (an unknown path, a wrong method, a body over the limit, a
-//! path that is not UTF-8).
+//! path that is not UTF-8), and every listener is served with the same
+//! connection limits and timeouts (`serve`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+use crate::shutdown::Shutdown;
 
 /// The stable error code of a status the framework answers with.
 pub fn code_for(status: StatusCode) -> &'static str {
@@ -94,4 +109,196 @@ pub async fn json_errors(response: Response) -> Response {
         }
     }
     answer
+}
+
+/// Connection limits and timeouts of one HTTP listener
+/// (`[http_limits]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Longest wait for a request's headers (from the connection's start
+    /// or the end of the previous answer).
+    pub header_read_timeout: Duration,
+    /// Longest time with nothing read or written.
+    pub idle_timeout: Duration,
+}
+
+impl From<&rollcall_config::HttpLimits> for Limits {
+    fn from(c: &rollcall_config::HttpLimits) -> Self {
+        Limits {
+            max_connections: c.max_connections,
+            header_read_timeout: Duration::from_millis(c.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(c.idle_timeout_ms),
+        }
+    }
+}
+
+/// How long connections still open at shutdown may finish their answer.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` (TCP or unix) over HTTP/1.1 until `stop`
+/// fires, holding at most `limits.max_connections` connections (one more is
+/// closed as soon as it is accepted) and closing a connection whose
+/// request headers take longer than `limits.header_read_timeout`, or on
+/// which nothing moves for `limits.idle_timeout`. `info` gives each
+/// connection's `ConnectInfo` (the peer address, or a unix socket's peer
+/// credentials), which handlers read with the `ConnectInfo` extractor.
+/// At `stop`, the listener closes and open connections get
+/// [`SHUTDOWN_GRACE`] to finish the answer in progress.
+pub async fn serve<L, C>(
+    mut listener: L,
+    router: axum::Router,
+    limits: Limits,
+    info: impl Fn(&L::Io, &L::Addr) -> C,
+    name: &'static str,
+    mut stop: Shutdown,
+) where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+    C: Clone + Send + Sync + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    let mut refused: u64 = 0;
+    loop {
+        let (io, addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = stop.fired() => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            // One line per power of two, not one per connection.
+            if refused.is_power_of_two() {
+                tracing::warn!(listener = name, peer = ?addr, max_connections = limits.max_connections, refused, "too many connections: closed one as soon as it was accepted ([http_limits] max_connections)");
+            }
+            drop(io);
+            continue;
+        };
+        let peer = info(&io, &addr);
+        let service =
+            router
+                .clone()
+                .map_request(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let mut request = request.map(axum::body::Body::new);
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer.clone()));
+                    request
+                });
+        let io = TokioIo::new(Idle::new(io, limits.idle_timeout));
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(io, TowerToHyperService::new(service));
+        let mut stop = stop.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stop.fired() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let grace = tokio::time::sleep(SHUTDOWN_GRACE + Duration::from_millis(100));
+    tokio::pin!(grace);
+    while !connections.is_empty() {
+        tokio::select! {
+            _ = connections.join_next() => {}
+            _ = &mut grace => break,
+        }
+    }
+}
+
+/// A connection that fails with `TimedOut` once nothing was read or
+/// written on it for `limit`.
+struct Idle<T> {
+    inner: T,
+    limit: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T> Idle<T> {
+    fn new(inner: T, limit: Duration) -> Self {
+        Idle {
+            inner,
+            limit,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+        }
+    }
+
+    /// Something moved: the idle clock starts again.
+    fn moved(&mut self) {
+        let next = tokio::time::Instant::now() + self.limit;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// Nothing moved: whether the limit passed (the timer is registered to
+    /// wake the task when it does).
+    fn expired(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "nothing read or written within [http_limits] idle_timeout_ms",
+            )),
+            Poll::Pending => Ok(()),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Idle<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.moved();
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.expired(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => match self.expired(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

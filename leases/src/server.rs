@@ -207,15 +207,15 @@ impl ArbiterServer {
             token: token.into(),
             write_timeout,
         });
-        let mut admin_stopping = stopping;
-        let admin_task = tokio::spawn(async move {
-            let serve = axum::serve(admin, app).with_graceful_shutdown(async move {
-                admin_stopping.fired().await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "admin endpoint stopped");
-            }
-        });
+        let limits = crate::http::Limits::from(&config.http_limits);
+        let admin_task = tokio::spawn(crate::http::serve(
+            admin,
+            app,
+            limits,
+            |_, addr| *addr,
+            "arbiter admin",
+            stopping,
+        ));
         tracing::info!(quic = %quic_addr, admin = %admin_addr, region = %config.region, replica = id, "arbiter serving");
         Ok(ArbiterServer {
             quic_addr,

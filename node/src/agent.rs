@@ -208,6 +208,7 @@ impl Agent {
             .map_err(|e| AgentError::Config(e.to_string()))?;
         let config = Arc::new(config);
         let metrics = Arc::new(AgentMetrics::new());
+        metrics.set_max_services(config.metrics_max_services);
         let (trigger, shutdown) = shutdown::channel();
 
         // The agent actor's address exists before the actor, so the view
@@ -311,6 +312,7 @@ impl Agent {
             token,
             checks: config.checks.clone(),
             region,
+            limits: config.http_limits,
         };
         let listener = tokio::net::TcpListener::bind(config.http_listen)
             .await
@@ -462,6 +464,13 @@ impl Actor for AgentActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let initial = std::mem::take(&mut self.initial);
         self.carry(initial, ctx);
+        // Which services the data plane still asks for: the state machine
+        // drops those followed on demand that nobody asks for.
+        let every = Duration::from_millis(self.state.usage_interval_ms());
+        ctx.run_interval(every, |act, ctx| {
+            let usage = act.views.usage();
+            act.feed(Input::Usage(usage), ctx);
+        });
     }
 }
 
@@ -547,6 +556,7 @@ impl AgentActor {
                 Output::PublishConnected(up) => self.views.set_connected(up),
                 Output::PublishRegions(regions) => self.views.set_regions(regions),
                 Output::LiftEjections(node) => self.views.lift_node(&node),
+                Output::Unpublish(key) => self.views.unpublish(&key),
                 Output::WakeAt(at) => {
                     if let Some(handle) = self.wake.take() {
                         ctx.cancel_future(handle);

@@ -195,6 +195,11 @@ pub enum Input {
     },
     /// The data plane looked up a service not followed yet.
     Follow(ServiceKey),
+    /// When the data plane last looked up each service it holds a view of
+    /// (ms; 0: never), every [`AgentState::usage_interval_ms`]: services
+    /// followed on demand that nobody asks for are dropped
+    /// (`agent.follow_idle_ms`, `agent.unknown_ttl_ms`).
+    Usage(Vec<(ServiceKey, u64)>),
     /// The session asked for by `Output::Connect` got its Welcome.
     Connected {
         /// The session.
@@ -353,6 +358,9 @@ pub enum Output {
     PublishRegions(Regions),
     /// Lift the data plane's local ejections of this node's endpoints.
     LiftEjections(NodeId),
+    /// The service is no longer followed: drop its view, so the next
+    /// lookup asks to follow it again (`Input::Follow`).
+    Unpublish(ServiceKey),
     /// Call `handle(Tick)` at this time, ms (replaces the previous wake).
     WakeAt(u64),
 }
@@ -570,6 +578,12 @@ pub struct AgentState {
     defer: bool,
     wake: Option<u64>,
     counters: Counters,
+    /// Services always followed: `agent.services` and the `[[proxy]]`
+    /// listeners' services.
+    pinned: BTreeSet<ServiceKey>,
+    /// Services followed on demand (a lookup, or the disk cache), with
+    /// when they were followed (ms): dropped when nobody asks for them.
+    on_demand: BTreeMap<ServiceKey, u64>,
 }
 
 impl AgentState {
@@ -583,8 +597,18 @@ impl AgentState {
         out: &mut Vec<Output>,
     ) -> Self {
         let config = settings.config.clone();
+        let pinned: BTreeSet<ServiceKey> = config
+            .services
+            .iter()
+            .filter_map(|s| s.parse::<ServiceKey>().ok())
+            .chain(config.proxy.iter().filter_map(|p| p.service.parse().ok()))
+            .collect();
+        let mut on_demand = BTreeMap::new();
         let mut sync = CatalogSync::new(ShardId(0));
         for (view, catalog) in restored.views {
+            if !pinned.contains(view.service()) {
+                on_demand.insert(view.service().clone(), now_ms);
+            }
             sync.load_cached(view, catalog);
         }
         let mut warm = restored.health;
@@ -634,6 +658,8 @@ impl AgentState {
             publish_down: true,
             wake: None,
             counters: Counters::default(),
+            pinned,
+            on_demand,
         };
         for service in &config.services {
             if let Ok(key) = service.parse::<ServiceKey>() {
@@ -689,10 +715,14 @@ impl AgentState {
             Input::Follow(service) => {
                 let mut outs = Vec::new();
                 if self.sync.follow(service.clone(), &mut outs) {
+                    if !self.pinned.contains(&service) {
+                        self.on_demand.insert(service.clone(), now_ms);
+                    }
                     self.publish.insert(service);
                 }
                 self.carry_sync(outs, now_ms, rng, out);
             }
+            Input::Usage(usage) => self.usage(usage, now_ms, out),
             Input::Connected {
                 session,
                 lease,
@@ -859,6 +889,67 @@ impl AgentState {
         self.discarded(&arbiter, catalog, revision, &discarded);
         self.carry_sync(outs, now_ms, rng, out);
         self.start_plan(out);
+    }
+
+    /// How often the driver reports the data plane's usage
+    /// (`Input::Usage`), ms: often enough that a forgotten unknown service
+    /// goes within about a quarter of `unknown_ttl_ms` past it.
+    pub fn usage_interval_ms(&self) -> u64 {
+        (self.settings.config.unknown_ttl_ms / 4).clamp(250, 10_000)
+    }
+
+    /// Drops the services followed on demand that nobody asked for: one
+    /// with nothing held (unknown to the arbiter, refused, or never
+    /// answered) after `unknown_ttl_ms`, one held after `follow_idle_ms`
+    /// while a session is up (never while the arbiter is out of reach: the
+    /// copy may be all a caller has then).
+    fn usage(&mut self, usage: Vec<(ServiceKey, u64)>, now_ms: u64, out: &mut Vec<Output>) {
+        let config = &self.settings.config;
+        let connected = self.is_connected();
+        let mut idle = Vec::new();
+        for (service, last_used_ms) in usage {
+            let (Some(&since), Some(t)) = (self.on_demand.get(&service), self.sync.get(&service))
+            else {
+                continue;
+            };
+            let quiet_ms = now_ms.saturating_sub(last_used_ms.max(since));
+            let holds = t.view.as_ref().is_some_and(|v| v.exists());
+            let gone = if holds {
+                connected && config.follow_idle_ms > 0 && quiet_ms >= config.follow_idle_ms
+            } else {
+                quiet_ms >= config.unknown_ttl_ms
+            };
+            if gone {
+                idle.push((service, holds));
+            }
+        }
+        if idle.is_empty() {
+            return;
+        }
+        let held = idle.iter().filter(|(_, holds)| *holds).count();
+        tracing::debug!(
+            unknown = idle.len() - held,
+            idle = held,
+            "services nobody looked up are no longer followed"
+        );
+        let session = self.up_session();
+        for (service, _) in idle {
+            self.sync.unfollow(&service);
+            self.on_demand.remove(&service);
+            self.publish.remove(&service);
+            self.dirty.remove(&service);
+            self.forget.insert(service.clone());
+            self.flush_at.get_or_insert(now_ms + FLUSH_DELAY_MS);
+            if let Some(session) = session {
+                out.push(Output::Send {
+                    session,
+                    message: SessionUp::Unsubscribe {
+                        service: service.clone(),
+                    },
+                });
+            }
+            out.push(Output::Unpublish(service));
+        }
     }
 
     /// Reports cached views a new session's arbiter made the agent drop.

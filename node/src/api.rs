@@ -28,14 +28,13 @@ use std::time::Duration;
 
 use actix::{Message, Recipient};
 use axum::body::{Body, Bytes};
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
-use axum::serve::IncomingStream;
 use axum::{Json, Router};
 use rollcall_config::{ChecksConfig, ConnTraffic};
 use rollcall_leases::clock::now_ms;
@@ -104,6 +103,8 @@ pub struct ApiContext {
     pub checks: ChecksConfig,
     /// This agent's region.
     pub region: Label,
+    /// `[http_limits]` of the API's listeners.
+    pub limits: rollcall_config::HttpLimits,
 }
 
 impl ApiContext {
@@ -162,7 +163,7 @@ pub fn router(agent: ApiContext) -> Router {
 pub async fn serve_unix(
     agent: ApiContext,
     path: &FsPath,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
@@ -175,32 +176,32 @@ pub async fn serve_unix(
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     }
-    let app = router(agent).into_make_service_with_connect_info::<PeerCred>();
-    Ok(tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.fired().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "agent unix socket API stopped");
-        }
-    }))
+    let limits = rollcall_leases::http::Limits::from(&agent.limits);
+    Ok(tokio::spawn(rollcall_leases::http::serve(
+        listener,
+        router(agent),
+        limits,
+        |stream: &tokio::net::UnixStream, _| peer_cred(stream),
+        "agent unix socket API",
+        shutdown,
+    )))
 }
 
 /// Serves the API on a TCP listener until the shutdown signal.
 pub fn serve_tcp(
     agent: ApiContext,
     listener: tokio::net::TcpListener,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> tokio::task::JoinHandle<()> {
-    let app = router(agent);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.fired().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "agent HTTP API stopped");
-        }
-    })
+    let limits = rollcall_leases::http::Limits::from(&agent.limits);
+    tokio::spawn(rollcall_leases::http::serve(
+        listener,
+        router(agent),
+        limits,
+        |_, addr| *addr,
+        "agent HTTP API",
+        shutdown,
+    ))
 }
 
 /// Held by an open registration session; dropping it (the connection
@@ -231,20 +232,18 @@ pub struct PeerCred {
     pub gid: u32,
 }
 
-impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        // A socket whose credentials cannot be read gets an identity no
-        // grant can match.
-        match stream.io().peer_cred() {
-            Ok(cred) => PeerCred {
-                uid: cred.uid(),
-                gid: cred.gid(),
-            },
-            Err(_) => PeerCred {
-                uid: u32::MAX,
-                gid: u32::MAX,
-            },
-        }
+/// The peer credentials of a unix-socket connection. A socket whose
+/// credentials cannot be read gets an identity no grant can match.
+fn peer_cred(stream: &tokio::net::UnixStream) -> PeerCred {
+    match stream.peer_cred() {
+        Ok(cred) => PeerCred {
+            uid: cred.uid(),
+            gid: cred.gid(),
+        },
+        Err(_) => PeerCred {
+            uid: u32::MAX,
+            gid: u32::MAX,
+        },
     }
 }
 

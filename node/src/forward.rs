@@ -28,11 +28,13 @@ pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
 /// Accepts until the shutdown signal, then lets open connections finish
 /// for `SHUTDOWN_GRACE_MS` (the proxy's and the ingress gateway's). The
 /// connections' tasks live in a `JoinSet`, so dropping it ends those still
-/// open.
+/// open. A connection beyond `max_connections` open ones is closed as soon
+/// as it is accepted, and reported to `refused`.
 pub(crate) async fn accept_loop<S, Fut>(
     listener: TcpListener,
     name: String,
     serve: S,
+    (max_connections, refused): (usize, impl Fn(SocketAddr)),
     mut shutdown: Shutdown,
 ) where
     S: Fn(TcpStream, SocketAddr) -> Fut,
@@ -42,6 +44,10 @@ pub(crate) async fn accept_loop<S, Fut>(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((client, peer)) if connections.len() >= max_connections => {
+                    drop(client);
+                    refused(peer);
+                }
                 Ok((client, peer)) => {
                     connections.spawn(serve(client, peer));
                 }

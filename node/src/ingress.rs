@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::failover::Refusal;
 use crate::forward::{accept_loop, connect_local, pipe};
-use crate::metrics::{RefusalLabel, ServiceLabel};
+use crate::metrics::RefusalLabel;
 use crate::shutdown::Shutdown;
 use crate::view::{Lookup, Views};
 
@@ -108,10 +108,23 @@ pub async fn start(
         config,
         first_resolve_wait_ms,
     });
+    let max_connections = gateway.config.max_connections;
+    let views = gateway.views.clone();
     let task = tokio::spawn(accept_loop(
         listener,
         "ingress gateway".into(),
         move |client, peer| serve(gateway.clone(), client, peer),
+        (max_connections, move |peer| {
+            views
+                .metrics()
+                .ingress_refused
+                .get_or_create(&RefusalLabel {
+                    service: String::new(),
+                    reason: "too_many_connections".to_owned(),
+                })
+                .inc();
+            tracing::debug!(peer = %peer, max_connections, "ingress connection refused: too many open ([ingress] max_connections)");
+        }),
         shutdown,
     ));
     tracing::info!(listen = %local_addr, "ingress gateway listening");
@@ -151,7 +164,7 @@ async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
             .metrics()
             .ingress_refused
             .get_or_create(&RefusalLabel {
-                service: service.to_owned(),
+                service: views.metrics().service_name(service),
                 reason: reason.to_owned(),
             })
             .inc();
@@ -213,9 +226,7 @@ async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
     views
         .metrics()
         .ingress_forwarded
-        .get_or_create(&ServiceLabel {
-            service: name.clone(),
-        })
+        .get_or_create(&views.metrics().service_label(&name))
         .inc();
     let result = pipe(&mut client, &mut upstream.stream).await;
     tracing::debug!(peer = %peer, service = %name, instance = %upstream.record.instance_id, result = ?result, "ingress connection closed");

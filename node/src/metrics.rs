@@ -152,7 +152,14 @@ pub struct AgentMetrics {
     pub remote_view_age: Family<RegionLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Highest home revision of the policies held, per home region.
     pub policy_revision: Family<RegionLabel, Gauge>,
+    /// The services named in per-service labels so far, at most
+    /// `max_services` (`agent.metrics_max_services`).
+    named: std::sync::Mutex<std::collections::HashSet<String>>,
+    max_services: std::sync::atomic::AtomicUsize,
 }
+
+/// The label value that stands for every service past the cap.
+pub const OTHER_SERVICES: &str = "_other";
 
 impl AgentMetrics {
     /// Registers every metric.
@@ -171,6 +178,8 @@ impl AgentMetrics {
             reconnects: Counter::default(),
             snapshots_applied: Counter::default(),
             cache_discarded: Family::default(),
+            named: Default::default(),
+            max_services: std::sync::atomic::AtomicUsize::new(500),
             no_backend: Family::default(),
             ejections: Family::default(),
             connect_failures: Counter::default(),
@@ -319,6 +328,36 @@ impl AgentMetrics {
         );
         AgentMetrics { registry, ..m }
     }
+    /// Caps the distinct services per-service labels name
+    /// (`agent.metrics_max_services`).
+    pub fn set_max_services(&self, max: usize) {
+        self.max_services
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The label of `service` in per-service series: its name while fewer
+    /// than `metrics_max_services` services were named, or a name already
+    /// named; [`OTHER_SERVICES`] past that, so lookups of random names (or
+    /// preambles naming them) cannot grow the metrics without bound.
+    pub fn service_label(&self, service: &str) -> ServiceLabel {
+        ServiceLabel {
+            service: self.service_name(service),
+        }
+    }
+
+    /// [`service_label`](Self::service_label)'s value.
+    pub fn service_name(&self, service: &str) -> String {
+        let mut named = self.named.lock().unwrap_or_else(|p| p.into_inner());
+        if named.contains(service) {
+            return service.to_owned();
+        }
+        if named.len() < self.max_services.load(std::sync::atomic::Ordering::Relaxed) {
+            named.insert(service.to_owned());
+            return service.to_owned();
+        }
+        OTHER_SERVICES.to_owned()
+    }
+
     /// Moves what the agent's state machine shows at a scrape into the
     /// metrics: counters grow by what they grew since `reported`, gauges
     /// are set anew.
@@ -359,9 +398,11 @@ impl AgentMetrics {
         self.snapshot_age.clear();
         self.watch_lag.clear();
         for (service, lag, last) in scrape.subscriptions {
-            let label = ServiceLabel {
-                service: service.to_string(),
-            };
+            let label = self.service_label(&service.to_string());
+            if label.service == OTHER_SERVICES {
+                // A gauge of many services in one series means nothing.
+                continue;
+            }
             let age_ms = last.map_or(0, |t| now.saturating_sub(t));
             self.snapshot_age
                 .get_or_create(&label)

@@ -28,7 +28,6 @@ use tokio::task::JoinHandle;
 
 use crate::failover::Decision;
 use crate::forward::{accept_loop, connect_local, pipe};
-use crate::metrics::ServiceLabel;
 use crate::shutdown::Shutdown;
 use crate::view::{Lookup, ServiceView, Views};
 
@@ -109,6 +108,7 @@ pub async fn start(
         listener,
         format!("proxy for {service}"),
         move |client, peer| forward.clone().forward(client, peer),
+        (usize::MAX, |_| {}),
         shutdown,
     ));
     tracing::info!(service = %service, listen = %local_addr, "proxy listening");
@@ -218,9 +218,7 @@ impl Forward {
         self.views
             .metrics()
             .no_backend
-            .get_or_create(&ServiceLabel {
-                service: service.to_string(),
-            })
+            .get_or_create(&self.views.metrics().service_label(&service.to_string()))
             .inc();
         tracing::debug!(service = %service, peer = %peer, reason = %reason, "proxy has no backend; connection closed");
     }

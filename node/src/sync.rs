@@ -175,6 +175,12 @@ impl CatalogSync {
         true
     }
 
+    /// Stops following `service`, forgetting what is held of it; `false`
+    /// if it was not followed.
+    pub fn unfollow(&mut self, service: &ServiceKey) -> bool {
+        self.services.remove(service).is_some()
+    }
+
     /// A session started with an arbiter of `catalog` at `revision`:
     /// subscribe to everything, each holding what it has. A view of
     /// another catalog, or one ahead of the arbiter's revision without a

@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 use crate::api_types::{RegionsPolicy, RegionsResponse};
 use crate::endpoints::{Selection, ServiceMemory};
 use crate::failover::{Decision, Refusal, Regions, Spread};
-use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel, ServiceLabel};
+use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel};
 
 /// How often a cached selection is computed again while an endpoint's
 /// slow start ramps its weight up, ms.
@@ -208,6 +208,8 @@ pub struct ServiceView {
     /// lock when there is a count to reset.
     failing: AtomicUsize,
     spread: Spread,
+    /// When the data plane last looked the service up (ms; 0: never).
+    last_used_ms: AtomicU64,
 }
 
 /// Every service's view, the down set, the regions held, and the
@@ -264,6 +266,28 @@ impl Views {
         view.forget_failures_gone(&published, now_ms, &self.inner.metrics);
         view.published.store(Arc::new((stamp, published)));
         self.inner.changed.notify_waiters();
+    }
+
+    /// Drops the view of a service the agent no longer follows: the next
+    /// lookup of it asks the agent to follow it again.
+    pub fn unpublish(&self, key: &ServiceKey) {
+        self.inner.services.remove(key);
+        self.inner.changed.notify_waiters();
+    }
+
+    /// When each service was last looked up (ms; 0: never), for the agent
+    /// to drop what nobody asks for.
+    pub fn usage(&self) -> Vec<(ServiceKey, u64)> {
+        self.inner
+            .services
+            .iter()
+            .map(|view| {
+                (
+                    view.key().clone(),
+                    view.last_used_ms.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// Whether the view of `key` remembers recent connect failures (the
@@ -406,7 +430,7 @@ impl Views {
             Decision::Refused(refusal) => {
                 m.failover_refusals
                     .get_or_create(&RefusalLabel {
-                        service: key.to_string(),
+                        service: m.service_name(&key.to_string()),
                         reason: refusal.as_str().to_owned(),
                     })
                     .inc();
@@ -476,6 +500,7 @@ impl ServiceView {
             memory_stamp: AtomicU64::new(0),
             failing: AtomicUsize::new(0),
             spread: Spread::default(),
+            last_used_ms: AtomicU64::new(0),
         }
     }
 
@@ -490,6 +515,7 @@ impl ServiceView {
 
     /// What the view answers at `now_ms`.
     pub fn lookup(&self, views: &Views, now_ms: u64) -> Lookup {
+        self.last_used_ms.store(now_ms, Ordering::Relaxed);
         let published = self.published.load_full();
         let (stamp, p) = &*published;
         let key = &self.service;
@@ -606,9 +632,7 @@ impl ServiceView {
             tracing::warn!(service = %self.service, instance = %id, "endpoint ejected locally after consecutive connect failures");
             metrics
                 .ejections
-                .get_or_create(&ServiceLabel {
-                    service: self.service.to_string(),
-                })
+                .get_or_create(&metrics.service_label(&self.service.to_string()))
                 .inc();
         }
     }

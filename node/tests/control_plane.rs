@@ -9,11 +9,11 @@ use std::time::Duration;
 use common::{eventually, Cluster, Http};
 use rollcall_config::{ControllerGrant, ServicePattern};
 use rollcall_leases::client::ArbiterClient;
-use rollcall_leases::codec::{decode_service_snapshot, MAX_SERVICE_SNAPSHOT_BYTES};
+use rollcall_leases::codec::MAX_SERVICE_SNAPSHOT_BYTES;
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
 use rollcall_leases::{
-    AgentEpoch, Generation, InstanceId, Label, NodeId, Registration, Role, ServiceKey, ServiceView,
-    State, Version, Weight,
+    AgentEpoch, Generation, InstanceId, Label, NodeId, Registration, Role, ServiceKey, State,
+    Version, Weight,
 };
 use rollcall_node::agent::{Agent, AgentHandle};
 use serde_json::Value;
@@ -413,15 +413,15 @@ async fn a_corrupt_cache_file_is_discarded_and_refetched() {
         (status == 200 && ids(&body) == ["web-1"]).then_some(())
     })
     .await;
-    let rewritten = eventually("the cache file is rewritten", || async {
-        let bytes =
-            rollcall_node::durable::read_verified(&cache_file, MAX_SERVICE_SNAPSHOT_BYTES as u64)
-                .ok()??;
-        Some(bytes)
+    let cache = rollcall_node::cache::ServiceCache::open(&cluster.agent_dir("node-a")).unwrap();
+    let (view, catalog) = eventually("the cache file is rewritten", || async {
+        rollcall_node::durable::read_verified(&cache_file, MAX_SERVICE_SNAPSHOT_BYTES as u64)
+            .ok()??;
+        cache.load_all().views.pop()
     })
     .await;
     assert_ne!(std::fs::read(&cache_file).unwrap(), corrupted);
-    let view = ServiceView::from_snapshot(&decode_service_snapshot(&rewritten).unwrap()).unwrap();
+    assert!(catalog.is_some(), "the file names its catalog");
     assert_eq!(
         view.records()
             .map(|r| r.instance_id.as_str().to_owned())
@@ -790,4 +790,74 @@ async fn values_that_could_not_be_used_are_refused() {
     );
     wait_ready(&http, "web", &["web-1"]).await;
     assert_eq!(http.resolve("api").await.0, 404, "nothing moved to api");
+}
+
+/// Issue 22, item 2: half-sent requests no longer hold connections for
+/// good (500 of them stayed open 40 s), and a listener holds at most
+/// `http_limits.max_connections`: on the agent's local API and on the
+/// arbiter's admin API.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn half_sent_requests_are_closed_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = rollcall_config::HttpLimits {
+        max_connections: 8,
+        header_read_timeout_ms: 500,
+        idle_timeout_ms: 11_000,
+    };
+    let cluster = Cluster::start_with(|c| c.http_limits = limits).await;
+    let mut config = cluster.agent_config("node-a");
+    config.http_limits = limits;
+    let handle = cluster.agent_with(config).await;
+    let http = Http::of(&handle);
+    http.wait_connected().await;
+    let admin_addr = cluster.arbiter.as_ref().unwrap().admin_addr;
+    for addr in [handle.http_addr, admin_addr] {
+        // Eight half-sent requests fill the listener; a ninth connection
+        // is closed at once.
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream
+                .write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .unwrap();
+            held.push(stream);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut ninth = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = ninth
+            .write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), ninth.read(&mut buf))
+            .await
+            .expect("the ninth connection is answered or closed at once");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "{addr}: a connection over max_connections was served: {read:?}"
+        );
+        // The half-sent ones are closed after the header-read timeout,
+        // with a 408 or nothing.
+        for mut stream in held {
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+                    .await
+                    .expect("a half-sent request is closed within header_read_timeout_ms");
+            let text = String::from_utf8_lossy(&answer);
+            assert!(
+                read.is_err() || answer.is_empty() || text.starts_with("HTTP/1.1 408"),
+                "{addr}: {text}"
+            );
+        }
+        // The listener serves again.
+        let status = eventually("the listener serves again", || async {
+            let resp = reqwest::get(format!("http://{addr}/v1/status"))
+                .await
+                .ok()?;
+            Some(resp.status().as_u16())
+        })
+        .await;
+        assert!(status == 200 || status == 401, "{addr}: {status}");
+    }
 }

@@ -323,3 +323,79 @@ async fn a_first_query_waits_for_the_arbiter_instead_of_servfail() {
     dns.shutdown().await;
     other.shutdown().await;
 }
+
+/// Issue 22, item 2: lookups of names that do not exist (anyone on the host
+/// can send them, without a token) used to leave a subscription and metric
+/// series per name until a restart (500 queries: 506 of each). Now an
+/// unknown service is answered from memory for `unknown_ttl_ms` after its
+/// last lookup, then forgotten; a service followed on demand that nobody
+/// asks for goes after `follow_idle_ms`; metric labels are capped.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn lookups_of_unknown_names_leave_no_state_behind() {
+    const NAMES: usize = 200;
+    let cluster = Cluster::start().await;
+    let mut config = cluster.agent_config("node-a");
+    config.unknown_ttl_ms = 1_000;
+    config.follow_idle_ms = 2_000;
+    config.metrics_max_services = 20;
+    let handle = cluster.agent_with(config).await;
+    let http = Http::of(&handle);
+    http.wait_connected().await;
+    let dns = dns::start(
+        handle.agent.views().clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1,
+    )
+    .await
+    .unwrap();
+    let udp = resolver(dns.local_addr(), false);
+    let (status, body) = http
+        .register_at("web", "web-1", "127.0.0.2", 9000, 100)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    wait_ready(&http, "web", &["web-1"]).await;
+
+    let followed = |status: serde_json::Value| -> BTreeSet<String> {
+        status["subscriptions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["service"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut answered = 0;
+    for i in 0..NAMES {
+        let name = format!("ghost-{i}.default.svc.rollcall.");
+        if ask(&udp, &name, RecordType::A).await.unwrap_err() == ResponseCode::NXDomain {
+            answered += 1;
+        }
+    }
+    assert!(answered > NAMES / 2, "only {answered} NXDOMAIN answers");
+    let metrics = handle.agent.metrics().render();
+    let ghost_series = metrics.lines().filter(|l| l.contains("ghost-")).count();
+    assert!(
+        ghost_series <= 20,
+        "per-service series are capped at metrics_max_services: {ghost_series}\n{metrics}"
+    );
+    // Unknown names are forgotten; the known service, looked up now and
+    // then, stays.
+    eventually("the unknown names are forgotten", || async {
+        let _ = http.resolve("web").await;
+        let now = followed(http.status().await);
+        (now.iter().all(|s| !s.contains("ghost-")) && now.contains("default/web/default"))
+            .then_some(())
+    })
+    .await;
+    // The known service, no longer looked up, is dropped after
+    // follow_idle_ms; asked again, it is followed again and answers.
+    eventually("the idle service is no longer followed", || async {
+        followed(http.status().await).is_empty().then_some(())
+    })
+    .await;
+    wait_ready(&http, "web", &["web-1"]).await;
+    assert_eq!(
+        followed(http.status().await),
+        BTreeSet::from(["default/web/default".to_owned()])
+    );
+    dns.shutdown().await;
+}

@@ -101,7 +101,7 @@ impl World {
                     }
                 }
                 Output::Reply { .. } => {}
-                Output::StoreViews { .. } | Output::SaveRegions { .. } => {}
+                Output::StoreViews { .. } | Output::SaveRegions { .. } | Output::Unpublish(_) => {}
                 Output::SaveRegistrations { save, .. } => back.push(Input::Saved {
                     save,
                     result: Ok(()),

@@ -111,7 +111,10 @@ pub fn router(state: AdminState) -> Router {
 
 /// A body that is not the JSON expected: 400, or 413 over the size limit.
 fn json_rejected(e: axum::extract::rejection::JsonRejection) -> AdminError {
-    let status = e.status();
+    let status = match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
+    };
     error(status, crate::http::code_for(status), e.body_text())
 }
 
