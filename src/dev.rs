@@ -85,6 +85,35 @@ pub async fn connected(agent: &AgentHandle) -> Result<(), DevError> {
 }
 const NODE: &str = "dev-node";
 
+/// Waits until every replica applied the catalog's identity: the group
+/// has a leader whose writes commit and reach every replica, so the first
+/// write a user pastes commits instead of answering pending.
+pub async fn named(arbiters: &[ArbiterServer]) -> Result<(), DevError> {
+    let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
+    loop {
+        let ids: Vec<_> = arbiters.iter().map(|a| a.catalog_identity()).collect();
+        let named = ids.iter().all(|id| id.is_some() && *id == ids[0]);
+        // A leader whose quorum answers now (a restarted group may hold a
+        // leader from its log before any peer answered).
+        let quorum = arbiters.len() == 1
+            || arbiters.iter().any(|a| {
+                let m = a.raft().metrics().borrow().clone();
+                m.current_leader == Some(a.replica_id)
+                    && m.millis_since_quorum_ack.is_some_and(|ms| ms < 1_000)
+            });
+        if named && quorum {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(DevError::Options(format!(
+                "the arbiter group elected no leader whose writes commit within {} s; see the log above",
+                CONNECT_PATIENCE.as_secs()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 impl Dev {
     /// Makes certificates, starts the arbiter, then the agent.
     pub async fn start(options: DevOptions) -> Result<Dev, DevError> {
@@ -110,16 +139,38 @@ impl Dev {
         }
         // Every replica must know the others' QUIC addresses before it
         // starts, so they are fixed here: --quic and the ports after it, or
-        // free ports.
-        let quic: Vec<SocketAddr> = (0..n)
-            .map(|k| match options.quic {
-                Some(q) if q.port() != 0 => Ok(SocketAddr::new(q.ip(), q.port() + u16::from(k))),
-                _ if n == 1 => Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
-                _ => std::net::UdpSocket::bind("127.0.0.1:0")
-                    .and_then(|s| s.local_addr())
-                    .map_err(|e| DevError::Options(format!("finding a free UDP port: {e}"))),
-            })
-            .collect::<Result<_, _>>()?;
+        // free ports. The group's membership is stored with its log, so
+        // free ports found once are kept in the data directory and used
+        // again by the next start (other ports would leave every replica
+        // calling addresses nobody listens on).
+        let ports_file = options.data_dir.join(format!("quic-ports-{n}"));
+        let kept: Option<Vec<SocketAddr>> = std::fs::read_to_string(&ports_file)
+            .ok()
+            .and_then(|text| text.split_whitespace().map(|a| a.parse().ok()).collect())
+            .filter(|kept: &Vec<SocketAddr>| kept.len() == usize::from(n));
+        let quic: Vec<SocketAddr> = match (options.quic, kept) {
+            (Some(q), _) if q.port() != 0 => (0..n)
+                .map(|k| SocketAddr::new(q.ip(), q.port() + u16::from(k)))
+                .collect(),
+            _ if n == 1 => vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            (_, Some(kept)) => kept,
+            _ => {
+                let free = (0..n)
+                    .map(|_| {
+                        std::net::UdpSocket::bind("127.0.0.1:0")
+                            .and_then(|s| s.local_addr())
+                            .map_err(|e| DevError::Options(format!("finding a free UDP port: {e}")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let text: Vec<String> = free.iter().map(|a| a.to_string()).collect();
+                std::fs::create_dir_all(&options.data_dir)
+                    .and_then(|()| std::fs::write(&ports_file, text.join("\n") + "\n"))
+                    .map_err(|e| {
+                        DevError::Options(format!("writing {}: {e}", ports_file.display()))
+                    })?;
+                free
+            }
+        };
         let replicas: Vec<ReplicaEntry> = if n == 1 {
             Vec::new()
         } else {
@@ -131,7 +182,9 @@ impl Dev {
                 })
                 .collect()
         };
-        let mut arbiters = Vec::new();
+        // All replicas start at once, so none asks a peer that is not
+        // listening yet for its vote (openraft logs that as an error).
+        let mut starting = tokio::task::JoinSet::new();
         for k in 0..n {
             let name = format!("arbiter-{}", k + 1);
             let mut config = ArbiterConfig {
@@ -151,8 +204,27 @@ impl Dev {
             };
             config.raft.id = u64::from(k) + 1;
             config.raft.replicas = replicas.clone();
-            arbiters.push(ArbiterServer::start(config, &issue(Role::Arbiter, &name)?).await?);
+            let tls = issue(Role::Arbiter, &name)?;
+            starting.spawn(async move { ArbiterServer::start(config, &tls).await });
         }
+        let mut arbiters = Vec::new();
+        let mut failed = None;
+        while let Some(started) = starting.join_next().await {
+            match started
+                .map_err(|e| DevError::Options(format!("an arbiter replica did not start: {e}")))?
+            {
+                Ok(arbiter) => arbiters.push(arbiter),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            for arbiter in arbiters {
+                arbiter.shutdown().await;
+            }
+            return Err(e.into());
+        }
+        arbiters.sort_by_key(|a| a.replica_id);
+        named(&arbiters).await?;
         let agent_dir = options.data_dir.join("agent");
         let agent_config = AgentConfig {
             node_id: NODE.into(),
@@ -204,11 +276,33 @@ impl Dev {
         )
     }
 
-    /// Stops the agent, then the arbiters.
+    /// The addresses and token files the operator commands default to.
+    pub fn targets(&self) -> crate::targets::DevTargets {
+        crate::targets::DevTargets {
+            regions: vec![crate::targets::RegionTargets {
+                region: REGION.to_owned(),
+                agent: format!("http://{}", self.agent.http_addr),
+                agent_token_file: self.agent_dir.join("agent.token"),
+                arbiters: self
+                    .arbiters
+                    .iter()
+                    .map(|a| crate::targets::ArbiterTargets {
+                        replica: a.replica_id,
+                        admin: a.admin_addr.to_string(),
+                        token_file: a.token_file.clone(),
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    /// Stops the agent, then the arbiters (all at once).
     pub async fn shutdown(self) {
         self.agent.shutdown().await;
+        let mut stopping = tokio::task::JoinSet::new();
         for arbiter in self.arbiters {
-            arbiter.shutdown().await;
+            stopping.spawn(arbiter.shutdown());
         }
+        while stopping.join_next().await.is_some() {}
     }
 }

@@ -339,14 +339,39 @@ impl DevRegions {
         }
     }
 
+    /// The addresses and token files the operator commands default to.
+    pub fn targets(&self) -> crate::targets::DevTargets {
+        crate::targets::DevTargets {
+            regions: self
+                .regions
+                .iter()
+                .map(|r| crate::targets::RegionTargets {
+                    region: r.name.clone(),
+                    agent: format!("http://{}", r.agent.http_addr),
+                    agent_token_file: r.agent_dir.join("agent.token"),
+                    arbiters: vec![crate::targets::ArbiterTargets {
+                        replica: r.arbiter.replica_id,
+                        admin: r.arbiter.admin_addr.to_string(),
+                        token_file: r.arbiter.token_file.clone(),
+                    }],
+                })
+                .collect(),
+        }
+    }
+
     /// Stops every bridge, agent and arbiter.
     pub async fn shutdown(self) {
+        // The regions stop side by side; in each, bridge, agent, arbiter.
+        let mut stopping = tokio::task::JoinSet::new();
         for r in self.regions {
-            if let Some(bridge) = r.bridge {
-                bridge.shutdown().await;
-            }
-            r.agent.shutdown().await;
-            r.arbiter.shutdown().await;
+            stopping.spawn(async move {
+                if let Some(bridge) = r.bridge {
+                    bridge.shutdown().await;
+                }
+                r.agent.shutdown().await;
+                r.arbiter.shutdown().await;
+            });
         }
+        while stopping.join_next().await.is_some() {}
     }
 }

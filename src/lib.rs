@@ -5,3 +5,4 @@
 
 pub mod dev;
 pub mod dev_regions;
+pub mod targets;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use rollcall::targets::DevTargets;
 use rollcall_config::{
     AgentConfig, ArbiterConfig, BridgeConfig, Budget, ConfigError, ConfigFile, TlsPaths,
 };
@@ -190,16 +191,23 @@ struct DrainArgs {
     /// Its generation (the node token may omit it: the agent's current one).
     #[arg(long)]
     generation: Option<u64>,
-    /// The agent's HTTP API.
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:7070")]
-    agent: String,
+    /// The agent's HTTP API. Default: the region's agent in
+    /// `<data-dir>/dev.json` when a `rollcall dev` runs there, else
+    /// http://127.0.0.1:7070.
+    #[arg(long, value_name = "URL")]
+    agent: Option<String>,
     /// The node token file (`agent.token` in the agent's data dir).
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "./rollcall-data/agent/agent.token"
-    )]
-    token_file: PathBuf,
+    /// Default: that agent's in dev.json, else
+    /// ./rollcall-data/agent/agent.token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// With `rollcall dev --regions N`: the region whose agent to ask.
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
+    /// The data directory of a `rollcall dev` whose dev.json gives the
+    /// defaults above.
+    #[arg(long, value_name = "DIR", default_value = "./rollcall-data")]
+    data_dir: PathBuf,
     /// Return once committed, or once every subscribed agent applied it.
     #[arg(long, value_name = "WHEN", default_value = "propagated", value_parser = ["committed", "propagated"])]
     wait: String,
@@ -362,6 +370,18 @@ enum PolicyCommand {
     },
 }
 
+/// Parses a service key, completing `service` or `namespace/service` with
+/// the "default" namespace and port name.
+fn parse_service(value: &str) -> Result<rollcall_leases::ServiceKey, String> {
+    let key = match value.split('/').count() {
+        1 => format!("default/{value}/default"),
+        2 => format!("{value}/default"),
+        _ => value.to_owned(),
+    };
+    key.parse()
+        .map_err(|e: rollcall_leases::NameError| e.to_string())
+}
+
 /// Parses a policy's SERVICE, completing a bare name with the "default"
 /// namespace.
 fn parse_policy_key(value: &str) -> Result<rollcall_leases::PolicyKey, String> {
@@ -374,35 +394,70 @@ fn parse_policy_key(value: &str) -> Result<rollcall_leases::PolicyKey, String> {
         .map_err(|e: rollcall_leases::NameError| e.to_string())
 }
 
+/// Which arbiter replica an operator command asks, and with which token.
 #[derive(Debug, Args)]
 struct ClusterArgs {
-    /// Any replica's admin address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
-    admin: String,
+    /// Any replica's admin address. Default: the region's first replica in
+    /// `<data-dir>/dev.json` when a `rollcall dev` runs there, else
+    /// 127.0.0.1:7071.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
     /// The operator token file (`admin.token` in that replica's data dir).
-    #[arg(
-        long,
-        value_name = "F",
-        default_value = "./rollcall-data/arbiter/admin.token"
-    )]
-    token_file: PathBuf,
+    /// Default: that replica's in dev.json, else
+    /// ./rollcall-data/arbiter/admin.token.
+    #[arg(long, value_name = "F")]
+    token_file: Option<PathBuf>,
+    /// With `rollcall dev --regions N`: the region to ask (r1, r2, …).
+    /// Default: the first.
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
+    /// The data directory of a `rollcall dev` whose dev.json gives the
+    /// defaults above.
+    #[arg(long, value_name = "DIR", default_value = "./rollcall-data")]
+    data_dir: PathBuf,
+}
+
+impl ClusterArgs {
+    /// The admin address and the operator token.
+    fn target(&self) -> anyhow::Result<(String, String)> {
+        let dev = DevTargets::read(&self.data_dir).map_err(anyhow::Error::msg)?;
+        let replica = match &dev {
+            Some(dev) => dev
+                .region(self.region.as_deref())
+                .map_err(anyhow::Error::msg)?
+                .arbiter(self.admin.as_deref())
+                .cloned(),
+            None if self.region.is_some() => anyhow::bail!(
+                "--region needs the dev.json of a running `rollcall dev --regions N` in {} (or give --admin and --token-file)",
+                self.data_dir.display()
+            ),
+            None => None,
+        };
+        let admin = self
+            .admin
+            .clone()
+            .or_else(|| replica.as_ref().map(|r| r.admin.clone()))
+            .unwrap_or_else(|| "127.0.0.1:7071".to_owned());
+        let token_file = self
+            .token_file
+            .clone()
+            .or_else(|| replica.map(|r| r.token_file))
+            .unwrap_or_else(|| PathBuf::from("./rollcall-data/arbiter/admin.token"));
+        let token = rollcall_leases::secret::read_token(&token_file)
+            .with_context(|| format!("reading the operator token {}", token_file.display()))?;
+        Ok((admin, token))
+    }
 }
 
 #[derive(Debug, Args)]
 struct AuditArgs {
-    /// The arbiter's admin address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
-    admin: String,
-    /// The operator token file (`admin.token` in the arbiter's data dir).
-    #[arg(
-        long,
-        value_name = "F",
-        default_value = "./rollcall-data/arbiter/admin.token"
-    )]
-    token_file: PathBuf,
-    /// Only changes to this service (`namespace/service/port_name`).
-    #[arg(long, value_name = "S")]
-    service: Option<String>,
+    #[command(flatten)]
+    target: ClusterArgs,
+    /// Only changes to this service: `namespace/service/port_name`, or
+    /// `namespace/service` or `service` (namespace and port name
+    /// `default`).
+    #[arg(long, value_name = "S", value_parser = parse_service)]
+    service: Option<rollcall_leases::ServiceKey>,
     /// Only changes after this revision.
     #[arg(long, value_name = "REV")]
     since: Option<u64>,
@@ -510,9 +565,24 @@ fn main() -> ExitCode {
         }
     };
     outcome.unwrap_or_else(|error| {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {}", chain(&error));
         ExitCode::from(EXIT_UNUSABLE)
     })
+}
+
+/// An error and its causes on one line, each cause once: an error whose
+/// message already names its source (`binding …: Address already in use`)
+/// is not followed by that source again.
+fn chain(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// Prints the budget table to stdout, warnings and violations to stderr.
@@ -584,16 +654,20 @@ fn load<T: Default>(
 }
 
 /// Runs an async command on a multi-thread runtime, with logs on stderr
-/// (`RUST_LOG` sets the level; default `info`).
+/// (`RUST_LOG` sets the level; default `info`, openraft's and hickory's own
+/// at `warn`).
 fn serve(
     command: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,hickory_server=warn".into()),
+                .unwrap_or_else(|_| "info,hickory_server=warn,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, never into a log file or pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     tls::install_crypto_provider();
     // An actix System over one multi-thread tokio runtime: the agent's
@@ -733,14 +807,18 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
 async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     check_fault_points()?;
     if let Some(n) = args.regions {
-        let mut options = rollcall::dev_regions::RegionsOptions::new(n, args.data_dir, args.http);
+        let mut options =
+            rollcall::dev_regions::RegionsOptions::new(n, args.data_dir.clone(), args.http);
         options.proxies = args.proxy;
         let dev = rollcall::dev_regions::DevRegions::start(options).await?;
-        println!("{}", dev.banner());
+        let targets = write_targets(&dev.targets(), &args.data_dir)?;
+        println!("{}{targets}", dev.banner());
         stop_signal().await;
+        DevTargets::remove(&args.data_dir);
         dev.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
+    let data_dir = args.data_dir.clone();
     let options = rollcall::dev::DevOptions {
         proxies: args.proxy,
         dns: args.dns,
@@ -751,10 +829,28 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         replicas: args.replicas,
     };
     let dev = rollcall::dev::Dev::start(options).await?;
-    println!("{}", dev.banner());
+    let targets = write_targets(&dev.targets(), &data_dir)?;
+    println!("{}{targets}", dev.banner());
     stop_signal().await;
+    DevTargets::remove(&data_dir);
     dev.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `dev.json` for the operator commands; the banner's line about it.
+fn write_targets(targets: &DevTargets, data_dir: &Path) -> anyhow::Result<String> {
+    let path = targets.write(data_dir).with_context(|| {
+        format!(
+            "writing {}",
+            data_dir.join(rollcall::targets::FILE_NAME).display()
+        )
+    })?;
+    Ok(format!(
+        "
+rollcall audit, cluster, policy and drain read their addresses and token files from {} (run them from this directory, or pass --data-dir)
+",
+        path.display()
+    ))
 }
 
 async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
@@ -884,11 +980,10 @@ async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
             )),
         ),
     };
-    let token = rollcall_leases::secret::read_token(&args.token_file)
-        .with_context(|| format!("reading the operator token {}", args.token_file.display()))?;
+    let (admin, token) = args.target()?;
     let (method, path, body) =
         request.unwrap_or((reqwest::Method::GET, "/v1/cluster".to_owned(), None));
-    let url = format!("http://{}{path}", args.admin);
+    let url = format!("http://{admin}{path}");
     let body = admin_call(method, &url, &token, body).await?;
     println!(
         "term {}  leader {}  (asked replica {})",
@@ -931,9 +1026,8 @@ async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     let (PolicyCommand::Apply { admin, .. }
     | PolicyCommand::Show { admin, .. }
     | PolicyCommand::Delete { admin, .. }) = &command;
-    let token = rollcall_leases::secret::read_token(&admin.token_file)
-        .with_context(|| format!("reading the operator token {}", admin.token_file.display()))?;
-    let base = format!("http://{}/v1/policies", admin.admin);
+    let (admin, token) = admin.target()?;
+    let base = format!("http://{admin}/v1/policies");
     match &command {
         PolicyCommand::Apply { file, .. } => {
             let document = rollcall_config::PolicyFile::load(file)?;
@@ -995,9 +1089,8 @@ async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
 }
 
 async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
-    let token = rollcall_leases::secret::read_token(&args.token_file)
-        .with_context(|| format!("reading the operator token {}", args.token_file.display()))?;
-    let mut url = format!("http://{}/v1/audit?limit={}", args.admin, args.limit);
+    let (admin, token) = args.target.target()?;
+    let mut url = format!("http://{admin}/v1/audit?limit={}", args.limit);
     if let Some(service) = &args.service {
         url.push_str(&format!("&service={service}"));
     }
@@ -1006,28 +1099,89 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
     }
     let body = admin_call(reqwest::Method::GET, &url, &token, None).await?;
     println!(
-        "{:>9}  {:<24}  {:<28}  {:<14}  detail",
-        "revision", "time (UTC ms)", "actor", "command"
+        "{:>9}  {:<24}  {:<28}  {:<14}  {:<28}  {:<20}  detail",
+        "revision", "time (UTC)", "actor", "command", "service", "instance"
     );
     for entry in body.as_array().map(Vec::as_slice).unwrap_or_default() {
+        let services: Vec<&str> = entry["services"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s.as_str())
+            .collect();
         println!(
-            "{:>9}  {:<24}  {:<28}  {:<14}  {}",
+            "{:>9}  {:<24}  {:<28}  {:<14}  {:<28}  {:<20}  {}",
             entry["revision"].to_string(),
-            entry["at_ms"].to_string(),
+            entry["at_ms"]
+                .as_u64()
+                .map_or_else(|| "?".to_owned(), rfc3339),
             entry["actor"].as_str().unwrap_or(""),
             entry["command"].as_str().unwrap_or(""),
+            if services.is_empty() {
+                "-".to_owned()
+            } else {
+                services.join(",")
+            },
+            entry["instance"].as_str().unwrap_or("-"),
             entry["detail"].as_str().unwrap_or(""),
         );
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
+/// (`2026-12-02T04:36:56.277Z`).
+fn rfc3339(at_ms: u64) -> String {
+    let secs = (at_ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        at_ms % 1000
+    )
+}
+
 async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
-    let token = rollcall_leases::secret::read_token(&args.token_file)
-        .with_context(|| format!("reading the node token {}", args.token_file.display()))?;
+    let dev = DevTargets::read(&args.data_dir).map_err(anyhow::Error::msg)?;
+    let region = match &dev {
+        Some(dev) => Some(
+            dev.region(args.region.as_deref())
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None if args.region.is_some() => anyhow::bail!(
+            "--region needs the dev.json of a running `rollcall dev --regions N` in {}",
+            args.data_dir.display()
+        ),
+        None => None,
+    };
+    let agent = args
+        .agent
+        .clone()
+        .or_else(|| region.map(|r| r.agent.clone()))
+        .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned());
+    let token_file = args
+        .token_file
+        .clone()
+        .or_else(|| region.map(|r| r.agent_token_file.clone()))
+        .unwrap_or_else(|| PathBuf::from("./rollcall-data/agent/agent.token"));
+    let token = rollcall_leases::secret::read_token(&token_file)
+        .with_context(|| format!("reading the node token {}", token_file.display()))?;
     let mut url = format!(
         "{}/v1/agent/instances/{}/drain?wait={}",
-        args.agent.trim_end_matches('/'),
+        agent.trim_end_matches('/'),
         args.instance_id,
         args.wait
     );

@@ -64,6 +64,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Io { what, source }
 }
 
+/// How long the first replica of a new group waits for its peers to answer
+/// before it initializes the group anyway.
+const GROUP_START_WAIT: Duration = Duration::from_secs(10);
+
 /// A running arbiter replica.
 pub struct ArbiterServer {
     /// The QUIC address agents and peer replicas connect to.
@@ -75,6 +79,7 @@ pub struct ArbiterServer {
     /// This replica's Raft id.
     pub replica_id: ReplicaId,
     raft: CatalogRaftNode,
+    catalog: crate::raft::AppliedCatalog,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
     /// The one stop signal: the core, the admin server and the accept loop
@@ -156,10 +161,35 @@ impl ArbiterServer {
                 .iter()
                 .map(|m| (m.id, openraft::BasicNode::new(m.addr.clone())))
                 .collect();
-            tracing::info!(replica = id, members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new Raft group");
-            node.initialize(nodes)
-                .await
-                .map_err(|e| ServerError::Raft(format!("initializing the group: {e}")))?;
+            if members.len() == 1 {
+                tracing::info!(replica = id, "initializing a new Raft group of one");
+                node.initialize(nodes)
+                    .await
+                    .map_err(|e| ServerError::Raft(format!("initializing the group: {e}")))?;
+            } else {
+                // The first election asks every peer for its vote: wait
+                // (bounded) until they answer a handshake, so replicas
+                // started together do not fail each other's first vote.
+                let (node, peers) = (node.clone(), peers.clone());
+                let others: Vec<String> = members
+                    .iter()
+                    .filter(|m| m.id != id)
+                    .map(|m| m.addr.clone())
+                    .collect();
+                tokio::spawn(async move {
+                    let deadline = tokio::time::Instant::now() + GROUP_START_WAIT;
+                    for addr in &others {
+                        while !peers.reachable(addr).await && tokio::time::Instant::now() < deadline
+                        {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                    tracing::info!(replica = id, members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new Raft group");
+                    if let Err(e) = node.initialize(nodes).await {
+                        tracing::error!(replica = id, error = %e, "initializing the Raft group failed");
+                    }
+                });
+            }
         }
         if members.len() == 1 && members[0].id == id {
             // A group of one elects itself at once; serve after it has, so
@@ -198,6 +228,7 @@ impl ArbiterServer {
                 timeout: write_timeout,
             },
         ));
+        let catalog = applied.clone();
         let app = admin::router(admin::AdminState {
             core: core_tx,
             applied,
@@ -223,6 +254,7 @@ impl ArbiterServer {
             token_file,
             replica_id: id,
             raft: node,
+            catalog,
             peers,
             endpoint,
             stop,
@@ -237,6 +269,13 @@ impl ArbiterServer {
     /// metrics).
     pub fn raft(&self) -> &CatalogRaftNode {
         &self.raft
+    }
+
+    /// The identity of the catalog this replica applied (`None` until the
+    /// group's first leader named it: a launcher waits for it to know a
+    /// write commits).
+    pub fn catalog_identity(&self) -> Option<crate::CatalogId> {
+        self.catalog.lock().identity()
     }
 
     /// The UDP port this replica's calls to its peers leave from (tests cut
@@ -269,7 +308,9 @@ impl ArbiterServer {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
         finish("accept loop", self.accept_task, grace).await;
-        self.endpoint.wait_idle().await;
+        // Time for the close frames to leave; a connection whose peer
+        // already vanished would otherwise hold this for its idle timeout.
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
         tracing::info!("arbiter stopped");
     }
 }

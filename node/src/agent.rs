@@ -199,6 +199,11 @@ impl Agent {
                 None
             }
         };
+        if config.arbiters.is_empty() {
+            tracing::warn!(
+                "agent.arbiters is empty: this agent serves only its disk cache; registrations, drains and deregistrations stay pending, and resolves of services not cached answer 503"
+            );
+        }
         let client = match (config.arbiters.is_empty(), tls) {
             (true, _) => None,
             (false, Some(tls)) => Some(ArbiterClient::new(tls)?),

@@ -156,6 +156,15 @@ impl Peers {
         Ok(conn)
     }
 
+    /// Whether the replica at `addr` completes a handshake within the
+    /// connect timeout (the connection is kept for the next call).
+    pub async fn reachable(&self, addr: &str) -> bool {
+        matches!(
+            tokio::time::timeout(CONNECT_TIMEOUT, self.connect(addr)).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Sends `request` to the replica at `addr` and waits at most `timeout`
     /// for its answer.
     pub async fn call(
