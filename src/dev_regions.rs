@@ -152,6 +152,7 @@ impl DevRegions {
                 &issue(k, Role::Arbiter, &format!("arbiter-{name}"))?,
             )
             .await?;
+            crate::dev::named(std::slice::from_ref(&arbiter)).await?;
             let agent_dir = dir.join("agent");
             let mut agent_config = AgentConfig {
                 node_id: NODE.into(),
@@ -369,7 +370,7 @@ impl DevRegions {
                     bridge.shutdown().await;
                 }
                 r.agent.shutdown().await;
-                r.arbiter.shutdown().await;
+                crate::dev::stop_arbiter(r.arbiter).await;
             });
         }
         while stopping.join_next().await.is_some() {}

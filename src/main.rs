@@ -570,6 +570,12 @@ fn main() -> ExitCode {
     })
 }
 
+/// `path` made absolute against the working directory (as it is when that
+/// fails).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
 /// An error and its causes on one line, each cause once: an error whose
 /// message already names its source (`binding …: Address already in use`)
 /// is not followed by that source again.
@@ -839,6 +845,14 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
 
 /// Writes `dev.json` for the operator commands; the banner's line about it.
 fn write_targets(targets: &DevTargets, data_dir: &Path) -> anyhow::Result<String> {
+    // Absolute paths, so the commands find the tokens from any directory.
+    let mut targets = targets.clone();
+    for region in &mut targets.regions {
+        region.agent_token_file = absolute(&region.agent_token_file);
+        for arbiter in &mut region.arbiters {
+            arbiter.token_file = absolute(&arbiter.token_file);
+        }
+    }
     let path = targets.write(data_dir).with_context(|| {
         format!(
             "writing {}",

@@ -93,7 +93,11 @@ impl Dev {
     /// Ctrl-C, then the process must end by itself; its stderr.
     fn stop(mut self) -> String {
         let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        // The shell's own kill: no procps needed on a fresh machine.
+        let sent = Command::new("sh")
+            .args(["-c", &format!("kill -INT {pid}")])
+            .status()
+            .unwrap();
         assert!(sent.success());
         let start = Instant::now();
         let status = loop {
@@ -297,5 +301,60 @@ fn dev_then_dev_with_three_replicas_in_one_directory() {
     assert!(
         !d.join("rollcall-data/dev.json").exists(),
         "a stopped dev leaves no targets file"
+    );
+}
+
+/// An agent with no arbiters says at start what that means, and a port in
+/// use is reported with its cause once (it was printed twice).
+#[test]
+fn start_up_messages_say_what_is_wrong_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let http = free_ports(1);
+    let dns = free_ports(1);
+    let config = d.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nhttp_listen = \"127.0.0.1:{http}\"\ndns_listen = \"127.0.0.1:{dns}\"\narbiters = []\n",
+            d.join("agent").display()
+        ),
+    )
+    .unwrap();
+    let stderr = d.join("agent.err");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_rollcall"))
+        .args(["agent", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the warning about no arbiters", || {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .contains("agent.arbiters is empty")
+    });
+
+    // The agent holds the HTTP port: a dev on it cannot start.
+    let out = Command::new(env!("CARGO_BIN_EXE_rollcall"))
+        .args(["dev", "--http", &format!("127.0.0.1:{http}")])
+        .current_dir(d)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line:\n{text}"));
+    assert!(line.contains(&format!("127.0.0.1:{http}")), "{line}");
+    assert_eq!(
+        line.matches("Address already in use").count(),
+        1,
+        "the cause once: {line}"
     );
 }

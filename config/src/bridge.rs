@@ -42,12 +42,13 @@ pub struct BridgeConfig {
     /// a stale summary is no reason to move traffic (R9). Handed to the
     /// arbiter with the remote view, which marks older views not fresh.
     /// Default 30000; at least twice `sync_interval_ms`, so one late
-    /// confirmation never makes a healthy peer look stale.
+    /// confirmation never makes a healthy peer look stale, and at most
+    /// 3600000 (the arbiter refuses a longer one).
     pub summary_max_age_ms: u64,
     /// How often the bridge reads its arbiter's policies and summaries and
     /// confirms its region's view to the peers, in ms. What changed goes
     /// out as a delta; when nothing did, the peers get a confirmation of a
-    /// few bytes. Default 1000; at least 100.
+    /// few bytes. Default 1000; 100 to 1800000.
     pub sync_interval_ms: u64,
     /// Where the bridge serves `GET /metrics` (Prometheus text): summary
     /// age and sync lag per peer region, policy revisions, bytes sent per
@@ -160,12 +161,17 @@ impl ConfigFile for BridgeConfig {
                 ));
             }
         }
-        rules::at_least("bridge.sync_interval_ms", self.sync_interval_ms, 100)?;
+        rules::between(
+            "bridge.sync_interval_ms",
+            self.sync_interval_ms,
+            100,
+            MAX_SUMMARY_MAX_AGE_MS / 2,
+        )?;
         rules::between(
             "bridge.summary_max_age_ms",
             self.summary_max_age_ms,
-            self.sync_interval_ms.saturating_mul(2),
-            MAX_SUMMARY_MAX_AGE_MS.max(self.sync_interval_ms.saturating_mul(2)),
+            self.sync_interval_ms * 2,
+            MAX_SUMMARY_MAX_AGE_MS,
         )?;
         if self.arbiter.admin.is_empty() {
             return Err(ConfigError::invalid(

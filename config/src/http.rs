@@ -22,8 +22,8 @@ pub struct HttpLimits {
     pub header_read_timeout_ms: u64,
     /// A connection on which nothing is read or written for this long, in
     /// ms, is closed (a request body that stops arriving). Default 60000.
-    /// Registration sessions (`POST …/session`) write a line every 10 s, so
-    /// they stay open.
+    /// Registration sessions (`POST …/session`) write a line every second,
+    /// so they stay open.
     pub idle_timeout_ms: u64,
 }
 

@@ -308,9 +308,9 @@ impl ArbiterServer {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
         finish("accept loop", self.accept_task, grace).await;
-        // Time for the close frames to leave; a connection whose peer
-        // already vanished would otherwise hold this for its idle timeout.
-        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+        // The socket is released once every connection has drained, so the
+        // same port can be bound again at once (a restart in one process).
+        self.endpoint.wait_idle().await;
         tracing::info!("arbiter stopped");
     }
 }
