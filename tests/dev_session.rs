@@ -12,17 +12,21 @@ use serde_json::{json, Value};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// A loopback port free for TCP and UDP, and the `n - 1` after it.
+/// A loopback port free for TCP and UDP, and the `n - 1` after it, below
+/// Linux's ephemeral range (32768–60999), so no client socket of a test
+/// running alongside is handed one of them before `dev` binds it.
 fn free_ports(n: u16) -> u16 {
-    for _ in 0..200 {
-        let base = TcpListener::bind("127.0.0.1:0")
+    let mut seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base > u16::MAX - n {
-            continue;
-        }
+            .as_nanos() as u64;
+    for _ in 0..1_000 {
+        // xorshift: no rand dependency in this package's tests.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let base = 20_000 + (seed % 12_000) as u16;
         let all_free = (0..n).all(|k| {
             TcpListener::bind(("127.0.0.1", base + k)).is_ok()
                 && UdpSocket::bind(("127.0.0.1", base + k)).is_ok()

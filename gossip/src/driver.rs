@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::identity::MemberId;
-use crate::membership::{Membership, MembershipEvent, Output};
-use crate::seal::{Sealer, ZoneKey, MAX_PACKET};
+use crate::membership::{Drops, Membership, MembershipEvent, Output};
+use crate::seal::{OpenDrops, Sealer, ZoneKey, MAX_PACKET};
 
 /// What the driver tells its owner.
 pub trait GossipListener: Send + Sync + 'static {
@@ -50,10 +50,57 @@ pub struct GossipHandle {
     /// The bound UDP address (this member's identity address).
     pub local_addr: SocketAddr,
     blocked: Arc<AtomicBool>,
+    drops: Arc<SharedDrops>,
     task: JoinHandle<()>,
 }
 
+/// The member's drop counts, published by its task after every incoming
+/// packet for whoever exports them (the agent's metrics).
+#[derive(Debug, Default)]
+pub struct SharedDrops {
+    too_large: AtomicU64,
+    too_short: AtomicU64,
+    unknown_key: AtomicU64,
+    forged: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl SharedDrops {
+    fn publish(&self, drops: Drops) {
+        let o = drops.open;
+        for (cell, value) in [
+            (&self.too_large, o.too_large),
+            (&self.too_short, o.too_short),
+            (&self.unknown_key, o.unknown_key),
+            (&self.forged, o.forged),
+            (&self.refused, drops.refused),
+        ] {
+            cell.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// The counts so far.
+    pub fn get(&self) -> Drops {
+        let load = |cell: &AtomicU64| cell.load(Ordering::Relaxed);
+        Drops {
+            open: OpenDrops {
+                too_large: load(&self.too_large),
+                too_short: load(&self.too_short),
+                unknown_key: load(&self.unknown_key),
+                forged: load(&self.forged),
+            },
+            refused: load(&self.refused),
+        }
+    }
+}
+
 impl GossipHandle {
+    /// Incoming datagrams dropped so far, by reason (oversized, truncated,
+    /// sealed with an unknown key, forged, refused by foca).
+    pub fn drops(&self) -> Arc<SharedDrops> {
+        self.drops.clone()
+    }
+
     /// Drops every packet in and out while `blocked` (for tests: a node
     /// whose gossip is cut while its arbiter session lives).
     pub fn block(&self, blocked: bool) {
@@ -99,18 +146,20 @@ pub async fn start(
     let mut membership = Membership::new(id, &options.settings, sealer, rand::random());
     membership.join(&options.seeds);
     let blocked = Arc::new(AtomicBool::new(false));
+    let drops = Arc::new(SharedDrops::default());
     let rejoin = Duration::from_millis(options.settings.announce_ms.max(FIRST_REJOIN_MS));
     let task = tokio::spawn(run(
         socket,
         membership,
         options.seeds,
         rejoin,
-        blocked.clone(),
+        (blocked.clone(), drops.clone()),
         listener,
     ));
     Ok(GossipHandle {
         local_addr,
         blocked,
+        drops,
         task,
     })
 }
@@ -140,7 +189,7 @@ async fn run(
     mut membership: Membership,
     seeds: Vec<SocketAddr>,
     rejoin: Duration,
-    blocked: Arc<AtomicBool>,
+    (blocked, drops): (Arc<AtomicBool>, Arc<SharedDrops>),
     listener: impl GossipListener,
 ) {
     let mut timers: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
@@ -199,6 +248,7 @@ async fn run(
                 if let Err(reason) = membership.handle_packet(from, &buf[..len]) {
                     tracing::debug!(from = %from, reason = %reason, "gossip packet dropped");
                 }
+                drops.publish(membership.drops());
             }
             _ = tokio::time::sleep_until(next_timer.min(next_rejoin)) => {
                 let now = Instant::now();

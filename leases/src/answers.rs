@@ -32,22 +32,22 @@ pub fn response(catalog: &Catalog, env: &Envelope, result: Result<Applied, Rejec
                 state,
             }
         }
-        Err(rejection) => {
-            let kind = match rejection {
-                Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
-                Rejection::UnknownInstance { .. }
-                | Rejection::UnknownService { .. }
-                | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
-                Rejection::NotHomeRegion { .. } | Rejection::HomeHere { .. } => {
-                    RejectKind::Forbidden
-                }
-                _ => RejectKind::Invalid,
-            };
-            Response::Rejected {
-                kind,
-                message: rejection.to_string(),
-            }
-        }
+        Err(rejection) => Response::Rejected {
+            kind: kind_of(&rejection),
+            message: rejection.to_string(),
+        },
+    }
+}
+
+/// How a catalog refusal is answered.
+pub fn kind_of(rejection: &Rejection) -> RejectKind {
+    match rejection {
+        Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
+        Rejection::UnknownInstance { .. }
+        | Rejection::UnknownService { .. }
+        | Rejection::UnknownPolicy { .. } => RejectKind::NotFound,
+        Rejection::NotHomeRegion { .. } | Rejection::HomeHere { .. } => RejectKind::Forbidden,
+        _ => RejectKind::Invalid,
     }
 }
 

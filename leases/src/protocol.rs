@@ -225,6 +225,20 @@ pub enum RejectKind {
     Unavailable,
 }
 
+impl RejectKind {
+    /// The metric label and log word (`stale_generation`, `not_found`,
+    /// `forbidden`, `invalid`, `unavailable`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectKind::StaleGeneration => "stale_generation",
+            RejectKind::NotFound => "not_found",
+            RejectKind::Forbidden => "forbidden",
+            RejectKind::Invalid => "invalid",
+            RejectKind::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// The answer to a `Request`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Response {

@@ -692,3 +692,58 @@ async fn a_remote_view_with_an_unbounded_max_age_is_refused() {
     assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
     server.shutdown().await;
 }
+
+/// Issue 20, item 5: what the arbiter refuses is counted by kind
+/// (`rollcall_arbiter_refusals_total{kind}`): at authorization and in the
+/// catalog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_counted_by_kind() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let (conn, _w, _r) = seed_session(&ca, &server).await;
+    // Another node's instance: refused by authorization.
+    let mut other = seed_registration("web-9", Ipv4Addr::LOCALHOST);
+    other.node = NodeId::new("other").unwrap();
+    assert!(matches!(
+        conn.request(&Request::Register(other)).await.unwrap(),
+        Response::Rejected {
+            kind: RejectKind::Forbidden,
+            ..
+        }
+    ));
+    // A live instance, then a stale generation: refused by the catalog.
+    let reg = seed_registration("web-1", Ipv4Addr::LOCALHOST);
+    assert!(matches!(
+        conn.request(&Request::Register(reg)).await.unwrap(),
+        Response::Committed { .. }
+    ));
+    let stale = Request::Deregister {
+        instance_id: InstanceId::new("web-1").unwrap(),
+        generation: rollcall_leases::Generation(7),
+    };
+    assert!(matches!(
+        conn.request(&stale).await.unwrap(),
+        Response::Rejected {
+            kind: RejectKind::StaleGeneration,
+            ..
+        }
+    ));
+    assert_eq!(
+        metric(
+            &server,
+            "rollcall_arbiter_refusals_total{kind=\"forbidden\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "rollcall_arbiter_refusals_total{kind=\"stale_generation\"}"
+        )
+        .await,
+        1.0
+    );
+    server.shutdown().await;
+}

@@ -370,6 +370,9 @@ impl Agent {
             None => None,
         };
         let gossip = crate::zone::start(&config, &node, epoch, addr.recipient()).await?;
+        if let Some(gossip) = &gossip {
+            agent.metrics().watch_gossip(gossip.drops());
+        }
         tracing::info!(node = %node, epoch = %epoch, http = %http_addr, dns = %dns_addr, "agent started");
         Ok(AgentHandle {
             agent,

@@ -156,6 +156,14 @@ pub struct AgentMetrics {
     /// `max_services` (`agent.metrics_max_services`).
     named: std::sync::Mutex<std::collections::HashSet<String>>,
     max_services: std::sync::atomic::AtomicUsize,
+    /// Gossip datagrams dropped, by reason (`rollcall_gossip_dropped_total`).
+    pub gossip_dropped: Family<ReasonLabel, Counter>,
+    /// Where the gossip member publishes its drop counts, once it runs;
+    /// with the counts already exported.
+    gossip: std::sync::OnceLock<(
+        std::sync::Arc<rollcall_gossip::SharedDrops>,
+        std::sync::Mutex<rollcall_gossip::Drops>,
+    )>,
 }
 
 /// The label value that stands for every service past the cap.
@@ -164,7 +172,8 @@ pub const OTHER_SERVICES: &str = "_other";
 impl AgentMetrics {
     /// Registers every metric.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("rollcall_agent");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("rollcall_agent");
         let m = AgentMetrics {
             registry: Registry::default(),
             probe_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
@@ -179,6 +188,8 @@ impl AgentMetrics {
             snapshots_applied: Counter::default(),
             cache_discarded: Family::default(),
             named: Default::default(),
+            gossip_dropped: Family::default(),
+            gossip: std::sync::OnceLock::new(),
             max_services: std::sync::atomic::AtomicUsize::new(500),
             no_backend: Family::default(),
             ejections: Family::default(),
@@ -326,8 +337,45 @@ impl AgentMetrics {
             "Highest home revision of the service policies this agent holds, per home region",
             m.policy_revision.clone(),
         );
-        AgentMetrics { registry, ..m }
+        root.sub_registry_with_prefix("rollcall_gossip").register(
+            "dropped",
+            "Incoming gossip datagrams dropped, by reason: too_large, too_short, unknown_key (sealed with a key this node does not hold), forged (the seal does not verify), refused (authentic, but foca refused it)",
+            m.gossip_dropped.clone(),
+        );
+        AgentMetrics {
+            registry: root,
+            ..m
+        }
     }
+    /// Exports the drop counts of this agent's gossip member from now on.
+    pub fn watch_gossip(&self, drops: std::sync::Arc<rollcall_gossip::SharedDrops>) {
+        let _ = self.gossip.set((drops, Default::default()));
+    }
+
+    /// Brings `rollcall_gossip_dropped_total` up to the member's counts.
+    fn refresh_gossip(&self) {
+        let Some((source, exported)) = self.gossip.get() else {
+            return;
+        };
+        let now = source.get();
+        let mut exported = exported.lock().unwrap_or_else(|p| p.into_inner());
+        let before = *exported;
+        for (reason, now, then) in [
+            ("too_large", now.open.too_large, before.open.too_large),
+            ("too_short", now.open.too_short, before.open.too_short),
+            ("unknown_key", now.open.unknown_key, before.open.unknown_key),
+            ("forged", now.open.forged, before.open.forged),
+            ("refused", now.refused, before.refused),
+        ] {
+            self.gossip_dropped
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_owned(),
+                })
+                .inc_by(now.saturating_sub(then));
+        }
+        *exported = now;
+    }
+
     /// Caps the distinct services per-service labels name
     /// (`agent.metrics_max_services`).
     pub fn set_max_services(&self, max: usize) {
@@ -362,6 +410,7 @@ impl AgentMetrics {
     /// metrics: counters grow by what they grew since `reported`, gauges
     /// are set anew.
     pub fn refresh(&self, scrape: Scrape<'_>, reported: &mut Reported, now: u64) {
+        self.refresh_gossip();
         let (stats, before) = (&scrape.sync, &reported.sync);
         self.revision_gaps.inc_by(stats.gaps - before.gaps);
         self.digest_mismatches

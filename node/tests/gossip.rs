@@ -118,3 +118,48 @@ async fn cutting_only_an_agents_gossip_removes_nothing() {
     }
     assert_eq!(admin.revision().await, before, "nothing was committed");
 }
+
+/// Issue 20, item 5: what the gossip member drops is exported, by reason
+/// (`rollcall_gossip_dropped_total{reason}` on the agent's /metrics).
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn dropped_gossip_datagrams_are_counted_by_reason() {
+    let cluster = Cluster::start().await;
+    let key = cluster.dir.path().join("zone.key");
+    std::fs::write(&key, ZoneKey::generate_line(1)).unwrap();
+    let mut config = cluster.agent_config("node-a");
+    config.gossip.key_file = Some(key.clone());
+    config.gossip.listen = "127.0.0.1:0".parse().unwrap();
+    let agent = cluster.agent_with(config).await;
+    let gossip = agent.gossip.as_ref().unwrap().local_addr;
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // Too short for a seal; sealed with key id 1 but forged; key id 9,
+    // which nobody holds.
+    let mut forged = vec![0u8; 200];
+    forged[0] = 1;
+    let mut unknown = vec![0u8; 200];
+    unknown[0] = 9;
+    for packet in [vec![1u8, 2, 3], forged, unknown] {
+        socket.send_to(&packet, gossip).await.unwrap();
+    }
+    let http = Http::of(&agent);
+    eventually("the drops are exported", || async {
+        let text = http
+            .client
+            .get(format!("{}/metrics", http.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let count = |reason: &str| -> Option<f64> {
+            let prefix = format!("rollcall_gossip_dropped_total{{reason=\"{reason}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.parse().ok())
+        };
+        (count("too_short")? >= 1.0 && count("forged")? >= 1.0 && count("unknown_key")? >= 1.0)
+            .then_some(())
+    })
+    .await;
+}

@@ -600,6 +600,14 @@ impl Core {
             }
             Err(response) => {
                 self.metrics.rejections.inc();
+                if let Response::Rejected { kind, .. } = &response {
+                    self.metrics
+                        .refusals
+                        .get_or_create(&KindLabel {
+                            kind: kind.as_str(),
+                        })
+                        .inc();
+                }
                 let _ = reply.send(response);
             }
         }

@@ -34,7 +34,7 @@ pub struct ReplicaLabel {
 /// Label of series split by what kind of update was sent.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `delta` or `snapshot`.
+    /// `delta` or `snapshot` (resends), a `RejectKind` (refusals).
     pub kind: &'static str,
 }
 
@@ -49,6 +49,8 @@ pub struct Metrics {
     pub commits: Counter,
     /// Requests rejected.
     pub rejections: Counter,
+    /// Requests rejected, by kind (`RejectKind::as_str`).
+    pub refusals: Family<KindLabel, Counter>,
     /// Time from proposing a write on the leader to its being committed by
     /// a quorum and applied, in seconds.
     pub commit_latency: Histogram,
@@ -125,6 +127,7 @@ impl Metrics {
             renewals: Counter::default(),
             commits: Counter::default(),
             rejections: Counter::default(),
+            refusals: Family::default(),
             commit_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             ready: Family::default(),
             ack_lag: Family::default(),
@@ -168,6 +171,11 @@ impl Metrics {
             "rejections",
             "Requests the catalog or authorization refused",
             m.rejections.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Requests the catalog or authorization refused, by kind: stale_generation, not_found, forbidden, invalid, unavailable",
+            m.refusals.clone(),
         );
         registry.register(
             "commit_latency_seconds",

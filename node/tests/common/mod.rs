@@ -33,12 +33,33 @@ impl AgentSystem {
 /// How long a test waits for something that should happen in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
+/// A UDP port free now on 127.0.0.1 for a server that binds it later.
+/// Drawn below Linux's ephemeral range (32768–60999): a port the kernel
+/// hands out to `bind(:0)` (every client socket of the tests running
+/// alongside) could be taken between this call and the server's bind.
 pub fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
+    // xorshift seeded by the clock and a counter: this module is also
+    // compiled into packages without a rand dependency.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+        .as_nanos() as u64
+        ^ (u64::from(std::process::id()) << 32)
+        ^ CALLS
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        | 1;
+    for _ in 0..1_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let port = 20_000 + (seed % 12_000) as u16;
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free UDP port below the ephemeral range");
 }
 
 pub struct Cluster {

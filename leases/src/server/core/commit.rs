@@ -133,8 +133,14 @@ impl Core {
                                     self.metrics.commits.inc();
                                     self.after_commit(&envelope, applied);
                                 }
-                                Err(_) => {
+                                Err(rejection) => {
                                     self.metrics.rejections.inc();
+                                    self.metrics
+                                        .refusals
+                                        .get_or_create(&crate::server::metrics::KindLabel {
+                                            kind: crate::answers::kind_of(rejection).as_str(),
+                                        })
+                                        .inc();
                                 }
                             }
                             self.finish(then, &envelope, Decided::Local(result));
