@@ -420,19 +420,9 @@ struct ClusterArgs {
 impl ClusterArgs {
     /// The admin address and the operator token.
     fn target(&self) -> anyhow::Result<(String, String)> {
-        let dev = DevTargets::read(&self.data_dir).map_err(anyhow::Error::msg)?;
-        let replica = match &dev {
-            Some(dev) => dev
-                .region(self.region.as_deref())
-                .map_err(anyhow::Error::msg)?
-                .arbiter(self.admin.as_deref())
-                .cloned(),
-            None if self.region.is_some() => anyhow::bail!(
-                "--region needs the dev.json of a running `rollcall dev --regions N` in {} (or give --admin and --token-file)",
-                self.data_dir.display()
-            ),
-            None => None,
-        };
+        let replica = DevTargets::region_in(&self.data_dir, self.region.as_deref())
+            .map_err(anyhow::Error::msg)?
+            .and_then(|r| r.arbiter(self.admin.as_deref()).cloned());
         let admin = self
             .admin
             .clone()
@@ -1147,49 +1137,27 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
 /// (`2026-12-02T04:36:56.277Z`).
 fn rfc3339(at_ms: u64) -> String {
-    let secs = (at_ms / 1000) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        at_ms % 1000
-    )
+    i64::try_from(at_ms)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or_else(
+            || format!("{at_ms} ms"),
+            |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        )
 }
 
 async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
-    let dev = DevTargets::read(&args.data_dir).map_err(anyhow::Error::msg)?;
-    let region = match &dev {
-        Some(dev) => Some(
-            dev.region(args.region.as_deref())
-                .map_err(anyhow::Error::msg)?,
-        ),
-        None if args.region.is_some() => anyhow::bail!(
-            "--region needs the dev.json of a running `rollcall dev --regions N` in {}",
-            args.data_dir.display()
-        ),
-        None => None,
-    };
+    let region = DevTargets::region_in(&args.data_dir, args.region.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let agent = args
         .agent
         .clone()
-        .or_else(|| region.map(|r| r.agent.clone()))
+        .or_else(|| region.as_ref().map(|r| r.agent.clone()))
         .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned());
     let token_file = args
         .token_file
         .clone()
-        .or_else(|| region.map(|r| r.agent_token_file.clone()))
+        .or_else(|| region.map(|r| r.agent_token_file))
         .unwrap_or_else(|| PathBuf::from("./rollcall-data/agent/agent.token"));
     let token = rollcall_leases::secret::read_token(&token_file)
         .with_context(|| format!("reading the node token {}", token_file.display()))?;
@@ -1240,4 +1208,25 @@ async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audit_times_are_rfc3339_utc_to_the_millisecond() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_000_000_000_007), "2001-09-09T01:46:40.007Z");
+        assert_eq!(rfc3339(u64::MAX), format!("{} ms", u64::MAX));
+    }
+
+    #[test]
+    fn a_service_flag_completes_the_default_namespace_and_port() {
+        let key = |s: &str| parse_service(s).unwrap().to_string();
+        assert_eq!(key("web"), "default/web/default");
+        assert_eq!(key("shop/web"), "shop/web/default");
+        assert_eq!(key("shop/web/http"), "shop/web/http");
+        assert!(parse_service("Web").is_err());
+    }
 }

@@ -78,6 +78,23 @@ impl DevTargets {
         let _ = std::fs::remove_file(data_dir.join(FILE_NAME));
     }
 
+    /// The region `region` (the first when `None`) of the `rollcall dev`
+    /// whose `dev.json` is in `data_dir`; `Ok(None)` when there is none and
+    /// no region was asked for (the commands' own defaults apply).
+    pub fn region_in(
+        data_dir: &Path,
+        region: Option<&str>,
+    ) -> Result<Option<RegionTargets>, String> {
+        match (DevTargets::read(data_dir)?, region) {
+            (Some(dev), region) => dev.region(region).cloned().map(Some),
+            (None, Some(_)) => Err(format!(
+                "--region needs the dev.json of a running `rollcall dev --regions N` in {}",
+                data_dir.display()
+            )),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The region named `region`, or the first when `None`.
     pub fn region(&self, region: Option<&str>) -> Result<&RegionTargets, String> {
         match region {

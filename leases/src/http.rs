@@ -50,15 +50,6 @@ pub fn error_response(status: StatusCode, code: &str, detail: &str) -> Response 
         .into_response()
 }
 
-/// The answer for a path no route serves.
-pub async fn not_found() -> Response {
-    error_response(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "no such path; the API's paths are listed in the README",
-    )
-}
-
 /// Largest framework error text carried into the JSON detail.
 const MAX_DETAIL_BYTES: usize = 4096;
 

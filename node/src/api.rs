@@ -149,7 +149,6 @@ pub fn router(agent: ApiContext) -> Router {
         .route("/metrics", get(metrics))
         // Our own limit answers 413 with a JSON body; axum's would answer first.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES + 1))
-        .fallback(rollcall_leases::http::not_found)
         .with_state(agent)
         .layer(axum::middleware::map_response(
             rollcall_leases::http::json_errors,

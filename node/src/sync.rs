@@ -199,12 +199,10 @@ impl CatalogSync {
             let held = t.view.as_ref().filter(|v| v.exists()).map(|v| v.revision());
             let discard = match (held, t.catalog, catalog) {
                 (None, ..) => None,
-                (Some(_), Some(mine), Some(theirs)) if mine != theirs => {
-                    Some(Discard::OtherCatalog)
+                (Some(_), Some(mine), Some(theirs)) => {
+                    (mine != theirs).then_some(Discard::OtherCatalog)
                 }
-                (Some(_), Some(mine), Some(theirs)) if mine == theirs => None,
-                (Some(held), ..) if held > revision => Some(Discard::AheadOfArbiter),
-                _ => None,
+                (Some(held), ..) => (held > revision).then_some(Discard::AheadOfArbiter),
             };
             let have = match discard {
                 Some(why) => {
@@ -456,8 +454,8 @@ mod tests {
         );
     }
 
-    /// Two followed services, both synced from the catalog's deltas.
-    fn setup() -> (Catalog, CatalogSync) {
+    /// A catalog holding node n1's lease.
+    fn leased() -> Catalog {
         let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
         apply(
             &mut cat,
@@ -468,6 +466,12 @@ mod tests {
                 ttl_ms: 10_000,
             },
         );
+        cat
+    }
+
+    /// Two followed services, both synced from the catalog's deltas.
+    fn setup() -> (Catalog, CatalogSync) {
+        let mut cat = leased();
         register(&mut cat, "a1", "a");
         register(&mut cat, "b1", "b");
         let mut sync = CatalogSync::new(ShardId(0));
@@ -733,16 +737,7 @@ mod tests {
         assert_eq!(sync.stats().discarded_other_catalog, 2);
 
         // The new catalog's snapshot is then held as the new catalog's.
-        let mut cat = Catalog::new(CatalogParams::with_region(Label::new("r1").unwrap()));
-        apply(
-            &mut cat,
-            Command::GrantLease {
-                node: NodeId::new("n1").unwrap(),
-                epoch: AgentEpoch(1),
-                zone: Label::new("z1").unwrap(),
-                ttl_ms: 10_000,
-            },
-        );
+        let mut cat = leased();
         register(&mut cat, "a9", "a");
         let snap = rollcall_leases::codec::shared_service_snapshot(
             &cat.service_snapshot(&svc("a")).unwrap(),

@@ -290,17 +290,13 @@ async fn an_agent_discards_a_cache_of_a_rebuilt_arbiter_group() {
     assert!(new_catalog.is_string());
     assert_ne!(new_catalog, old_catalog.as_str());
     assert_eq!(http.status().await["arbiter"]["catalog"], new_catalog);
-    let metrics = http
-        .client
-        .get(format!("{}/metrics", http.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("rollcall_agent_cache_discarded_total{reason=\"other_catalog\"} 1"),
+    let metrics = http.metrics().await;
+    assert_eq!(
+        common::metric_in(
+            &metrics,
+            "rollcall_agent_cache_discarded_total{reason=\"other_catalog\"}"
+        ),
+        Some(1.0),
         "{metrics}"
     );
 }

@@ -68,7 +68,15 @@ fn v4(last: u8) -> IpAddr {
 
 /// A connected agent and its DNS server on a random port, TTL 1 s.
 async fn agent_with_dns(cluster: &Cluster) -> (AgentHandle, Http, DnsHandle) {
-    let handle = cluster.agent("node-a").await;
+    agent_with_dns_config(cluster, cluster.agent_config("node-a")).await
+}
+
+/// [`agent_with_dns`] for an agent with `config`.
+async fn agent_with_dns_config(
+    cluster: &Cluster,
+    config: rollcall_config::AgentConfig,
+) -> (AgentHandle, Http, DnsHandle) {
+    let handle = cluster.agent_with(config).await;
     let http = Http::of(&handle);
     http.wait_connected().await;
     let dns = dns::start(
@@ -338,16 +346,7 @@ async fn lookups_of_unknown_names_leave_no_state_behind() {
     config.unknown_ttl_ms = 1_000;
     config.follow_idle_ms = 2_000;
     config.metrics_max_services = 20;
-    let handle = cluster.agent_with(config).await;
-    let http = Http::of(&handle);
-    http.wait_connected().await;
-    let dns = dns::start(
-        handle.agent.views().clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        1,
-    )
-    .await
-    .unwrap();
+    let (handle, http, dns) = agent_with_dns_config(&cluster, config).await;
     let udp = resolver(dns.local_addr(), false);
     let (status, body) = http
         .register_at("web", "web-1", "127.0.0.2", 9000, 100)

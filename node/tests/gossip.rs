@@ -143,20 +143,12 @@ async fn dropped_gossip_datagrams_are_counted_by_reason() {
     }
     let http = Http::of(&agent);
     eventually("the drops are exported", || async {
-        let text = http
-            .client
-            .get(format!("{}/metrics", http.base))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        let count = |reason: &str| -> Option<f64> {
-            let prefix = format!("rollcall_gossip_dropped_total{{reason=\"{reason}\"}} ");
-            text.lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .and_then(|v| v.parse().ok())
+        let text = http.metrics().await;
+        let count = |reason: &str| {
+            common::metric_in(
+                &text,
+                &format!("rollcall_gossip_dropped_total{{reason=\"{reason}\"}} "),
+            )
         };
         (count("too_short")? >= 1.0 && count("forged")? >= 1.0 && count("unknown_key")? >= 1.0)
             .then_some(())

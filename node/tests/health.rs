@@ -84,15 +84,7 @@ async fn a_failing_readiness_check_takes_the_instance_out_and_passing_brings_it_
             .then_some(())
     })
     .await;
-    let metrics = http
-        .client
-        .get(format!("{}/metrics", http.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = http.metrics().await;
     assert!(
         metrics.contains("rollcall_agent_health_flaps_total"),
         "{metrics}"

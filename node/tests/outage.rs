@@ -70,21 +70,8 @@ async fn the_proxy_keeps_routing_through_an_outage_until_the_staleness_policy_re
     assert_eq!(http.resolve("pay").await.0, 503);
     assert_eq!(through(web).await.as_deref(), Some("web-1"));
     assert_eq!(http.resolve("web").await.0, 200);
-    let metrics = http
-        .client
-        .get(format!("{}/metrics", http.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let refused: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("rollcall_agent_stale_refused_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let metrics = http.metrics().await;
+    let refused = common::metric_in(&metrics, "rollcall_agent_stale_refused_total ").unwrap();
     assert!(refused > 0.0, "{metrics}");
 }
 

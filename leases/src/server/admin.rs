@@ -104,7 +104,6 @@ pub fn router(state: AdminState) -> Router {
             "/v1/remote/{region}/policies",
             put(put_remote_policies).layer(DefaultBodyLimit::max(MAX_REMOTE_BODY_BYTES)),
         )
-        .fallback(crate::http::not_found)
         .with_state(state)
         .layer(axum::middleware::map_response(crate::http::json_errors))
 }

@@ -826,7 +826,10 @@ impl Core {
     /// replica takes office and again at sweeps while none is committed;
     /// the first committed one wins.
     fn identify(&mut self, now: u64, proposals: &mut Vec<(Envelope, Then)>) {
-        if self.replica.applied.lock().identity().is_none() {
+        if self.replica.applied.lock().identity().is_some() {
+            // Named for good: no sweep looks again.
+            self.identify_after_ms = u64::MAX;
+        } else {
             self.identify_after_ms = now + IDENTIFY_RETRY_MS;
             proposals.push((
                 Envelope {

@@ -216,6 +216,11 @@ impl Http {
             .await
     }
 
+    /// The agent's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        metrics_text(&self.client, &self.base).await
+    }
+
     pub async fn resolve(&self, service: &str) -> (u16, Value) {
         self.send(
             reqwest::Method::GET,
@@ -373,24 +378,31 @@ impl Admin {
 
     /// One metric's value from `/metrics` (first series matching the prefix).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|rest| rest.trim().split(' ').next_back())
-                    .and_then(|v| v.parse().ok())
-            })
-            .unwrap_or_else(|| panic!("metric {name} not found in:\n{text}"))
+        let text = metrics_text(&self.client, &self.base).await;
+        metric_in(&text, name).unwrap_or_else(|| panic!("metric {name} not found in:\n{text}"))
     }
+}
+
+/// The `/metrics` text of the HTTP API at `base`.
+pub async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the first series of a `/metrics` text whose name (and
+/// labels) start with `name`.
+pub fn metric_in(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.trim().split(' ').next_back())
+            .and_then(|v| v.parse().ok())
+    })
 }
 
 /// Polls `check` until it returns `Some`, or panics naming `what` after
