@@ -30,6 +30,15 @@ const VERSION: &str = if rollcall_leases::FAULT_INJECTION {
     env!("CARGO_PKG_VERSION")
 };
 
+/// The commit this binary was built from, and whether its tree had
+/// uncommitted changes (build.rs), for the chaos and simulation reports.
+fn build_info() -> rollcall_chaos::report::Build {
+    rollcall_chaos::report::Build {
+        commit: env!("ROLLCALL_GIT_COMMIT").to_owned(),
+        dirty: env!("ROLLCALL_GIT_DIRTY") == "true",
+    }
+}
+
 /// rollcall: service discovery for fleets on VMs and bare metal.
 ///
 /// Node agents register and probe local instances, lease arbiters keep the
@@ -867,6 +876,7 @@ async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
         agents: args.agents,
         short: args.short,
         binary,
+        build: build_info(),
     };
     // Ctrl-C or SIGTERM drops the run, which stops its processes and
     // removes its namespaces.
@@ -908,6 +918,7 @@ fn chaos_sim(args: ChaosSimArgs) -> anyhow::Result<ExitCode> {
         agents: args.agents,
         short: args.short,
         progress: true,
+        build: build_info(),
     };
     let run = rollcall_chaos::sim::simulate(&sim)?;
     let dir = sim

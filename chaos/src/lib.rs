@@ -17,6 +17,7 @@
 //! on a virtual clock, with its scenarios in `chaos/scenarios/sim/`.
 
 pub mod echo;
+pub mod history;
 pub mod netns;
 pub mod plot;
 pub mod relay;
@@ -42,7 +43,8 @@ pub struct RunArgs {
     pub report: Option<PathBuf>,
     /// Multiplies every scenario duration (not the system's own timers).
     pub time_scale: Option<f64>,
-    /// Recorded in the report (the harness draws nothing at random yet).
+    /// Seeds the nodes `crash_rounds` and `pause_rounds` pick; recorded in
+    /// the report.
     pub seed: u64,
     /// Overrides the scenario's agent count.
     pub agents: Option<u32>,
@@ -50,6 +52,8 @@ pub struct RunArgs {
     pub short: bool,
     /// The `rollcall` binary every process runs.
     pub binary: PathBuf,
+    /// The commit that binary was built from, for the report.
+    pub build: report::Build,
 }
 
 /// Why a scenario could not be run (a run that ran and failed its pass
@@ -87,6 +91,7 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         dir: dir.clone(),
         subnet: free_subnet(),
         run_id,
+        seed: args.seed,
     };
     let result = runner::run(&scenario, &options).await?;
     let timeline = result.timeline;
@@ -97,8 +102,14 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         converge_ms: None,
         false_removals: result.false_removals,
         max_concurrent_snapshots: result.max_concurrent_snapshots,
+        snapshots_refused: result.snapshots_refused,
         outage: result.outage,
         connect_timeout_ms: scenario.connect_timeout_ms,
+        build: args.build.clone(),
+        history: result.history,
+        crash_commit_ms: result.crash_commit_ms,
+        election: result.election,
+        cache_corruption: result.cache_corruption,
     };
     let report = report::compute(&input, &timeline, &scenario.pass);
     let budget = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());

@@ -40,12 +40,72 @@ pub struct ReportInput {
     pub false_removals: u64,
     /// Most full snapshots the arbiter served at once.
     pub max_concurrent_snapshots: u64,
+    /// Snapshot requests the arbiter told to retry (its bound reached).
+    pub snapshots_refused: u64,
     /// The control-plane outage the scenario caused, as (start, end) in ms
     /// since the run started; `None` when there was none.
     pub outage: Option<(u64, u64)>,
     /// The generator's connect timeout, ms: how long before a hard failure
     /// a connection may have been in flight to the failed backend.
     pub connect_timeout_ms: u64,
+    /// The commit the binary was built from.
+    pub build: Build,
+    /// The history check (`history::check`); `None` when the audit log
+    /// could not be read.
+    pub history: Option<HistoryFigures>,
+    /// Per hard-failed node, fault → the arbiter's commit that took its
+    /// records out (node-down or lease expiry), ms.
+    pub crash_commit_ms: Vec<u64>,
+    /// A leader election, `[leader killed, first commit answered)` in run
+    /// ms; `None` when the run killed no leader or no commit followed.
+    pub election: Option<(u64, u64)>,
+    /// What a `corrupt_cache` step found, if the run had one.
+    pub cache_corruption: Option<Corruption>,
+}
+
+/// The git commit a binary was built from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Build {
+    /// The commit's hash, or "unknown" (built outside a git checkout).
+    pub commit: String,
+    /// Whether the tree had changes not in that commit.
+    pub dirty: bool,
+}
+
+/// What the history check measured (see `history::check`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryFigures {
+    /// Writes answered 200 or 202 that were checked against the audit log.
+    pub writes_checked: u64,
+    /// One sentence per lost or misplaced write or catalog disagreement.
+    pub lost_writes: Vec<String>,
+    /// One sentence per live, healthy instance taken out of READY.
+    pub false_removals: Vec<String>,
+}
+
+/// A `corrupt_cache` step's evidence: the agent must detect every
+/// corrupted file and never serve from one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Corruption {
+    /// Cache files the step corrupted.
+    pub files: u64,
+    /// Corrupt cache files the restarted agent reported discarding (its
+    /// `rollcall_agent_cache_discarded_total{reason="corrupt"}`).
+    pub detected: u64,
+    /// Answers the restarted agent gave from a cache (`stale: true`) before
+    /// its first confirmed one: a corrupt file served.
+    pub stale_answers: u64,
+}
+
+/// A leader election as the traffic saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Election {
+    /// From the leader's death to the new leader's first answered commit.
+    pub window_ms: u64,
+    /// Connections opened in the window.
+    pub conns: u64,
+    /// Of those, failed ones not sent to a failed backend.
+    pub failed_conns_to_live_backends: u64,
 }
 
 /// The report of one run: exactly the fields of `report.json`.
@@ -53,6 +113,10 @@ pub struct ReportInput {
 pub struct Report {
     /// The scenario's name.
     pub scenario: String,
+    /// The commit the binary that ran was built from.
+    pub git_commit: String,
+    /// Whether that build's tree had uncommitted changes.
+    pub git_dirty: bool,
     /// The seed the run used.
     pub seed: u64,
     /// Agents in the run.
@@ -63,8 +127,12 @@ pub struct Report {
     /// last connection the instance answered (see [`compute`]).
     pub leave_ms: Stats,
     /// Hard-failure times, in ms: from each injected hard failure to the
-    /// last failed connection attributed to it (see [`compute`]).
+    /// last failed connection attributed to it, or the last route sample of
+    /// a live agent still offering it (see [`compute`]).
     pub crash_ms: Stats,
+    /// Per crashed node, the time from the fault to the arbiter's commit of
+    /// its node-down verdict or lease expiry, in ms.
+    pub crash_commit_ms: Stats,
     /// How long the agents took to agree again after the last recovery
     /// step, in ms (see [`converge_ms`]); `null` when the run had no
     /// recovery or the agents never agreed.
@@ -75,16 +143,26 @@ pub struct Report {
     /// Answered connections opened before the answering instance's first
     /// `Ready` event (only instances with a `Ready` event count).
     pub new_conns_to_not_ready: u64,
+    /// Every connection of the run.
+    pub conns: u64,
     /// Every failed connection of the run.
     pub failed_conns: u64,
     /// Instances the control plane removed although they were alive.
     pub false_removals: u64,
     /// Most full snapshots the arbiter served at once.
     pub max_concurrent_snapshots: u64,
+    /// Snapshot requests the arbiter told to retry (its bound reached).
+    pub snapshots_refused: u64,
     /// The scenario's phases, in time order.
     pub phases: Vec<Phase>,
     /// The control-plane outage; `null` when the run had none.
     pub outage: Option<Outage>,
+    /// The leader election; `null` when the run killed no leader.
+    pub election: Option<Election>,
+    /// The history check; `null` when the audit log could not be read.
+    pub history: Option<HistoryFigures>,
+    /// The cache-corruption evidence; `null` without a `corrupt_cache` step.
+    pub cache_corruption: Option<Corruption>,
     /// Whether every figure is within the scenario's pass bounds.
     pub pass: bool,
     /// One sentence per bound exceeded, naming the measured value and the
@@ -257,21 +335,44 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
             .count() as u64,
     });
 
+    let election = input.election.map(|(start, end)| {
+        let within: Vec<&&Conn> = conns
+            .iter()
+            .filter(|c| start <= c.t_ms && c.t_ms < end)
+            .collect();
+        Election {
+            window_ms: end.saturating_sub(start),
+            conns: within.len() as u64,
+            failed_conns_to_live_backends: within
+                .iter()
+                .filter(|c| c.outcome == Outcome::Failed && !to_failed_backend(c))
+                .count() as u64,
+        }
+    });
+
     let mut report = Report {
         scenario: input.scenario.clone(),
+        git_commit: input.build.commit.clone(),
+        git_dirty: input.build.dirty,
         seed: input.seed,
         agents: input.agents,
         duration_s: seconds(timeline.duration_ms),
         leave_ms: Stats::from_samples(samples.leave.iter().map(|s| s.ms).collect()),
         crash_ms: Stats::from_samples(samples.crash.iter().map(|s| s.ms).collect()),
+        crash_commit_ms: Stats::from_samples(input.crash_commit_ms.clone()),
         converge_ms: input.converge_ms.or_else(|| converge_ms(timeline)),
         new_conns_to_drained,
         new_conns_to_not_ready,
+        conns: conns.len() as u64,
         failed_conns,
         false_removals: input.false_removals,
         max_concurrent_snapshots: input.max_concurrent_snapshots,
+        snapshots_refused: input.snapshots_refused,
         phases: phases(&events, &conns, timeline.duration_ms),
         outage,
+        election,
+        history: input.history.clone(),
+        cache_corruption: input.cache_corruption.clone(),
         pass: false,
         failures: Vec::new(),
     };
@@ -339,11 +440,21 @@ fn samples_of(conns: &[&Conn], events: &[&Event], routes: &[Route]) -> Samples {
     let crash = events
         .iter()
         .filter_map(|e| match e {
-            Event::HardFailure { t_ms, instance, .. } => Some(Sample {
-                instance: instance.clone(),
-                start_ms: *t_ms,
-                ms: crash_time(conns, routes, instance, *t_ms),
-            }),
+            Event::HardFailure { t_ms, instance, .. } => {
+                // Until the instance is READY again (its node restarted).
+                let back = events.iter().find_map(|e| match e {
+                    Event::Ready {
+                        t_ms: r,
+                        instance: i,
+                    } if i == instance && r > t_ms => Some(*r),
+                    _ => None,
+                });
+                Some(Sample {
+                    instance: instance.clone(),
+                    start_ms: *t_ms,
+                    ms: crash_time(conns, routes, instance, *t_ms, back),
+                })
+            }
             _ => None,
         })
         .collect();
@@ -501,7 +612,8 @@ fn answered_by(conn: &Conn, instance: &str) -> bool {
 
 /// The `crash_ms` sample of a hard failure of `instance` at `t`; `conns`
 /// sorted by opening time. The rule is documented on [`compute`].
-fn crash_time(conns: &[&Conn], routes: &[Route], instance: &str, t: u64) -> u64 {
+fn crash_time(conns: &[&Conn], routes: &[Route], instance: &str, t: u64, back: Option<u64>) -> u64 {
+    let before_back = |at: u64| back.is_none_or(|b| at < b);
     let routed_to_it: HashSet<&str> = conns
         .iter()
         .take_while(|c| c.t_ms < t)
@@ -510,7 +622,11 @@ fn crash_time(conns: &[&Conn], routes: &[Route], instance: &str, t: u64) -> u64 
         .collect();
     let mut answered_since: HashSet<&str> = HashSet::new();
     let mut last_failure = None;
-    for conn in conns.iter().skip_while(|c| c.t_ms < t) {
+    for conn in conns
+        .iter()
+        .skip_while(|c| c.t_ms < t)
+        .take_while(|c| before_back(c.t_ms))
+    {
         let agent = conn.agent.as_str();
         if !routed_to_it.contains(agent) {
             continue;
@@ -526,7 +642,7 @@ fn crash_time(conns: &[&Conn], routes: &[Route], instance: &str, t: u64) -> u64 
     let failed = last_failure.map_or(0, |f| f - t);
     let offered = routes
         .iter()
-        .filter(|r| r.t_ms >= t && r.instances.iter().any(|i| i == instance))
+        .filter(|r| r.t_ms >= t && before_back(r.t_ms) && r.instances.iter().any(|i| i == instance))
         .map(|r| r.t_ms - t)
         .max()
         .unwrap_or(0);
@@ -566,12 +682,103 @@ fn phases(events: &[&Event], conns: &[&Conn], run_end_ms: u64) -> Vec<Phase> {
 /// One sentence per pass bound the report exceeds.
 fn judge(report: &Report, pass: &Pass) -> Vec<String> {
     let mut failures = Vec::new();
-    for (what, stats, bound) in [
-        ("leave", &report.leave_ms, pass.leave_p99_ms),
-        ("crash", &report.crash_ms, pass.crash_p99_ms),
+    for (what, stats, bound, least, key) in [
+        (
+            "leave",
+            &report.leave_ms,
+            pass.leave_p99_ms,
+            pass.min_leave_samples,
+            "min_leave_samples",
+        ),
+        (
+            "crash",
+            &report.crash_ms,
+            pass.crash_p99_ms,
+            pass.min_crash_samples,
+            "min_crash_samples",
+        ),
     ] {
+        if stats.count < least {
+            failures.push(format!(
+                "{what}: {} samples, fewer than the {least} the scenario requires ({key}): the run did not measure what it judges",
+                stats.count
+            ));
+        }
         if let Some(p99) = stats.p99.filter(|&p99| p99 > bound as f64) {
             failures.push(format!("{what} p99 {p99} ms exceeds {bound} ms"));
+        }
+    }
+    if report.conns <= report.failed_conns {
+        failures.push(format!(
+            "no connection of {} was answered: the traffic measured nothing",
+            report.conns
+        ));
+    }
+    match &report.history {
+        None => failures.push(
+            "the audit log could not be read: false removals and lost writes were not measured"
+                .to_owned(),
+        ),
+        Some(history) => {
+            if history.writes_checked < pass.min_writes_checked {
+                failures.push(format!(
+                    "{} writes checked against the audit log, fewer than the {} required (min_writes_checked)",
+                    history.writes_checked, pass.min_writes_checked
+                ));
+            }
+            if history.lost_writes.len() as u64 > pass.max_lost_writes {
+                failures.push(format!(
+                    "{} lost writes exceed the limit of {}: {}",
+                    history.lost_writes.len(),
+                    pass.max_lost_writes,
+                    history
+                        .lost_writes
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+        }
+    }
+    if let Some(bound) = pass.max_failed_conns_in_election {
+        match &report.election {
+            None => failures.push(
+                "no election window was measured (no leader killed, or no commit answered after it)"
+                    .to_owned(),
+            ),
+            Some(e) if e.conns == 0 => failures.push(format!(
+                "no connection was opened in the {} ms election window",
+                e.window_ms
+            )),
+            Some(e) if e.failed_conns_to_live_backends > bound => failures.push(format!(
+                "{} failed connections to live backends during the {} ms election exceed the limit of {bound}",
+                e.failed_conns_to_live_backends, e.window_ms
+            )),
+            Some(_) => {}
+        }
+    }
+    if let Some(c) = &report.cache_corruption {
+        if c.detected < c.files {
+            failures.push(format!(
+                "{} of {} corrupted cache files were detected (the rest may have been read as valid)",
+                c.detected, c.files
+            ));
+        }
+        if c.stale_answers > 0 {
+            failures.push(format!(
+                "the restarted agent answered {} times from its cache after the corruption",
+                c.stale_answers
+            ));
+        }
+    }
+    if let Some(least) = pass.min_concurrent_snapshots {
+        if report.max_concurrent_snapshots < least || report.snapshots_refused == 0 {
+            failures.push(format!(
+                "the snapshot bound was not reached: at most {} in flight (at least {least} required), {} requests told to retry",
+                report.max_concurrent_snapshots, report.snapshots_refused
+            ));
         }
     }
     let mut count = |measured: u64, bound: u64, what: &str| {
@@ -808,12 +1015,27 @@ mod tests {
         }
     }
 
+    /// A run's harness figures with the history check done (one write
+    /// checked, nothing lost).
     fn input() -> ReportInput {
         ReportInput {
             scenario: "test".to_owned(),
             seed: 7,
             agents: 3,
+            history: Some(HistoryFigures {
+                writes_checked: 1,
+                ..HistoryFigures::default()
+            }),
             ..ReportInput::default()
+        }
+    }
+
+    /// Pass bounds with the leave and crash figures not applicable.
+    fn neither() -> Pass {
+        Pass {
+            min_leave_samples: 0,
+            min_crash_samples: 0,
+            ..Pass::default()
         }
     }
 
@@ -824,7 +1046,7 @@ mod tests {
             events,
             duration_ms,
         };
-        compute(&input(), &timeline, &Pass::default())
+        compute(&input(), &timeline, &neither())
     }
 
     #[test]
@@ -1096,7 +1318,7 @@ mod tests {
             outage: Some((2000, 4000)),
             ..input()
         };
-        let report = compute(&input, &timeline, &Pass::default());
+        let report = compute(&input, &timeline, &neither());
         assert_eq!(
             report.outage,
             Some(Outage {
@@ -1109,7 +1331,7 @@ mod tests {
             report.failures,
             ["2 failed connections to live backends during the outage exceed the limit of 0"]
         );
-        let report = compute(&self::input(), &timeline, &Pass::default());
+        let report = compute(&self::input(), &timeline, &neither());
         assert_eq!(report.outage, None);
         assert!(report.pass);
     }
@@ -1122,13 +1344,18 @@ mod tests {
             max_concurrent_snapshots: 40,
             ..input()
         };
-        let timeline = Timeline::default();
-        let lenient = compute(&input, &timeline, &Pass::default());
+        let timeline = Timeline {
+            conns: vec![ok(10, "a", "x")],
+            ..Timeline::default()
+        };
+        let lenient = compute(&input, &timeline, &neither());
         assert_eq!(lenient.converge_ms, Some(1234));
         assert_eq!(lenient.failures, ["2 false removals exceed the limit of 0"]);
 
         let strict = Pass {
             max_false_removals: 2,
+            min_leave_samples: 0,
+            min_crash_samples: 0,
             max_concurrent_snapshots: Some(32),
             ..Pass::default()
         };
@@ -1168,22 +1395,34 @@ mod tests {
             keys(&json),
             sorted(&[
                 "scenario",
+                "git_commit",
+                "git_dirty",
                 "seed",
                 "agents",
                 "duration_s",
                 "leave_ms",
                 "crash_ms",
+                "crash_commit_ms",
                 "converge_ms",
                 "new_conns_to_drained",
                 "new_conns_to_not_ready",
+                "conns",
                 "failed_conns",
                 "false_removals",
                 "max_concurrent_snapshots",
+                "snapshots_refused",
                 "phases",
                 "outage",
+                "election",
+                "history",
+                "cache_corruption",
                 "pass",
                 "failures",
             ])
+        );
+        assert_eq!(
+            keys(&json["history"]),
+            sorted(&["writes_checked", "lost_writes", "false_removals"])
         );
         let stats = sorted(&["count", "p50", "p99", "max"]);
         assert_eq!(keys(&json["leave_ms"]), stats);
@@ -1303,7 +1542,8 @@ mod tests {
             }
         }
         assert_eq!(converge_ms(&timeline), Some(600));
-        let report = compute(&input(), &timeline, &Pass::default());
+        timeline.conns.push(ok(100, "n1", "x"));
+        let report = compute(&input(), &timeline, &neither());
         assert_eq!(report.converge_ms, Some(600));
         assert!(report.pass, "{:?}", report.failures);
 
@@ -1329,7 +1569,8 @@ mod tests {
             timeline.routes.push(route(t + 1, "n2", &["x"]));
         }
         assert_eq!(converge_ms(&timeline), None);
-        let report = compute(&input(), &timeline, &Pass::default());
+        timeline.conns.push(ok(100, "n1", "x"));
+        let report = compute(&input(), &timeline, &neither());
         assert_eq!(report.converge_ms, None);
         assert!(
             report.pass,
@@ -1339,5 +1580,177 @@ mod tests {
         // No sample after the recovery: unknown, not 0.
         timeline.routes.retain(|r| r.t_ms < 4_000);
         assert_eq!(converge_ms(&timeline), None);
+    }
+
+    #[test]
+    fn a_judged_figure_without_samples_fails_unless_declared_not_applicable() {
+        let timeline = Timeline {
+            conns: vec![ok(10, "a", "x")],
+            duration_ms: 1000,
+            ..Timeline::default()
+        };
+        let report = compute(&input(), &timeline, &Pass::default());
+        assert!(!report.pass);
+        assert_eq!(
+            report.failures,
+            [
+                "leave: 0 samples, fewer than the 1 the scenario requires (min_leave_samples): the run did not measure what it judges",
+                "crash: 0 samples, fewer than the 1 the scenario requires (min_crash_samples): the run did not measure what it judges",
+            ]
+        );
+        let report = compute(&input(), &timeline, &neither());
+        assert!(report.pass, "{:?}", report.failures);
+        // A minimum above the samples fails too.
+        let timeline = Timeline {
+            conns: vec![ok(900, "a", "x"), ok(1100, "a", "y")],
+            events: vec![leave(1000, "x")],
+            duration_ms: 2000,
+            ..Timeline::default()
+        };
+        let report = compute(
+            &input(),
+            &timeline,
+            &Pass {
+                min_leave_samples: 100,
+                ..neither()
+            },
+        );
+        assert_eq!(report.leave_ms.count, 1);
+        assert!(!report.pass);
+    }
+
+    #[test]
+    fn a_run_that_answered_nothing_or_read_no_audit_log_fails() {
+        let silent = Timeline {
+            conns: vec![fail(10, "a")],
+            duration_ms: 1000,
+            ..Timeline::default()
+        };
+        let report = compute(&input(), &silent, &neither());
+        assert_eq!(
+            report.failures,
+            ["no connection of 1 was answered: the traffic measured nothing"]
+        );
+        let answered = Timeline {
+            conns: vec![ok(10, "a", "x")],
+            duration_ms: 1000,
+            ..Timeline::default()
+        };
+        let blind = ReportInput {
+            history: None,
+            ..input()
+        };
+        let report = compute(&blind, &answered, &neither());
+        assert_eq!(
+            report.failures,
+            ["the audit log could not be read: false removals and lost writes were not measured"]
+        );
+        let unchecked = ReportInput {
+            history: Some(HistoryFigures::default()),
+            ..input()
+        };
+        let report = compute(&unchecked, &answered, &neither());
+        assert_eq!(
+            report.failures,
+            ["0 writes checked against the audit log, fewer than the 1 required (min_writes_checked)"]
+        );
+        let lost = ReportInput {
+            history: Some(HistoryFigures {
+                writes_checked: 3,
+                lost_writes: vec!["x: a drain answered committed (200) at 5 ms is not in the audit log after revision 0".to_owned()],
+                false_removals: Vec::new(),
+            }),
+            ..input()
+        };
+        let report = compute(&lost, &answered, &neither());
+        assert_eq!(report.failures.len(), 1);
+        assert!(report.failures[0].starts_with("1 lost writes exceed the limit of 0: x: a drain"));
+    }
+
+    #[test]
+    fn failures_in_an_election_window_are_judged() {
+        let timeline = Timeline {
+            conns: vec![
+                ok(900, "a", "x"),
+                fail(1100, "a"),
+                ok(1200, "a", "x"),
+                fail(3000, "b"),
+            ],
+            duration_ms: 4000,
+            ..Timeline::default()
+        };
+        let pass = Pass {
+            max_failed_conns_in_election: Some(0),
+            ..neither()
+        };
+        let unmeasured = compute(&input(), &timeline, &pass);
+        assert_eq!(
+            unmeasured.failures,
+            ["no election window was measured (no leader killed, or no commit answered after it)"]
+        );
+        let elected = ReportInput {
+            election: Some((1000, 2000)),
+            ..input()
+        };
+        let report = compute(&elected, &timeline, &pass);
+        assert_eq!(
+            report.election,
+            Some(Election {
+                window_ms: 1000,
+                conns: 2,
+                failed_conns_to_live_backends: 1,
+            })
+        );
+        assert_eq!(
+            report.failures,
+            ["1 failed connections to live backends during the 1000 ms election exceed the limit of 0"]
+        );
+    }
+
+    #[test]
+    fn an_undetected_or_served_corruption_fails() {
+        let timeline = Timeline {
+            conns: vec![ok(900, "a", "x")],
+            duration_ms: 1000,
+            ..Timeline::default()
+        };
+        let with = |detected, stale_answers| ReportInput {
+            cache_corruption: Some(Corruption {
+                files: 2,
+                detected,
+                stale_answers,
+            }),
+            ..input()
+        };
+        assert!(compute(&with(2, 0), &timeline, &neither()).pass);
+        assert_eq!(
+            compute(&with(1, 0), &timeline, &neither()).failures,
+            ["1 of 2 corrupted cache files were detected (the rest may have been read as valid)"]
+        );
+        assert_eq!(
+            compute(&with(2, 3), &timeline, &neither()).failures,
+            ["the restarted agent answered 3 times from its cache after the corruption"]
+        );
+    }
+
+    #[test]
+    fn a_crash_sample_ends_when_the_instance_is_ready_again() {
+        let timeline = Timeline {
+            conns: vec![
+                ok(900, "a", "x"),
+                ok(1500, "a", "y"),
+                fail(2000, "a"),
+                ok(9000, "a", "x"),
+            ],
+            routes: vec![route(1500, "a", &["x"]), route(8000, "a", &["x", "y"])],
+            events: vec![hard(1000, "x"), ready(7000, "x")],
+            duration_ms: 10_000,
+        };
+        let report = compute(&input(), &timeline, &neither());
+        assert_eq!(
+            report.crash_ms.max,
+            Some(1000.0),
+            "the route at 8 s is after x came back"
+        );
     }
 }

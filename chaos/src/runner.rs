@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use rollcall_leases::clock::now_ms;
 
+use crate::history::{self, Answer, Cause, FinalRecord, WriteKind};
 use crate::netns::{NetError, Topology};
+use crate::report::{Corruption, HistoryFigures};
 use crate::scenario::{Action, Scenario, Step};
 use crate::timeline::{Event, Route, Timeline};
 use crate::traffic::{Target, Traffic, TrafficConfig};
@@ -70,6 +72,8 @@ pub struct RunOptions {
     pub run_id: String,
     /// The bridge's /24 is 10.`subnet`.0.0.
     pub subnet: u8,
+    /// Seeds the choices of `crash_rounds` and `pause_rounds`.
+    pub seed: u64,
 }
 
 /// Every process of the run; killed (after being resumed) when dropped.
@@ -127,6 +131,57 @@ impl Drop for Processes {
     }
 }
 
+/// One silent crash of a node: from `from` until `to` (run ms), while
+/// its agent and backends are frozen and its link is down.
+#[derive(Clone, Copy, Debug)]
+struct Crash {
+    node: usize,
+    from: u64,
+    to: Option<u64>,
+}
+
+/// The run's crashes, shared with the route sampler.
+#[derive(Clone, Default)]
+struct Crashes(std::sync::Arc<std::sync::Mutex<Vec<Crash>>>);
+
+impl Crashes {
+    fn all(&self) -> Vec<Crash> {
+        self.0.lock().expect("crashes lock").clone()
+    }
+
+    /// Nodes crashed now.
+    fn down(&self) -> Vec<usize> {
+        self.all()
+            .iter()
+            .filter(|c| c.to.is_none())
+            .map(|c| c.node)
+            .collect()
+    }
+
+    fn start(&self, node: usize, at: u64) {
+        self.0.lock().expect("crashes lock").push(Crash {
+            node,
+            from: at,
+            to: None,
+        });
+    }
+
+    /// Ends node's crash at `at`; false when it was not crashed.
+    fn end(&self, node: usize, at: u64) -> bool {
+        let mut crashes = self.0.lock().expect("crashes lock");
+        match crashes
+            .iter_mut()
+            .find(|c| c.node == node && c.to.is_none())
+        {
+            Some(c) => {
+                c.to = Some(at);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// The cluster of one run.
 struct Cluster {
     topology: Topology,
@@ -148,6 +203,10 @@ struct Cluster {
     cuts: Vec<(usize, Vec<Ipv4Addr>)>,
     /// `ROLLCALL_FAULTS` for the arbiter replicas (fault-point scenarios).
     faults: Option<String>,
+    /// The agents' `gossip.preset`, when the scenario names one.
+    gossip_preset: Option<String>,
+    /// The scenario's extra services (`extra-0`, `extra-1`, …).
+    extra_services: u32,
     /// UDP relays the replicas reach each other through (index = replica),
     /// when the scenario delays a follower; empty otherwise.
     relays: Vec<crate::relay::Relay>,
@@ -155,10 +214,22 @@ struct Cluster {
     /// their UNHEALTHY commits are not leaves (traffic is meant to stay).
     bad_probed: Vec<String>,
     http: reqwest::Client,
-    /// Nodes crashed so far, with the time (run ms): their own callers are
-    /// dead, so their traffic after it is not counted, and their agent is
-    /// no longer sampled.
-    crashed: std::sync::Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+    /// Node crashes so far: while a node is crashed its own callers are
+    /// dead, so their traffic is not counted, and its agent is not sampled.
+    crashed: Crashes,
+    /// Every write made through an agent's API, with its answer (the
+    /// history check's client side).
+    writes: std::sync::Mutex<Vec<history::Write>>,
+    /// What the scenario did to instances, for the history check.
+    causes: Vec<Cause>,
+    /// Each node crash as (node, wall ms), for crash → commit.
+    crash_walls: Vec<(usize, u64)>,
+    /// The run's seeded generator (which node a round faults).
+    rng: u64,
+    /// A leader election, [kill, first answered commit) in run ms.
+    election: Option<(u64, u64)>,
+    /// What a `corrupt_cache` step found.
+    corruption: Option<Corruption>,
 }
 
 const ECHO_PORT: u16 = 9000;
@@ -214,6 +285,36 @@ impl Cluster {
             .map_err(io(format!("reading {}", path.display())))
     }
 
+    /// Records that the scenario did `what` to `instance` now.
+    fn cause(&mut self, instance: &str, what: &str) {
+        self.causes.push(Cause {
+            at_ms: now_ms(),
+            instance: instance.to_owned(),
+            what: what.to_owned(),
+        });
+    }
+
+    /// The next number of the run's seeded generator (xorshift64).
+    fn random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Records a write made through an agent's API and its answer.
+    fn wrote(&self, sent_ms: u64, kind: WriteKind, instance: &str, answer: Answer) {
+        self.writes
+            .lock()
+            .expect("writes lock")
+            .push(history::Write {
+                sent_ms,
+                kind,
+                instance: instance.to_owned(),
+                answer,
+            });
+    }
+
     async fn agent_get(&self, i: usize, path: &str) -> Option<serde_json::Value> {
         let url = format!("http://{}:{HTTP_PORT}{path}", self.node_ip(i));
         self.http.get(url).send().await.ok()?.json().await.ok()
@@ -232,6 +333,20 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
+    }
+
+    /// The nodes a step's target names: a zone ("z2": all its nodes), or
+    /// nodes separated by commas ("node-1,node-3").
+    fn nodes_named(&self, target: &str) -> Result<Vec<usize>, RunError> {
+        if self.zones.iter().any(|z| z == target) {
+            return Ok((0..self.nodes.len())
+                .filter(|i| self.zones[*i] == target)
+                .collect());
+        }
+        target
+            .split(',')
+            .map(|n| self.target(n.trim()).map(|(i, _)| i))
+            .collect()
     }
 
     /// The node index and instance a step's target names: `node-2` or
@@ -261,15 +376,25 @@ impl Cluster {
 pub struct RunResult {
     /// The records (times in real ms since the traffic started).
     pub timeline: Timeline,
-    /// Catalog removals (node-down or lease expiry) of nodes the scenario
-    /// did not crash, from the arbiter's audit log.
+    /// Live, healthy instances the catalog took out of READY, from the
+    /// history check.
     pub false_removals: u64,
+    /// The history check; `None` when the audit log could not be read.
+    pub history: Option<HistoryFigures>,
+    /// Per crashed node, fault → the arbiter's commit, ms.
+    pub crash_commit_ms: Vec<u64>,
+    /// A leader election, [kill, first answered commit) in run ms.
+    pub election: Option<(u64, u64)>,
+    /// What a `corrupt_cache` step found.
+    pub cache_corruption: Option<Corruption>,
     /// The arbiter outage, `[start, end)` in run ms, if the scenario had one
     /// (an outage still running at the end ends there).
     pub outage: Option<(u64, u64)>,
     /// The most full snapshots the arbiter served at once (its metric, since
     /// its last start).
     pub max_concurrent_snapshots: u64,
+    /// Snapshot requests the arbiter told to retry (its metric).
+    pub snapshots_refused: u64,
 }
 
 /// Builds the cluster, runs the scenario, tears everything down, and returns
@@ -329,12 +454,21 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         relays: Vec::new(),
         bad_probed: Vec::new(),
         faults: scenario.faults.clone(),
+        gossip_preset: scenario.gossip_preset.clone(),
+        extra_services: scenario.extra_services,
         nodes,
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| RunError::Cluster(format!("HTTP client: {e}")))?,
-        crashed: Default::default(),
+        crashed: Crashes::default(),
+        writes: Default::default(),
+        causes: Vec::new(),
+        crash_walls: Vec::new(),
+        // xorshift64 needs a non-zero state.
+        rng: options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+        election: None,
+        corruption: None,
     };
     if cluster.arbiters.len() > 1
         && scenario
@@ -461,6 +595,18 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
             register(cluster, i, &id, port).await?;
         }
     }
+    // The extra services: one record each on node-0 whose readiness port
+    // has no listener, so it stays STARTING and takes no traffic.
+    for k in 0..cluster.extra_services {
+        register_record(
+            cluster,
+            0,
+            &format!("extra-{k}"),
+            &format!("extra-{k}-0"),
+            EXTRA_PORT,
+        )
+        .await?;
+    }
     // Every node knows its zone peers before the first fault: a node that
     // knows nobody would never report a peer down.
     for i in 0..cluster.nodes.len() {
@@ -536,16 +682,20 @@ fn start_echo(cluster: &mut Cluster, i: usize, id: &str, port: u16) -> Result<()
 fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
     let ip = cluster.node_ip(i);
     let zone = cluster.zones[i].clone();
-    let seed = (0..cluster.nodes.len())
-        .find(|j| cluster.zones[*j] == zone)
-        .map(|j| cluster.node_ip(j))
-        .expect("node i is in its zone");
+    // The zone's first three nodes: a restarted node rejoins through
+    // another even when it is one of them (a member skips itself).
+    let seeds = (0..cluster.nodes.len())
+        .filter(|j| cluster.zones[*j] == zone)
+        .take(3)
+        .map(|j| format!("\"{}:{GOSSIP_PORT}\"", cluster.node_ip(j)))
+        .collect::<Vec<_>>()
+        .join(", ");
     let node = cluster.nodes[i].clone();
     let certs = cluster.work.join("certs");
     let toml = format!(
-        "node_id = \"{node}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\n\
+        "node_id = \"{node}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\nservices = [{extra}]\n\
          [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-{node}.crt\"\nkey = \"{c}/agent-{node}.key\"\n\
-         [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [\"{seed}:{GOSSIP_PORT}\"]\nkey_file = \"{k}\"\n\
+         [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [{seeds}]\nkey_file = \"{k}\"\n{preset}\
          [[proxy]]\nservice = \"default/{service}/default\"\nlisten = \"{ip}:{PROXY_PORT}\"\n",
         data = cluster.work.join(&node).display(),
         arbiter = cluster
@@ -556,6 +706,14 @@ fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
             .join("\", \""),
         c = certs.display(),
         k = cluster.work.join("zone.key").display(),
+        extra = (0..cluster.extra_services)
+            .map(|k| format!("\"default/extra-{k}/default\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        preset = cluster
+            .gossip_preset
+            .as_ref()
+            .map_or_else(String::new, |p| format!("preset = \"{p}\"\n")),
         service = cluster.service,
     );
     let path = cluster.work.join(format!("{node}.toml"));
@@ -577,9 +735,23 @@ fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
 /// timings: STARTING until the first probe passes, UNHEALTHY after three
 /// failed or timed-out probes (a frozen backend times out).
 async fn register(cluster: &Cluster, i: usize, id: &str, port: u16) -> Result<(), RunError> {
+    register_record(cluster, i, &cluster.service, id, port).await
+}
+
+/// The port of the extra services' records: nothing listens on it.
+const EXTRA_PORT: u16 = 8999;
+
+/// Registers instance `id` of `service` (see [`register`]).
+async fn register_record(
+    cluster: &Cluster,
+    i: usize,
+    service: &str,
+    id: &str,
+    port: u16,
+) -> Result<(), RunError> {
     let token = cluster.token(i)?;
     let body = serde_json::json!({
-        "service": cluster.service,
+        "service": service,
         "instance_id": id,
         "address": cluster.node_ip(i).to_string(),
         "port": port,
@@ -591,6 +763,7 @@ async fn register(cluster: &Cluster, i: usize, id: &str, port: u16) -> Result<()
         "http://{}:{HTTP_PORT}/v1/agent/instances",
         cluster.node_ip(i)
     );
+    let sent = now_ms();
     let response = cluster
         .http
         .put(url)
@@ -599,25 +772,37 @@ async fn register(cluster: &Cluster, i: usize, id: &str, port: u16) -> Result<()
         .send()
         .await
         .map_err(|e| RunError::Cluster(format!("registering {id}: {e}")))?;
-    if !response.status().is_success() {
-        return Err(RunError::Cluster(format!(
-            "registering {id}: {}",
-            response.status()
-        )));
+    let status = response.status();
+    if !status.is_success() {
+        cluster.wrote(sent, WriteKind::Register, id, Answer::Refused);
+        return Err(RunError::Cluster(format!("registering {id}: {status}")));
     }
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    let answer = if status == reqwest::StatusCode::ACCEPTED {
+        Answer::Pending
+    } else {
+        Answer::Committed {
+            generation: body["generation"].as_u64(),
+        }
+    };
+    cluster.wrote(sent, WriteKind::Register, id, answer);
     Ok(())
 }
 
 /// An agent API call with node `i`'s token; fails unless it answers 2xx.
+/// The write is recorded for the history check as `kind` about
+/// `instance`.
 async fn agent_call(
     cluster: &Cluster,
     i: usize,
     method: reqwest::Method,
     path: &str,
+    (kind, instance): (WriteKind, &str),
     what: &str,
 ) -> Result<(), RunError> {
     let token = cluster.token(i)?;
     let url = format!("http://{}:{HTTP_PORT}{path}", cluster.node_ip(i));
+    let sent = now_ms();
     let response = cluster
         .http
         .request(method, url)
@@ -625,8 +810,15 @@ async fn agent_call(
         .send()
         .await
         .map_err(|e| RunError::Cluster(format!("{what}: {e}")))?;
-    if !response.status().is_success() {
-        return Err(RunError::Cluster(format!("{what}: {}", response.status())));
+    let status = response.status();
+    let answer = match status {
+        reqwest::StatusCode::ACCEPTED => Answer::Pending,
+        s if s.is_success() => Answer::Committed { generation: None },
+        _ => Answer::Refused,
+    };
+    cluster.wrote(sent, kind, instance, answer);
+    if !status.is_success() {
+        return Err(RunError::Cluster(format!("{what}: {status}")));
     }
     Ok(())
 }
@@ -785,69 +977,109 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
     sampler.abort();
     let _ = sampler.await;
     let routes = std::mem::take(&mut *routes.lock().expect("routes lock"));
-    let crashed = cluster.crashed.lock().expect("crashed lock").clone();
+    let crashes = cluster.crashed.all();
     conns.retain(|c| {
-        !crashed
-            .iter()
-            .any(|(i, at)| cluster.nodes[*i] == c.agent && c.t_ms >= *at)
+        !crashes.iter().any(|k| {
+            cluster.nodes[k.node] == c.agent
+                && c.t_ms >= k.from
+                && k.to.is_none_or(|to| c.t_ms < to)
+        })
     });
     let outage = outage.map(|(start, end)| (start, end.unwrap_or(duration_ms)));
-    // The arbiter is back for the audit log if the scenario restarted it.
-    let crashed_nodes: Vec<String> = crashed
-        .iter()
-        .map(|(i, _)| cluster.nodes[*i].clone())
-        .collect();
-    let mut false_removals = 0;
     let max_concurrent_snapshots = metric(cluster, "rollcall_arbiter_snapshots_in_flight_max")
         .await
         .unwrap_or(0.0) as u64;
-    // Leave commits and removals, from the arbiter's audit log.
+    let snapshots_refused = metric(cluster, "rollcall_arbiter_snapshots_refused")
+        .await
+        .unwrap_or(0.0) as u64;
+    // The audit log (the arbiter is back if the scenario restarted it),
+    // then the final catalog as a live agent serves it once it holds the
+    // last audited change, and the history check over both.
+    let mut crash_commit_ms = Vec::new();
+    let mut history_figures = None;
+    let mut false_removals = 0;
     if let Some(audit) = audit(cluster).await {
-        for entry in &audit {
-            let command = entry["command"].as_str().unwrap_or("");
-            let detail = entry["detail"].as_str().unwrap_or("");
-            let at = entry["at_ms"].as_u64().unwrap_or(0);
-            if at < t0_wall || !(command == "node-down" || command == "expire-lease") {
-                continue;
-            }
-            let removed =
-                detail.contains("records UNHEALTHY") || detail.contains("records EXPIRED");
-            let node = cluster
-                .nodes
-                .iter()
-                .find(|n| detail.contains(&format!("{n} epoch")));
-            if removed && node.is_some_and(|n| !crashed_nodes.contains(n)) {
-                false_removals += 1;
-            }
-        }
-        for entry in audit {
-            let detail = entry["detail"].as_str().unwrap_or("");
-            let at = entry["at_ms"].as_u64().unwrap_or(0);
-            let Some(instance) = entry["instance"].as_str() else {
-                continue;
-            };
-            if at < t0_wall {
-                continue;
-            }
-            let ready = (entry["command"] == "transition" && detail.starts_with("-> READY"))
-                || (entry["command"] == "register" && detail.contains(" READY on "));
-            if ready {
+        let service_key = format!("default/{}/default", scenario.service);
+        let last_revision = audit
+            .iter()
+            .filter(|e| {
+                e.services.iter().any(|s| *s == service_key)
+                    || e.entry
+                        .instance
+                        .as_deref()
+                        .is_some_and(|i| cluster.instances.iter().flatten().any(|x| x == i))
+            })
+            .map(|e| e.entry.revision)
+            .max()
+            .unwrap_or(0);
+        let entries: Vec<history::AuditEntry> = audit.into_iter().map(|e| e.entry).collect();
+        let final_catalog = final_catalog(cluster, last_revision).await;
+        let nodes: std::collections::BTreeMap<String, Vec<String>> = cluster
+            .nodes
+            .iter()
+            .cloned()
+            .zip(cluster.instances.iter().cloned())
+            .collect();
+        let writes = cluster.writes.lock().expect("writes lock").clone();
+        let checked = history::check(
+            &entries,
+            &nodes,
+            &cluster.causes,
+            &writes,
+            &cluster.bad_probed,
+            final_catalog.as_ref(),
+            t0_wall,
+        );
+        for (at, instance) in &checked.ready {
+            if *at >= t0_wall {
                 events.push(Event::Ready {
                     t_ms: at - t0_wall,
-                    instance: instance.to_owned(),
-                });
-            }
-            let bad_probe = cluster.bad_probed.iter().any(|b| b == instance);
-            if entry["command"] == "transition"
-                && (detail.contains("-> DRAINING")
-                    || (detail.contains("-> UNHEALTHY") && !bad_probe))
-            {
-                events.push(Event::LeaveCommitted {
-                    t_ms: at - t0_wall,
-                    instance: instance.to_owned(),
+                    instance: instance.clone(),
                 });
             }
         }
+        for (at, instance) in &checked.leaves {
+            if *at >= t0_wall {
+                events.push(Event::LeaveCommitted {
+                    t_ms: at - t0_wall,
+                    instance: instance.clone(),
+                });
+            }
+        }
+        // Crash → the first commit that took the node's records out.
+        for (i, at) in &cluster.crash_walls {
+            let node = format!(" {} epoch ", cluster.nodes[*i]);
+            let commit = entries
+                .iter()
+                .filter(|e| {
+                    e.at_ms >= *at
+                        && matches!(e.command.as_str(), "node-down" | "expire-lease")
+                        && format!(" {}", e.detail).contains(&node)
+                        && e.detail.contains(" records ")
+                })
+                .map(|e| e.at_ms)
+                .min();
+            if let Some(commit) = commit {
+                crash_commit_ms.push(commit - at);
+            }
+        }
+        false_removals = checked.false_removals.len() as u64;
+        history_figures = Some(HistoryFigures {
+            writes_checked: checked.writes_checked,
+            lost_writes: checked.lost_writes,
+            false_removals: checked
+                .false_removals
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} at {} ms: {}",
+                        r.instance,
+                        r.at_ms.saturating_sub(t0_wall),
+                        r.how
+                    )
+                })
+                .collect(),
+        });
     }
     events.sort_by_key(Event::t_ms);
     Ok(RunResult {
@@ -858,9 +1090,58 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
             duration_ms,
         },
         false_removals,
+        history: history_figures,
+        crash_commit_ms,
+        election: cluster.election,
+        cache_corruption: cluster.corruption.clone(),
         outage,
         max_concurrent_snapshots,
+        snapshots_refused,
     })
+}
+
+/// Every record of the scenario's service as a live agent serves it
+/// (`all=true`), once it holds revision `revision` or later and the
+/// arbiter confirmed it; `None` if no agent did within `PATIENCE`.
+async fn final_catalog(
+    cluster: &Cluster,
+    revision: u64,
+) -> Option<std::collections::BTreeMap<String, FinalRecord>> {
+    let down = cluster.crashed.down();
+    let live: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|i| !down.contains(i))
+        .collect();
+    let path = format!("/v1/endpoints/{}?all=true", cluster.service);
+    let started = Instant::now();
+    while started.elapsed() < PATIENCE {
+        for &i in &live {
+            let Some(body) = cluster.agent_get(i, &path).await else {
+                continue;
+            };
+            let current =
+                body["stale"] == false && body["revision"].as_u64().is_some_and(|r| r >= revision);
+            if !current {
+                continue;
+            }
+            let records = body["endpoints"].as_array()?;
+            return Some(
+                records
+                    .iter()
+                    .filter_map(|e| {
+                        Some((
+                            e["instance_id"].as_str()?.to_owned(),
+                            FinalRecord {
+                                generation: e["generation"].as_u64()?,
+                                state: e["state"].as_str()?.to_owned(),
+                            },
+                        ))
+                    })
+                    .collect(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
 }
 
 /// Samples every live agent's resolve answer into `routes` every 100 ms,
@@ -870,7 +1151,7 @@ async fn sample_routes(
     http: reqwest::Client,
     agents: Vec<(String, Ipv4Addr)>,
     service: String,
-    crashed: std::sync::Arc<std::sync::Mutex<Vec<(usize, u64)>>>,
+    crashed: Crashes,
     t0: Instant,
     limit: Duration,
 ) {
@@ -878,12 +1159,7 @@ async fn sample_routes(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     while t0.elapsed() < limit {
         tick.tick().await;
-        let down: Vec<usize> = crashed
-            .lock()
-            .expect("crashed lock")
-            .iter()
-            .map(|(i, _)| *i)
-            .collect();
+        let down = crashed.down();
         for (i, (agent, ip)) in agents.iter().enumerate() {
             if down.contains(&i) {
                 continue;
@@ -939,33 +1215,62 @@ fn arbiter_ips(cluster: &Cluster) -> Vec<Ipv4Addr> {
         .collect()
 }
 
-async fn audit(cluster: &mut Cluster) -> Option<Vec<serde_json::Value>> {
+/// An audit entry with the services it changed.
+struct Audited {
+    entry: history::AuditEntry,
+    services: Vec<String>,
+}
+
+/// The whole audit log, page by page; `None` if a running replica could
+/// not be asked or answered something that is not the audit log.
+async fn audit(cluster: &mut Cluster) -> Option<Vec<Audited>> {
     let (admin, token) = running_admin(cluster)?;
-    let url = format!("http://{admin}/v1/audit?limit=10000");
-    let body: serde_json::Value = cluster
-        .http
-        .get(url)
-        .bearer_auth(token)
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    body.as_array().cloned()
+    let mut all: Vec<Audited> = Vec::new();
+    loop {
+        let since = all.last().map_or(0, |a| a.entry.revision);
+        let url = format!("http://{admin}/v1/audit?limit=10000&since={since}");
+        let body: Vec<serde_json::Value> = cluster
+            .http
+            .get(url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let page = body.len();
+        for value in body {
+            let services = value["services"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            all.push(Audited {
+                entry: serde_json::from_value(value).ok()?,
+                services,
+            });
+        }
+        if page < 10_000 {
+            return Some(all);
+        }
+    }
 }
 
 async fn step_once(
     cluster: &mut Cluster,
-    step: &Step,
+    spec: &Step,
     t0: Instant,
     events: &mut Vec<Event>,
 ) -> Result<(), RunError> {
-    let (action, target) = (step.action, step.target.as_str());
+    let (action, target) = (spec.action, spec.target.as_str());
     let t_ms = t0.elapsed().as_millis() as u64;
-    let share = step.share.unwrap_or(0.3);
-    let wait = Duration::from_secs_f64(step.duration_s.unwrap_or(5.0));
-    let delay = Duration::from_millis(step.delay_ms.unwrap_or(0));
+    let share = spec.share.unwrap_or(0.3);
+    let wait = Duration::from_secs_f64(spec.duration_s.unwrap_or(5.0));
+    let delay = Duration::from_millis(spec.delay_ms.unwrap_or(0));
     let step = |action: &str| Event::Step {
         t_ms,
         action: action.to_owned(),
@@ -981,24 +1286,16 @@ async fn step_once(
             let instance = instance.ok_or_else(|| {
                 RunError::Cluster(format!("drain needs node/instance, not {target:?}"))
             })?;
-            let token = cluster.token(i)?;
-            let url = format!(
-                "http://{}:{HTTP_PORT}/v1/agent/instances/{instance}/drain",
-                cluster.node_ip(i)
-            );
-            let response = cluster
-                .http
-                .put(url)
-                .bearer_auth(token)
-                .send()
-                .await
-                .map_err(|e| RunError::Cluster(format!("draining {instance}: {e}")))?;
-            if !response.status().is_success() {
-                return Err(RunError::Cluster(format!(
-                    "draining {instance}: {}",
-                    response.status()
-                )));
-            }
+            cluster.cause(&instance, "drain");
+            agent_call(
+                cluster,
+                i,
+                reqwest::Method::PUT,
+                &format!("/v1/agent/instances/{instance}/drain"),
+                (WriteKind::Drain, &instance),
+                &format!("draining {instance}"),
+            )
+            .await?;
             events.push(step("drain"));
         }
         Action::KillBackend | Action::FreezeBackend => {
@@ -1010,6 +1307,7 @@ async fn step_once(
                 Action::KillBackend => ("-KILL", "kill-backend"),
                 _ => ("-STOP", "freeze-backend"),
             };
+            cluster.cause(&instance, fault);
             cluster.processes.signal(&instance, signal)?;
             events.push(Event::HardFailure {
                 t_ms,
@@ -1019,21 +1317,22 @@ async fn step_once(
         }
         Action::CrashNode => {
             let (i, _) = cluster.target(target)?;
-            cluster.processes.signal(&cluster.nodes[i], "-STOP")?;
-            for instance in cluster.instances[i].clone() {
-                cluster.processes.signal(&instance, "-STOP")?;
-                events.push(Event::HardFailure {
-                    t_ms,
-                    instance,
-                    fault: "crash-node".into(),
-                });
+            crash_node(cluster, i, t_ms, events)?;
+        }
+        Action::CrashNodes => {
+            let nodes = cluster.nodes_named(target)?;
+            for i in nodes {
+                crash_node(cluster, i, t_ms, events)?;
             }
-            cluster.topology.set_link(i, false)?;
-            cluster
-                .crashed
-                .lock()
-                .expect("crashed lock")
-                .push((i, t_ms));
+        }
+        Action::RestartNode => {
+            for i in cluster.nodes_named(target)? {
+                restart_node(cluster, i, t0)?;
+            }
+            events.push(step("restart-node"));
+        }
+        Action::CrashRounds | Action::PauseRounds => {
+            rounds(cluster, spec, t0, events).await?;
         }
         Action::PauseAgent | Action::ResumeAgent => {
             let (i, _) = cluster.target(target)?;
@@ -1137,6 +1436,7 @@ async fn step_once(
                     "fail_readiness needs node/instance, not {target:?}"
                 ))
             })?;
+            cluster.cause(&instance, "fail-readiness");
             let flag = not_ready_file(cluster, &instance);
             std::fs::write(&flag, b"").map_err(io(format!("creating {}", flag.display())))?;
             events.push(step("fail-readiness"));
@@ -1144,16 +1444,11 @@ async fn step_once(
         Action::BadProbe => {
             // The same broken readiness answer on every instance at once,
             // as a bad check deployed to the whole service would give.
-            let crashed: Vec<usize> = cluster
-                .crashed
-                .lock()
-                .expect("crashed lock")
-                .iter()
-                .map(|(i, _)| *i)
-                .collect();
+            let crashed = cluster.crashed.down();
             for i in (0..cluster.nodes.len()).filter(|i| !crashed.contains(i)) {
                 for id in cluster.instances[i].clone() {
                     let flag = not_ready_file(cluster, &id);
+                    cluster.cause(&id, "bad-probe");
                     std::fs::write(&flag, b"")
                         .map_err(io(format!("creating {}", flag.display())))?;
                     cluster.bad_probed.push(id);
@@ -1163,9 +1458,9 @@ async fn step_once(
         }
         Action::RestartAgents => {
             let nodes: Vec<usize> = if target.is_empty() {
-                let crashed = cluster.crashed.lock().expect("crashed lock").clone();
+                let crashed = cluster.crashed.down();
                 (0..cluster.nodes.len())
-                    .filter(|i| !crashed.iter().any(|(c, _)| c == i))
+                    .filter(|i| !crashed.contains(i))
                     .collect()
             } else {
                 vec![cluster.target(target)?.0]
@@ -1173,6 +1468,27 @@ async fn step_once(
             // Every agent dies first, then all start together: the storm.
             for &i in &nodes {
                 kill_agent(cluster, i)?;
+            }
+            for &i in &nodes {
+                start_agent(cluster, i)?;
+            }
+            events.push(step("restart-agents"));
+        }
+        Action::WipeRestartAgents => {
+            let crashed = cluster.crashed.down();
+            let nodes: Vec<usize> = (0..cluster.nodes.len())
+                .filter(|i| !crashed.contains(i))
+                .collect();
+            for &i in &nodes {
+                kill_agent(cluster, i)?;
+            }
+            for &i in &nodes {
+                let dir = cluster.work.join(&cluster.nodes[i]).join("cache");
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io(format!("wiping {}", dir.display()))(e)),
+                }
             }
             for &i in &nodes {
                 start_agent(cluster, i)?;
@@ -1190,6 +1506,7 @@ async fn step_once(
             }
             start_agent(cluster, i)?;
             events.push(step("corrupt-cache"));
+            cluster.corruption = Some(watch_corruption(cluster, i, corrupted as u64).await);
         }
         Action::StartInstances => {
             let (i, _) = cluster.target(target)?;
@@ -1241,6 +1558,10 @@ async fn step_once(
                 action: "kill-leader".into(),
                 target: format!("arbiter-{}", k + 1),
             });
+            let killed = t0.elapsed().as_millis() as u64;
+            if let Some(end) = first_commit(cluster, t0).await {
+                cluster.election = Some((killed, end));
+            }
         }
         Action::RemoveQuorum => {
             // Keep one replica (not a majority of three or five).
@@ -1255,6 +1576,224 @@ async fn step_once(
         }
     }
     Ok(())
+}
+
+/// A silent crash of node `i`: its agent and running backends freeze and
+/// its link drops every packet (connects time out, nothing is reset).
+fn crash_node(
+    cluster: &mut Cluster,
+    i: usize,
+    t_ms: u64,
+    events: &mut Vec<Event>,
+) -> Result<(), RunError> {
+    if cluster.crashed.down().contains(&i) {
+        return Err(RunError::Cluster(format!(
+            "crash: {} is already crashed",
+            cluster.nodes[i]
+        )));
+    }
+    cluster.crash_walls.push((i, now_ms()));
+    cluster.processes.signal(&cluster.nodes[i], "-STOP")?;
+    for instance in cluster.instances[i].clone() {
+        if !cluster.processes.running(&instance) {
+            continue;
+        }
+        cluster.cause(&instance, "crash-node");
+        cluster.processes.signal(&instance, "-STOP")?;
+        events.push(Event::HardFailure {
+            t_ms,
+            instance,
+            fault: "crash-node".into(),
+        });
+    }
+    cluster.topology.set_link(i, false)?;
+    cluster.crashed.start(i, t_ms);
+    Ok(())
+}
+
+/// Brings crashed node `i` back as a reboot would: its frozen processes
+/// are killed, its link restored, and its backends and agent start again
+/// (the agent under a new epoch, re-registering from its data directory).
+fn restart_node(cluster: &mut Cluster, i: usize, t0: Instant) -> Result<(), RunError> {
+    if !cluster.crashed.down().contains(&i) {
+        return Err(RunError::Cluster(format!(
+            "restart_node: {} is not crashed",
+            cluster.nodes[i]
+        )));
+    }
+    let mut names = vec![cluster.nodes[i].clone()];
+    names.extend(
+        cluster.instances[i]
+            .iter()
+            .filter(|id| cluster.processes.pid(id).is_some())
+            .cloned(),
+    );
+    for (name, child) in cluster.processes.children.iter_mut() {
+        if names.contains(name) && matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    cluster.topology.set_link(i, true)?;
+    for k in 0..cluster.instances[i].len() {
+        let (id, port) = (cluster.instances[i][k].clone(), cluster.ports[i][k]);
+        if names.contains(&id) {
+            cluster.processes.children.retain(|(n, _)| *n != id);
+            start_echo(cluster, i, &id, port)?;
+        }
+    }
+    start_agent(cluster, i)?;
+    cluster.crashed.end(i, t0.elapsed().as_millis() as u64);
+    Ok(())
+}
+
+/// `crash_rounds` or `pause_rounds`: `count` rounds `every_s` apart, each
+/// faulting one live node the run's seed draws (among the target's, when
+/// given) for `duration_s`, then undoing it.
+async fn rounds(
+    cluster: &mut Cluster,
+    step: &Step,
+    t0: Instant,
+    events: &mut Vec<Event>,
+) -> Result<(), RunError> {
+    let count = step.count.unwrap_or(1);
+    let every = Duration::from_secs_f64(step.every_s.unwrap_or(1.0));
+    let fault = Duration::from_secs_f64(step.round_fault_s());
+    let candidates: Vec<usize> = if step.target.is_empty() {
+        (0..cluster.nodes.len()).collect()
+    } else {
+        cluster.nodes_named(&step.target)?
+    };
+    let start = Instant::now();
+    for round in 0..count {
+        tokio::time::sleep_until((start + every * round).into()).await;
+        let down = cluster.crashed.down();
+        let live: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|i| !down.contains(i))
+            .collect();
+        if live.is_empty() {
+            return Err(RunError::Cluster(format!(
+                "{}: no live node left to fault in round {round}",
+                step.action
+            )));
+        }
+        let i = live[(cluster.random() % live.len() as u64) as usize];
+        let t_ms = t0.elapsed().as_millis() as u64;
+        let node = cluster.nodes[i].clone();
+        match step.action {
+            Action::PauseRounds => {
+                cluster.processes.signal(&node, "-STOP")?;
+                events.push(Event::Step {
+                    t_ms,
+                    action: "pause-agent".into(),
+                    target: node.clone(),
+                });
+                tokio::time::sleep(fault).await;
+                cluster.processes.signal(&node, "-CONT")?;
+                events.push(Event::Step {
+                    t_ms: t0.elapsed().as_millis() as u64,
+                    action: "resume-agent".into(),
+                    target: node,
+                });
+            }
+            _ => {
+                crash_node(cluster, i, t_ms, events)?;
+                tokio::time::sleep(fault).await;
+                restart_node(cluster, i, t0)?;
+                events.push(Event::Step {
+                    t_ms: t0.elapsed().as_millis() as u64,
+                    action: "restart-node".into(),
+                    target: node,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// After a leader is killed: writes through the running replicas (a
+/// policy of the service "election-probe", its `max_snapshot_age_ms`
+/// changed each time so that every write commits) every 50 ms until one
+/// is answered 200; returns that answer's time (run ms), the end of the
+/// election as callers of the control plane see it.
+async fn first_commit(cluster: &mut Cluster, t0: Instant) -> Option<u64> {
+    let started = Instant::now();
+    let mut attempt = 0u64;
+    while started.elapsed() < PATIENCE {
+        for k in 0..cluster.arbiters.len() {
+            let name = format!("arbiter-{}", k + 1);
+            if !cluster.processes.running(&name) {
+                continue;
+            }
+            let Ok(token) = std::fs::read_to_string(cluster.work.join(&name).join("admin.token"))
+            else {
+                continue;
+            };
+            attempt += 1;
+            let body = serde_json::json!({"policy": [{
+                "service": "default/election-probe",
+                "home_region": "r1",
+                "max_snapshot_age_ms": 60_000 + attempt,
+            }]});
+            let url = format!("http://{}/v1/policies", cluster.arbiters[k].1);
+            let answered = cluster
+                .http
+                .put(url)
+                .bearer_auth(token.trim())
+                .json(&body)
+                .timeout(Duration::from_millis(1000))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == reqwest::StatusCode::OK);
+            if answered {
+                return Some(t0.elapsed().as_millis() as u64);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// After node `i`'s agent restarted on `files` corrupted cache files:
+/// asks it to resolve the service every 20 ms until an answer the arbiter
+/// confirmed (within `PATIENCE`), counting the answers served from a cache
+/// (`stale: true`: every cache file was corrupted, so one is a corrupt file
+/// served), then reads the agent's count of corrupt files discarded.
+async fn watch_corruption(cluster: &Cluster, i: usize, files: u64) -> Corruption {
+    let path = format!("/v1/endpoints/{}", cluster.service);
+    let started = Instant::now();
+    let mut stale_answers = 0;
+    while started.elapsed() < PATIENCE {
+        if let Some(body) = cluster.agent_get(i, &path).await {
+            match body["stale"].as_bool() {
+                Some(true) => stale_answers += 1,
+                Some(false) => break,
+                None => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = format!("http://{}:{HTTP_PORT}/metrics", cluster.node_ip(i));
+    let text = match cluster.http.get(url).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let detected = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rollcall_agent_cache_discarded_total{reason=\"corrupt\"}")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0) as u64;
+    Corruption {
+        files,
+        detected,
+        stale_answers,
+    }
 }
 
 /// Cuts node `i` off `ips` and remembers it for `heal`.
@@ -1329,13 +1868,7 @@ async fn rolling_deploy(
     t0: Instant,
     events: &mut Vec<Event>,
 ) -> Result<(), RunError> {
-    let crashed: Vec<usize> = cluster
-        .crashed
-        .lock()
-        .expect("crashed lock")
-        .iter()
-        .map(|(i, _)| *i)
-        .collect();
+    let crashed = cluster.crashed.down();
     // Round robin over the nodes, so the wave is spread.
     let mut old: Vec<(usize, String)> = Vec::new();
     let most = cluster.instances.iter().map(Vec::len).max().unwrap_or(0);
@@ -1351,12 +1884,14 @@ async fn rolling_deploy(
     let count = ((old.len() as f64 * share).ceil() as usize).clamp(1, old.len().max(1));
     old.truncate(count);
     for (i, id) in &old {
+        cluster.cause(id, "rolling-deploy");
         let path = format!("/v1/agent/instances/{id}/drain");
         agent_call(
             cluster,
             *i,
             reqwest::Method::PUT,
             &path,
+            (WriteKind::Drain, id),
             &format!("draining {id}"),
         )
         .await?;
@@ -1382,6 +1917,7 @@ async fn rolling_deploy(
             *i,
             reqwest::Method::DELETE,
             &path,
+            (WriteKind::Deregister, id),
             &format!("deregistering {id}"),
         )
         .await?;

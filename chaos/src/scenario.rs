@@ -136,6 +136,17 @@ pub struct Scenario {
     /// `needs_fault_injection = true`.
     #[serde(default)]
     pub faults: Option<String>,
+    /// Services besides `service` every agent follows from start
+    /// (`services` of its config), each with one record node-0 registers
+    /// at start that never becomes READY (its readiness port has no
+    /// listener): they carry no traffic but make every agent's start fetch
+    /// that many snapshots, as an agent of a real fleet does. Default 0.
+    #[serde(default)]
+    pub extra_services: u32,
+    /// The agents' SWIM preset (`gossip.preset`: "lan", "tolerant" or
+    /// "wan"); unset: the agent's default.
+    #[serde(default)]
+    pub gossip_preset: Option<String>,
     /// TOML appended to every arbiter replica's config (the harness writes
     /// `name`, `listen`, `admin`, `data_dir`, `[tls]` and `[raft]`), e.g.
     /// "[distribution]\nmax_concurrent_snapshots = 2". The arbiter
@@ -190,6 +201,21 @@ pub struct Short {
     /// never scaled: they are the product's, not the scenario's.
     #[serde(default = "default_time_scale")]
     pub time_scale: f64,
+    /// Replaces the `count` of every `crash_rounds` and `pause_rounds`
+    /// step (fewer rounds, each as long as in the full run). At least 1
+    /// when set.
+    #[serde(default)]
+    pub rounds: Option<u32>,
+    /// Replaces the run's `duration_s` (before the time scale), for a
+    /// short run with fewer rounds. Greater than 0 when set.
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// Replaces `pass.min_leave_samples` (a short run has fewer rounds).
+    #[serde(default)]
+    pub min_leave_samples: Option<u64>,
+    /// Replaces `pass.min_crash_samples` (a short run has fewer rounds).
+    #[serde(default)]
+    pub min_crash_samples: Option<u64>,
 }
 
 fn default_time_scale() -> f64 {
@@ -221,6 +247,15 @@ pub struct Step {
     /// from the follower, in ms. At least 1 when set.
     #[serde(default)]
     pub delay_ms: Option<u64>,
+    /// For `crash_rounds` and `pause_rounds`: how many rounds. At least 1;
+    /// required for those actions.
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// For `crash_rounds` and `pause_rounds`: seconds from one round's
+    /// start to the next's; greater than `duration_s` (a round's fault
+    /// ends before the next begins). Required for those actions.
+    #[serde(default)]
+    pub every_s: Option<f64>,
 }
 
 /// What a step does. The names are the scenario file's, in snake_case.
@@ -274,11 +309,30 @@ pub enum Action {
     StartInstances,
     /// Begin a named phase of the report (the target is its name).
     Phase,
+    /// Bring a crashed node back: its frozen agent and backends are killed,
+    /// its link restored, and they start again (the agent under a new
+    /// epoch, from its data directory).
+    RestartNode,
+    /// `count` rounds, one every `every_s`: a silent crash of a live node
+    /// drawn with the run's seed (the target, when given, names the only
+    /// candidates: a node, or a zone "z2"), undone by `restart_node` after
+    /// `duration_s` (default 5 s). Each round's crash is a hard failure.
+    CrashRounds,
+    /// `count` rounds, one every `every_s`: SIGSTOP of a live agent drawn
+    /// with the run's seed, resumed after `duration_s` (default 1 s).
+    PauseRounds,
+    /// Kill every live agent, delete their cache files, and start them all
+    /// at once: every agent needs a full snapshot of every service (with
+    /// the delta log past their revisions, a snapshot stampede).
+    WipeRestartAgents,
+    /// Crash several nodes at once (the target: a zone "z2" for all its
+    /// nodes, or nodes separated by commas "node-1,node-3").
+    CrashNodes,
 }
 
 impl Action {
     /// Every action, in the order the file format lists them.
-    pub const ALL: [Action; 23] = [
+    pub const ALL: [Action; 28] = [
         Action::Drain,
         Action::FailReadiness,
         Action::FreezeBackend,
@@ -302,6 +356,11 @@ impl Action {
         Action::RollingDeploy,
         Action::StartInstances,
         Action::Phase,
+        Action::RestartNode,
+        Action::CrashRounds,
+        Action::PauseRounds,
+        Action::WipeRestartAgents,
+        Action::CrashNodes,
     ];
 
     /// The name used in scenario files.
@@ -330,6 +389,11 @@ impl Action {
             Action::RollingDeploy => "rolling_deploy",
             Action::StartInstances => "start_instances",
             Action::Phase => "phase",
+            Action::RestartNode => "restart_node",
+            Action::CrashRounds => "crash_rounds",
+            Action::PauseRounds => "pause_rounds",
+            Action::WipeRestartAgents => "wipe_restart_agents",
+            Action::CrashNodes => "crash_nodes",
         }
     }
 
@@ -351,7 +415,12 @@ impl Display for Action {
 }
 
 /// `[pass]`: the bounds a run must stay within. Defaults are the R5 SLOs
-/// and zero tolerance everywhere else.
+/// and zero tolerance everywhere else. A judged figure needs samples: a
+/// run with fewer leave or crash samples than `min_leave_samples` /
+/// `min_crash_samples` (default 1 each), fewer checked writes than
+/// `min_writes_checked`, no answered connection, or an audit log it could
+/// not read fails, saying it measured nothing; a scenario declares a
+/// figure not applicable by setting its minimum to 0.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Pass {
@@ -374,6 +443,10 @@ pub struct Pass {
     /// Most full snapshots the arbiter may serve at once (a reconnect
     /// storm's bound); unset means not checked.
     pub max_concurrent_snapshots: Option<u64>,
+    /// Fewest full snapshots the arbiter must have served at once, and
+    /// then have told at least one more agent to retry: a stampede that
+    /// really reached its bound. Unset means not checked.
+    pub min_concurrent_snapshots: Option<u64>,
     /// Most connections acceptable to an instance before it was first
     /// READY in the catalog (a deploy's new instances). Default 0.
     pub max_new_conns_to_not_ready: u64,
@@ -384,6 +457,23 @@ pub struct Pass {
     /// Most failed connections acceptable over the whole run; unset means
     /// not checked (faults that kill backends fail connections on purpose).
     pub max_failed_conns: Option<u64>,
+    /// Fewest leave samples the run must have; 0 declares the leave figure
+    /// not applicable. Default 1.
+    pub min_leave_samples: u64,
+    /// Fewest hard-failure samples the run must have; 0 declares the crash
+    /// figure not applicable. Default 1.
+    pub min_crash_samples: u64,
+    /// Most lost writes acceptable (see `history`). Default 0.
+    pub max_lost_writes: u64,
+    /// Fewest writes (registrations, drains, deregistrations answered 200
+    /// or 202) the history check must have checked. Default 1 (every run
+    /// registers its instances).
+    pub min_writes_checked: u64,
+    /// Most failed connections acceptable to live backends during a leader
+    /// election (the leader's death until the new leader's first commit);
+    /// set, a run without a measured election window fails too. Unset:
+    /// not judged.
+    pub max_failed_conns_in_election: Option<u64>,
 }
 
 impl Default for Pass {
@@ -395,9 +485,15 @@ impl Default for Pass {
             max_failed_conns_to_live_backends_in_outage: 0,
             max_false_removals: 0,
             max_concurrent_snapshots: None,
+            min_concurrent_snapshots: None,
             max_new_conns_to_not_ready: 0,
             max_converge_ms: None,
             max_failed_conns: None,
+            min_leave_samples: 1,
+            min_crash_samples: 1,
+            max_lost_writes: 0,
+            min_writes_checked: 1,
+            max_failed_conns_in_election: None,
         }
     }
 }
@@ -480,6 +576,15 @@ impl Scenario {
                 "must be at least 1: a zero timeout fails every connection",
             ));
         }
+        if let Some(preset) = &self.gossip_preset {
+            if !["lan", "tolerant", "wan"].contains(&preset.as_str()) {
+                return Err(ScenarioError::invalid(
+                    "gossip_preset",
+                    format!("{preset:?}"),
+                    "must be \"lan\", \"tolerant\" or \"wan\"",
+                ));
+            }
+        }
         if self.faults.is_some() && !self.needs_fault_injection {
             return Err(ScenarioError::invalid(
                 "faults",
@@ -489,6 +594,12 @@ impl Scenario {
         }
         if let Some(short) = &self.short {
             at_least_one("short.agents", short.agents)?;
+            if let Some(rounds) = short.rounds {
+                at_least_one("short.rounds", rounds)?;
+            }
+            if let Some(duration) = short.duration_s {
+                positive("short.duration_s", duration)?;
+            }
             time_scale("short.time_scale", short.time_scale)?;
         }
         for (i, step) in self.steps.iter().enumerate() {
@@ -510,6 +621,9 @@ impl Scenario {
             step.at_s *= time_scale;
             if let Some(d) = &mut step.duration_s {
                 *d *= time_scale;
+            }
+            if let Some(every) = &mut step.every_s {
+                *every *= time_scale;
             }
         }
         scenario
@@ -536,6 +650,22 @@ impl Scenario {
         if let (true, Some(s)) = (short, &self.short) {
             scenario.agents = s.agents;
             scale = s.time_scale;
+            if let Some(duration) = s.duration_s {
+                scenario.duration_s = duration;
+            }
+            if let Some(least) = s.min_leave_samples {
+                scenario.pass.min_leave_samples = least;
+            }
+            if let Some(least) = s.min_crash_samples {
+                scenario.pass.min_crash_samples = least;
+            }
+            if let Some(rounds) = s.rounds {
+                for step in &mut scenario.steps {
+                    if matches!(step.action, Action::CrashRounds | Action::PauseRounds) {
+                        step.count = Some(rounds);
+                    }
+                }
+            }
         }
         if let Some(agents) = agents {
             at_least_one("--agents", agents)?;
@@ -552,6 +682,15 @@ impl Scenario {
 }
 
 impl Step {
+    /// How long one round of `crash_rounds` or `pause_rounds` keeps its
+    /// fault, in seconds.
+    pub fn round_fault_s(&self) -> f64 {
+        self.duration_s.unwrap_or(match self.action {
+            Action::PauseRounds => 1.0,
+            _ => 5.0,
+        })
+    }
+
     fn validate(&self, index: usize, run_duration_s: f64) -> Result<(), ScenarioError> {
         let field = |name: &str| format!("steps[{index}].{name}");
         if !self.at_s.is_finite() || self.at_s < 0.0 {
@@ -592,6 +731,50 @@ impl Step {
                 field("delay_ms"),
                 "missing",
                 "is required for action \"delay_follower\"",
+            ));
+        }
+        if let Some(count) = self.count {
+            at_least_one(&field("count"), count)?;
+        }
+        if let Some(every) = self.every_s {
+            positive(&field("every_s"), every)?;
+        }
+        if matches!(self.action, Action::CrashRounds | Action::PauseRounds) {
+            let (Some(count), Some(every)) = (self.count, self.every_s) else {
+                return Err(ScenarioError::invalid(
+                    field(if self.count.is_none() {
+                        "count"
+                    } else {
+                        "every_s"
+                    }),
+                    "missing",
+                    format!("is required for action {:?}", self.action.as_str()),
+                ));
+            };
+            let fault = self.round_fault_s();
+            if fault >= every {
+                return Err(ScenarioError::invalid(
+                    field("duration_s"),
+                    fault,
+                    format!("must be less than every_s ({every}): a round's fault ends before the next round"),
+                ));
+            }
+            let end = self.at_s + f64::from(count) * every;
+            if end > run_duration_s {
+                return Err(ScenarioError::invalid(
+                    field("count"),
+                    count,
+                    format!("rounds end at {end} s, after duration_s ({run_duration_s})"),
+                ));
+            }
+        }
+        if matches!(self.action, Action::CrashNodes | Action::RestartNode)
+            && self.target.trim().is_empty()
+        {
+            return Err(ScenarioError::invalid(
+                field("target"),
+                "\"\"",
+                format!("must name the nodes for action {:?}", self.action.as_str()),
             ));
         }
         if self.action == Action::Phase && self.target.trim().is_empty() {
@@ -729,7 +912,11 @@ max_concurrent_snapshots = 16
             s.short,
             Some(Short {
                 agents: 2,
-                time_scale: 0.5
+                time_scale: 0.5,
+                rounds: None,
+                duration_s: None,
+                min_leave_samples: None,
+                min_crash_samples: None,
             })
         );
         assert_eq!(s.steps.len(), 4);
@@ -749,9 +936,15 @@ max_concurrent_snapshots = 16
                 max_failed_conns_to_live_backends_in_outage: 2,
                 max_false_removals: 3,
                 max_concurrent_snapshots: Some(16),
+                min_concurrent_snapshots: None,
                 max_new_conns_to_not_ready: 0,
                 max_converge_ms: None,
                 max_failed_conns: None,
+                min_leave_samples: 1,
+                min_crash_samples: 1,
+                max_lost_writes: 0,
+                min_writes_checked: 1,
+                max_failed_conns_in_election: None,
             }
         );
     }
@@ -783,7 +976,7 @@ max_concurrent_snapshots = 16
             assert_eq!(json, serde_json::Value::from(action.as_str()));
             assert_eq!(Action::from_name(action.as_str()), Some(action));
             let text =
-                format!("{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"x\"\ndelay_ms = 50\n");
+                format!("{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"x\"\ndelay_ms = 50\ncount = 2\nevery_s = 2\nduration_s = 0.5\n");
             let s = Scenario::from_toml_str(&text).expect("valid scenario");
             assert_eq!(s.steps[0].action, action);
         }
@@ -792,7 +985,29 @@ max_concurrent_snapshots = 16
     #[test]
     fn every_validation_error_names_its_field() {
         let step = |body: &str| format!("{MINIMAL}[[steps]]\n{body}\n");
-        let cases: Vec<(String, &str)> = vec![
+        let cases: Vec<(String, &str)> =
+            vec![
+            (
+                step("at_s = 1\naction = \"crash_rounds\"\nevery_s = 2"),
+                "steps[0].count",
+            ),
+            (
+                step("at_s = 1\naction = \"pause_rounds\"\ncount = 2"),
+                "steps[0].every_s",
+            ),
+            (
+                step("at_s = 1\naction = \"crash_rounds\"\ncount = 2\nevery_s = 2\nduration_s = 2"),
+                "steps[0].duration_s",
+            ),
+            (
+                step("at_s = 1\naction = \"crash_rounds\"\ncount = 5\nevery_s = 2\nduration_s = 1"),
+                "steps[0].count",
+            ),
+            (step("at_s = 1\naction = \"crash_nodes\""), "steps[0].target"),
+            (
+                format!("{MINIMAL}[short]\nagents = 1\nrounds = 0\n"),
+                "short.rounds",
+            ),
             (
                 "name = \"\"\ndescription = \"d\"\nduration_s = 1\n".into(),
                 "name",
@@ -871,7 +1086,12 @@ max_concurrent_snapshots = 16
                 .starts_with("steps[0].action = \"explode\" is not one of: drain, fail_readiness,"),
             "{message}"
         );
-        assert!(message.ends_with("start_instances, phase"), "{message}");
+        assert!(
+            message.ends_with(
+                "phase, restart_node, crash_rounds, pause_rounds, wipe_restart_agents, crash_nodes"
+            ),
+            "{message}"
+        );
     }
 
     #[test]

@@ -225,3 +225,29 @@ pub struct EndpointRecord {
     /// from the command, never from a clock read here).
     pub changed_at_ms: u64,
 }
+
+impl EndpointRecord {
+    /// Whether the catalog holds evidence that this endpoint is gone, not
+    /// only a doubt about it (R7): its lease ended (EXPIRED: revoked by its
+    /// agent, or expired past the mass-expiry guard), or its node was
+    /// declared down by two signals (gossip and the arbiter's own silence).
+    /// A down verdict is the only command through which an agent changes a
+    /// record of another node (an agent writes only its own node's records
+    /// otherwise), so an UNHEALTHY record whose last change an agent of
+    /// another node made is a down verdict; one its own agent, an operator
+    /// or a controller made (a readiness probe, a process exit) is not.
+    ///
+    /// The data plane's empty-set protection and panic threshold guard
+    /// against doubtful verdicts only: a confirmed-dead endpoint is never a
+    /// candidate, in any mode.
+    pub fn confirmed_dead(&self) -> bool {
+        match self.state {
+            State::Expired => true,
+            State::Unhealthy => {
+                self.origin.role == Role::Agent
+                    && self.origin.name.as_str() != self.node_id.as_str()
+            }
+            State::Starting | State::Ready | State::Draining => false,
+        }
+    }
+}

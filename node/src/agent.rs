@@ -214,6 +214,7 @@ impl Agent {
         let config = Arc::new(config);
         let metrics = Arc::new(AgentMetrics::new());
         metrics.set_max_services(config.metrics_max_services);
+        metrics.cache_corrupt_at_start(report.corrupt as u64);
         let (trigger, shutdown) = shutdown::channel();
 
         // The agent actor's address exists before the actor, so the view

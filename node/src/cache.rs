@@ -83,6 +83,8 @@ pub struct LoadReport {
     /// ones were deleted; ones that could not be read at all (an IO error)
     /// were left in place for an operator to look at.
     pub discarded: Vec<(PathBuf, String)>,
+    /// How many of `discarded` were corrupt (and deleted).
+    pub corrupt: usize,
 }
 
 /// The on-disk cache of subscribed services.
@@ -223,6 +225,7 @@ impl ServiceCache {
                     };
                     tracing::warn!(path = %path.display(), %reason, "discarded a corrupt cache file");
                     report.discarded.push((path, reason));
+                    report.corrupt += 1;
                 }
             }
         }

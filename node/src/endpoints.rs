@@ -7,11 +7,20 @@
 //! Sans-IO: time comes in as a value. The rules:
 //! - Candidates are READY records not drained locally and not ejected.
 //!   DRAINING and STARTING records are never candidates, in any mode.
-//! - Empty-set protection: when failure verdicts or expiries (not
-//!   deliberate drains or deregistrations) empty the READY set, the last
-//!   non-empty set is kept ("protected").
+//! - Confirmed-dead records (EXPIRED, or UNHEALTHY by a two-signal node
+//!   down verdict: [`EndpointRecord::confirmed_dead`]) and records on nodes
+//!   this agent's gossip holds down during an outage are not known
+//!   endpoints at all: never candidates, in any mode, and not counted by
+//!   the two rules below. A caller never waits on connect timeouts to a
+//!   dead zone.
+//! - Empty-set protection: when doubtful verdicts (readiness probes, a
+//!   process exit: UNHEALTHY by the endpoint's own agent) empty the READY
+//!   set, the last non-empty set's doubted records are kept ("protected").
+//!   Deliberate drains and deregistrations are never protected.
 //! - Panic: when candidates are fewer than `panic_threshold` of the known
-//!   non-draining, non-starting records, all of those are used ("panic").
+//!   records that are neither leaving on purpose, starting, nor confirmed
+//!   dead, all of those are used ("panic"): a probe storm or a bad check
+//!   that marks most of a fleet UNHEALTHY keeps the traffic flowing.
 //! - Ejection: consecutive connect failures eject an endpoint from this
 //!   agent's view for a time that doubles with each repeat, never more than
 //!   `max_ejection_percent` of the READY set at once. Passive signals stay
@@ -87,7 +96,8 @@ impl ServiceMemory {
     /// `locally_leaving` are instances this agent drained or deregistered
     /// and the arbiter may not have committed yet; `down_nodes` are nodes
     /// this agent's gossip holds down, given only while the arbiter is
-    /// unreachable (R7): their endpoints are ejected locally.
+    /// unreachable (R7): their endpoints are ejected locally. Neither they
+    /// nor confirmed-dead records count as known endpoints (module doc).
     pub fn select(
         &mut self,
         records: &[Arc<EndpointRecord>],
@@ -100,6 +110,7 @@ impl ServiceMemory {
             !locally_leaving.contains(&r.instance_id)
                 && !down_nodes.contains(&r.node_id)
                 && !matches!(r.state, State::Draining | State::Starting)
+                && !r.confirmed_dead()
         };
         let mut pool: Vec<&Arc<EndpointRecord>> = records.iter().filter(usable).collect();
         pool.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
@@ -136,30 +147,29 @@ impl ServiceMemory {
         let healthy: Vec<&Arc<EndpointRecord>> =
             ready.iter().copied().filter(|r| !ejected(r)).collect();
 
-        let (mode, chosen): (Mode, Vec<&Arc<EndpointRecord>>) =
-            if ready.is_empty() && p.empty_set_protection && !self.last_ready.is_empty() {
-                // Held only for records taken out by a failure verdict or an
-                // expiry; drained or deregistered ones left on purpose.
-                let held: Vec<&Arc<EndpointRecord>> = pool
-                    .iter()
-                    .copied()
-                    .filter(|r| {
-                        self.last_ready.contains(&r.instance_id)
-                            && matches!(r.state, State::Unhealthy | State::Expired)
-                    })
-                    .collect();
-                if held.is_empty() {
-                    (Mode::Normal, Vec::new())
-                } else {
-                    (Mode::Protected, held)
-                }
-            } else if !pool.is_empty()
-                && (healthy.len() as f64) < p.panic_threshold * pool.len() as f64
-            {
-                (Mode::Panic, pool.clone())
+        let (mode, chosen): (Mode, Vec<&Arc<EndpointRecord>>) = if ready.is_empty()
+            && p.empty_set_protection
+            && !self.last_ready.is_empty()
+        {
+            // Held only for records taken out by a doubtful verdict (the
+            // pool holds no confirmed-dead record); drained or
+            // deregistered ones left on purpose.
+            let held: Vec<&Arc<EndpointRecord>> = pool
+                .iter()
+                .copied()
+                .filter(|r| self.last_ready.contains(&r.instance_id) && r.state == State::Unhealthy)
+                .collect();
+            if held.is_empty() {
+                (Mode::Normal, Vec::new())
             } else {
-                (Mode::Normal, healthy)
-            };
+                (Mode::Protected, held)
+            }
+        } else if !pool.is_empty() && (healthy.len() as f64) < p.panic_threshold * pool.len() as f64
+        {
+            (Mode::Panic, pool.clone())
+        } else {
+            (Mode::Normal, healthy)
+        };
         let candidates = chosen
             .into_iter()
             .map(|r| {
@@ -319,8 +329,20 @@ mod tests {
         assert_eq!((s.mode, ids(&s)), (Mode::Normal, vec!["a", "b"]));
     }
 
+    /// A record on node `node` that a down verdict reported by `reporter`
+    /// (another node's agent) made UNHEALTHY.
+    fn down_verdict(id: &str, node: &str, reporter: &str) -> Arc<EndpointRecord> {
+        let mut r = (*record(id, State::Unhealthy)).clone();
+        r.node_id = NodeId::new(node).unwrap();
+        r.origin = Principal {
+            role: Role::Agent,
+            name: PrincipalName::new(reporter).unwrap(),
+        };
+        Arc::new(r)
+    }
+
     #[test]
-    fn failures_emptying_the_set_are_held_but_drains_are_not() {
+    fn doubtful_failures_emptying_the_set_are_held_but_drains_are_not() {
         let mut m = ServiceMemory::default();
         let p = params();
         m.select(
@@ -331,7 +353,7 @@ mod tests {
             &p,
         );
         let s = m.select(
-            &[record("a", State::Unhealthy), record("b", State::Expired)],
+            &[record("a", State::Unhealthy), record("b", State::Unhealthy)],
             &BTreeSet::new(),
             &BTreeSet::new(),
             1,
@@ -379,6 +401,52 @@ mod tests {
         ];
         let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 0, &params());
         assert_eq!(s.mode, Mode::Normal);
+    }
+
+    #[test]
+    fn confirmed_deaths_are_never_protected_nor_counted_for_panic() {
+        let p = params();
+        // Six of nine endpoints on nodes declared down by two signals, one
+        // expired: the two READY ones left are the whole known set, so no
+        // panic, and the dead are never candidates.
+        let mut records: Vec<_> = (0..6)
+            .map(|k| down_verdict(&format!("d{k}"), &format!("n{}", k + 2), "n9"))
+            .collect();
+        records.push(record("e", State::Expired));
+        records.push(record("r1", State::Ready));
+        records.push(record("r2", State::Ready));
+        let mut m = ServiceMemory::default();
+        let s = m.select(&records, &BTreeSet::new(), &BTreeSet::new(), 0, &p);
+        assert_eq!((s.mode, ids(&s)), (Mode::Normal, vec!["r1", "r2"]));
+        // Every endpoint of the service dies with its node: nothing is held,
+        // the answer is empty (callers get "no backend" at once).
+        let mut m = ServiceMemory::default();
+        m.select(
+            &[record("a", State::Ready), record("b", State::Ready)],
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            0,
+            &p,
+        );
+        let s = m.select(
+            &[down_verdict("a", "n2", "n3"), record("b", State::Expired)],
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            1,
+            &p,
+        );
+        assert_eq!((s.mode, ids(&s)), (Mode::Normal, Vec::<&str>::new()));
+        // A readiness failure by the endpoint's own agent is a doubt: the
+        // same shares of UNHEALTHY records still panic.
+        let mut doubted: Vec<_> = (0..6)
+            .map(|k| record(&format!("u{k}"), State::Unhealthy))
+            .collect();
+        doubted.push(record("r1", State::Ready));
+        doubted.push(record("r2", State::Ready));
+        let mut m = ServiceMemory::default();
+        let s = m.select(&doubted, &BTreeSet::new(), &BTreeSet::new(), 0, &p);
+        assert_eq!(s.mode, Mode::Panic);
+        assert_eq!(s.candidates.len(), 8);
     }
 
     #[test]

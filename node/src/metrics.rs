@@ -117,7 +117,8 @@ pub struct AgentMetrics {
     pub reconnects: Counter,
     /// Full snapshots applied (fallbacks from deltas).
     pub snapshots_applied: Counter,
-    /// Cached views dropped at a session start, by reason.
+    /// Cached views dropped, by reason: corrupt files at start, views of
+    /// another catalog or ahead of the arbiter at a session start.
     pub cache_discarded: Family<ReasonLabel, Counter>,
     /// Connections or queries answered "no backend".
     pub no_backend: Family<ServiceLabel, Counter>,
@@ -254,7 +255,7 @@ impl AgentMetrics {
         );
         registry.register(
             "cache_discarded",
-            "Cached views dropped at an arbiter session's start: from another catalog (a rebuilt or restored arbiter group) or ahead of the arbiter's revision",
+            "Cached views dropped: corrupt files at start (reason corrupt, deleted and never served), and at an arbiter session's start views from another catalog (a rebuilt or restored arbiter group) or ahead of the arbiter's revision",
             m.cache_discarded.clone(),
         );
         registry.register(
@@ -374,6 +375,16 @@ impl AgentMetrics {
                 .inc_by(now.saturating_sub(then));
         }
         *exported = now;
+    }
+
+    /// Counts the corrupt cache files found (and deleted) at start as
+    /// `cache_discarded{reason="corrupt"}`.
+    pub fn cache_corrupt_at_start(&self, files: u64) {
+        self.cache_discarded
+            .get_or_create(&ReasonLabel {
+                reason: "corrupt".to_owned(),
+            })
+            .inc_by(files);
     }
 
     /// Caps the distinct services per-service labels name

@@ -46,6 +46,8 @@ pub struct SimArgs {
     pub short: bool,
     /// Print progress to stderr.
     pub progress: bool,
+    /// The commit the binary was built from, for the report.
+    pub build: crate::report::Build,
 }
 
 /// `report.json` of a simulation: the chaos report's fields, the history's
@@ -268,7 +270,10 @@ pub enum SimError {
 pub fn simulate(args: &SimArgs) -> Result<SimRun, SimError> {
     let loaded = SimScenario::load(&args.scenario)?;
     let sc = loaded.for_run(args.short, args.agents)?;
-    Ok(simulate_scenario(sc, args.seed, args.progress))
+    let mut run = simulate_scenario(sc, args.seed, args.progress);
+    run.report.report.git_commit = args.build.commit.clone();
+    run.report.report.git_dirty = args.build.dirty;
+    Ok(run)
 }
 
 /// Simulates a scenario already loaded.
@@ -415,19 +420,31 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
     };
     let mut report = Report {
         scenario: sc.name.clone(),
+        // Filled by `simulate` from the build that ran it.
+        git_commit: "unknown".to_owned(),
+        git_dirty: false,
         seed,
         agents: sc.agents,
         duration_s,
         leave_ms,
         crash_ms,
+        // The simulation measures crash → the last agent's view (crash_ms).
+        crash_commit_ms: Stats::default(),
         converge_ms,
         new_conns_to_drained: c.new_conns_to_drained,
         new_conns_to_not_ready: c.new_conns_to_not_ready,
+        conns: c.conns,
         failed_conns: c.failed_conns,
         false_removals: c.false_removals,
         max_concurrent_snapshots: max_snapshots,
+        snapshots_refused,
         phases,
         outage,
+        election: None,
+        // The simulation checks its registrations against the catalog
+        // itself (`lost_registrations`).
+        history: None,
+        cache_corruption: None,
         pass: true,
         failures: Vec::new(),
     };

@@ -41,10 +41,14 @@ impl World {
     }
 
     fn run(&mut self, command: Command) -> Result<Applied, Rejection> {
+        self.run_as(Role::Operator, "ops", command)
+    }
+
+    fn run_as(&mut self, role: Role, name: &str, command: Command) -> Result<Applied, Rejection> {
         self.now += 10;
         let actor = Principal {
-            role: Role::Operator,
-            name: PrincipalName::new("ops").unwrap(),
+            role,
+            name: PrincipalName::new(name).unwrap(),
         };
         self.cat.apply(&Envelope {
             at_ms: self.now,
@@ -366,6 +370,71 @@ fn a_down_verdict_marks_the_node_unhealthy_and_names_the_reporters() {
         w.transition("a", 1, State::Ready),
         Err(Rejection::NotCovered { .. })
     ));
+}
+
+#[test]
+fn only_down_verdicts_and_ended_leases_are_confirmed_deaths() {
+    let mut w = World::new();
+    for n in ["n1", "n2", "n3"] {
+        w.grant(n, 1, "z1").unwrap();
+    }
+    w.register("a", "web", "n1", 1).unwrap();
+    w.register("b", "web", "n2", 1).unwrap();
+    w.register("c", "web", "n3", 1).unwrap();
+    let dead = |w: &World, id: &str| w.cat.instance(&iid(id)).unwrap().confirmed_dead();
+    // A readiness failure its own agent reports is a doubt.
+    w.run_as(
+        Role::Agent,
+        "n1",
+        Command::Transition {
+            instance_id: iid("a"),
+            generation: Generation(1),
+            to: State::Unhealthy,
+            reason: Reason::new("readiness failed").unwrap(),
+        },
+    )
+    .unwrap();
+    assert_eq!(w.state("a"), State::Unhealthy);
+    assert!(!dead(&w, "a"));
+    // The arbiter commits a down verdict as the reporting agent (another
+    // node's): evidence.
+    w.run_as(
+        Role::Agent,
+        "n3",
+        Command::NodeDown {
+            node: node("n2"),
+            epoch: AgentEpoch(1),
+            reporters: vec![node("n3")],
+        },
+    )
+    .unwrap();
+    assert_eq!(w.state("b"), State::Unhealthy);
+    assert!(dead(&w, "b"));
+    // An ended lease: evidence.
+    w.run_as(
+        Role::Agent,
+        "n3",
+        Command::RevokeLease {
+            node: node("n3"),
+            epoch: AgentEpoch(1),
+        },
+    )
+    .unwrap();
+    assert!(dead(&w, "c"));
+    // The node's agent comes back under a new epoch: its records move to
+    // the new lease as its own, and are doubts again until it probes them.
+    w.run_as(
+        Role::Agent,
+        "n2",
+        Command::GrantLease {
+            node: node("n2"),
+            epoch: AgentEpoch(2),
+            zone: label("z1"),
+            ttl_ms: 10_000,
+        },
+    )
+    .unwrap();
+    assert!(!dead(&w, "b"));
 }
 
 #[test]

@@ -1,0 +1,743 @@
+//! The history check of a chaos run: what the harness's clients were told,
+//! the arbiter's audit log and the final catalog must tell one story.
+//!
+//! The audit log names every catalog change (R10), so replaying it gives
+//! each instance's state at every revision. From that replay this module
+//! derives, without asking the control plane's opinion of itself:
+//!
+//! - *Ready* and *leave* events for the report (the first READY of an
+//!   instance, each commit of DRAINING or UNHEALTHY by a transition);
+//! - *false removals*: an instance leaving READY (a transition, a node-down
+//!   verdict, a lease expiry or revocation, a deregistration) while the
+//!   scenario had caused nothing to it or its node since it was last
+//!   READY — a live, healthy backend the control plane took out;
+//! - *lost writes*: every registration, drain or deregistration an agent
+//!   answered as committed (200), or as pending (202), must appear in the
+//!   audit log after the write was sent, in the order the client made
+//!   them, with the generation the agent answered; a pending one that
+//!   never committed counts only when nothing recorded later made it moot
+//!   (its instance deregistered, or its node's lease ended or declared
+//!   down);
+//! - a mismatch between the replay's final state and the final catalog as
+//!   an agent serves it (every record, `all=true`), when one was read.
+//!
+//! Pure: times are wall-clock milliseconds passed in, nothing here reads a
+//! clock, a socket or a file.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+
+/// One entry of the arbiter's audit log, as `GET /v1/audit` answers it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct AuditEntry {
+    /// The revision that committed it.
+    pub revision: u64,
+    /// When it was proposed, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// `role:name`.
+    pub actor: String,
+    /// The command's kind (`register`, `transition`, `node-down`, …).
+    pub command: String,
+    /// The instance the command named, if any.
+    pub instance: Option<String>,
+    /// The detail line.
+    pub detail: String,
+}
+
+/// A write the harness made through an agent's local API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    /// When it was sent, wall ms.
+    pub sent_ms: u64,
+    /// What it asked for.
+    pub kind: WriteKind,
+    /// The instance it named.
+    pub instance: String,
+    /// What the agent answered.
+    pub answer: Answer,
+}
+
+/// The kinds of writes the harness makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    /// `PUT /v1/agent/instances`.
+    Register,
+    /// `PUT /v1/agent/instances/{id}/drain`.
+    Drain,
+    /// `DELETE /v1/agent/instances/{id}`.
+    Deregister,
+}
+
+impl WriteKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::Register => "registration",
+            WriteKind::Drain => "drain",
+            WriteKind::Deregister => "deregistration",
+        }
+    }
+}
+
+/// The agent's answer to a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// 200: committed; a registration's answer carries its generation.
+    Committed {
+        /// The generation the answer named (registrations only).
+        generation: Option<u64>,
+    },
+    /// 202: accepted locally, to be committed when the arbiter answers.
+    Pending,
+    /// Anything else: the client was told it did not happen.
+    Refused,
+}
+
+/// Something the scenario did to an instance at `at_ms` (wall ms) that
+/// may take it out of READY: a drain, a failed readiness, a killed or
+/// frozen backend, a crashed node, a deregistration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// When, wall ms.
+    pub at_ms: u64,
+    /// The instance.
+    pub instance: String,
+    /// What was done (for the failure text).
+    pub what: String,
+}
+
+/// A record of the final catalog as an agent serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinalRecord {
+    /// Its generation.
+    pub generation: u64,
+    /// Its state (`READY`, …).
+    pub state: String,
+}
+
+/// An instance the control plane took out of READY although the scenario
+/// did nothing to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removal {
+    /// When, wall ms (the command's time).
+    pub at_ms: u64,
+    /// The instance.
+    pub instance: String,
+    /// The audit entry's command and detail.
+    pub how: String,
+}
+
+/// What the check found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// Each time an instance of the judged service became READY, (wall ms,
+    /// instance), in order.
+    pub ready: Vec<(u64, String)>,
+    /// Each commit of DRAINING or UNHEALTHY by a transition (a leave's
+    /// start) of an instance of the judged service, (wall ms, instance),
+    /// in order; UNHEALTHY commits of instances in `not_leaves` are left
+    /// out.
+    pub leaves: Vec<(u64, String)>,
+    /// Live, healthy instances taken out of READY.
+    pub false_removals: Vec<Removal>,
+    /// Writes checked (every write answered 200 or 202).
+    pub writes_checked: u64,
+    /// One sentence per lost or misplaced write, and per disagreement
+    /// between the replay and the final catalog.
+    pub lost_writes: Vec<String>,
+}
+
+/// Replays `audit` and checks it against what the clients were told.
+///
+/// `nodes` maps each node to every instance of the judged service that
+/// ever ran on it (only they are compared with the final catalog); `causes`
+/// are what the scenario did; `not_leaves` are instances whose UNHEALTHY
+/// commits are not leaves (a bad probe failed them while they served);
+/// `final_catalog` is every record of the service as an agent served it
+/// after the last audited change, when it could be read; `from_ms` is the
+/// start of the judged window (removals before it are not judged).
+pub fn check(
+    audit: &[AuditEntry],
+    nodes: &BTreeMap<String, Vec<String>>,
+    causes: &[Cause],
+    writes: &[Write],
+    not_leaves: &[String],
+    final_catalog: Option<&BTreeMap<String, FinalRecord>>,
+    from_ms: u64,
+) -> History {
+    let mut history = History::default();
+    let mut entries: Vec<&AuditEntry> = audit.iter().collect();
+    entries.sort_by_key(|e| e.revision);
+    let mut causes: Vec<&Cause> = causes.iter().collect();
+    causes.sort_by_key(|c| c.at_ms);
+
+    let judged = |i: &str| nodes.values().flatten().any(|x| x == i);
+    let mut states: BTreeMap<String, Replayed> = BTreeMap::new();
+    // Per instance, the cause in force since its last READY.
+    let mut caused: HashMap<&str, &Cause> = HashMap::new();
+    let mut next_cause = 0;
+    for entry in &entries {
+        while next_cause < causes.len() && causes[next_cause].at_ms <= entry.at_ms {
+            let cause = causes[next_cause];
+            caused.insert(cause.instance.as_str(), cause);
+            next_cause += 1;
+        }
+        for (instance, change) in changes(entry, nodes, &states) {
+            let before = states.get(&instance).map(|r| r.state.clone());
+            let was_ready = before.as_deref() == Some("READY");
+            let after = match &change {
+                Change::To { state, .. } => Some(state.as_str()),
+                Change::Removed => None,
+            };
+            if after == Some("READY") && !was_ready {
+                if judged(&instance) {
+                    history.ready.push((entry.at_ms, instance.clone()));
+                }
+                caused.remove(instance.as_str());
+            }
+            if judged(&instance)
+                && entry.command == "transition"
+                && matches!(after, Some("DRAINING") | Some("UNHEALTHY"))
+                && !(after == Some("UNHEALTHY") && not_leaves.contains(&instance))
+            {
+                history.leaves.push((entry.at_ms, instance.clone()));
+            }
+            if was_ready
+                && after != Some("READY")
+                && entry.at_ms >= from_ms
+                && !caused.contains_key(instance.as_str())
+            {
+                history.false_removals.push(Removal {
+                    at_ms: entry.at_ms,
+                    instance: instance.clone(),
+                    how: format!("{}: {}", entry.command, entry.detail),
+                });
+            }
+            match change {
+                Change::To { state, generation } => {
+                    let generation =
+                        generation.or_else(|| states.get(&instance).map(|r| r.generation));
+                    states.insert(
+                        instance,
+                        Replayed {
+                            generation: generation.unwrap_or(0),
+                            state,
+                            purgeable: false,
+                        },
+                    );
+                }
+                Change::Removed => {
+                    states.remove(&instance);
+                }
+            }
+        }
+        if entry.command == "purge" {
+            for r in states.values_mut() {
+                r.purgeable |= r.state == "EXPIRED";
+            }
+        }
+    }
+
+    check_writes(&entries, nodes, writes, &mut history);
+    if let Some(catalog) = final_catalog {
+        // The final catalog is of the judged service: its instances are
+        // the ones `nodes` lists.
+        states.retain(|i, _| judged(i));
+        compare_final(&states, catalog, &mut history);
+    }
+    history
+}
+
+/// An instance's state as the replay knows it.
+#[derive(Clone, Debug)]
+struct Replayed {
+    generation: u64,
+    state: String,
+    /// EXPIRED when a purge ran: it may be gone from the catalog.
+    purgeable: bool,
+}
+
+enum Change {
+    To {
+        state: String,
+        generation: Option<u64>,
+    },
+    Removed,
+}
+
+/// What one audit entry did to which instances.
+fn changes(
+    entry: &AuditEntry,
+    nodes: &BTreeMap<String, Vec<String>>,
+    states: &BTreeMap<String, Replayed>,
+) -> Vec<(String, Change)> {
+    let d = entry.detail.as_str();
+    let named = || entry.instance.clone().into_iter();
+    match entry.command.as_str() {
+        "register" => named()
+            .filter_map(|i| {
+                // "registered generation 2 READY on node-1 at …"
+                let mut words = d.strip_prefix("registered generation ")?.split(' ');
+                let generation = words.next()?.parse().ok();
+                let state = words.next()?.to_owned();
+                Some((i, Change::To { state, generation }))
+            })
+            .collect(),
+        "transition" => named()
+            .filter_map(|i| {
+                // "-> DRAINING (generation 3): reason"
+                let mut words = d.strip_prefix("-> ")?.split(' ');
+                let state = words.next()?.to_owned();
+                let generation = words
+                    .next()
+                    .filter(|w| *w == "(generation")
+                    .and_then(|_| words.next())
+                    .and_then(|g| g.trim_end_matches("):").parse().ok());
+                Some((i, Change::To { state, generation }))
+            })
+            .collect(),
+        "deregister" => named().map(|i| (i, Change::Removed)).collect(),
+        "node-down" | "expire-lease" | "revoke-lease" => {
+            // "node down node-1 epoch 3 …: 2 records UNHEALTHY", "lease
+            // expired node-1 epoch 3: 2 records EXPIRED", "lease revoked …".
+            let (to, moves): (&str, fn(&str) -> bool) = match entry.command.as_str() {
+                "node-down" => ("UNHEALTHY", |s| matches!(s, "STARTING" | "READY")),
+                _ => ("EXPIRED", |s| s != "EXPIRED"),
+            };
+            let marked = d.contains(&format!("records {to}"));
+            let node = ["node down ", "lease expired ", "lease revoked "]
+                .iter()
+                .find_map(|p| d.strip_prefix(p))
+                .and_then(|rest| rest.split(' ').next());
+            match (marked, node.and_then(|n| nodes.get(n))) {
+                (true, Some(instances)) => instances
+                    .iter()
+                    .filter(|i| states.get(*i).is_some_and(|r| moves(&r.state)))
+                    .map(|i| {
+                        (
+                            i.clone(),
+                            Change::To {
+                                state: to.to_owned(),
+                                generation: None,
+                            },
+                        )
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            }
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Every write answered 200 or 202 must be in the audit log, after it was
+/// sent, in the client's order per instance.
+fn check_writes(
+    entries: &[&AuditEntry],
+    nodes: &BTreeMap<String, Vec<String>>,
+    writes: &[Write],
+    history: &mut History,
+) {
+    let node_of: HashMap<&str, &str> = nodes
+        .iter()
+        .flat_map(|(n, is)| is.iter().map(move |i| (i.as_str(), n.as_str())))
+        .collect();
+    // Per instance, the revision of the last write matched.
+    let mut matched: HashMap<&str, u64> = HashMap::new();
+    for write in writes {
+        if write.answer == Answer::Refused {
+            continue;
+        }
+        history.writes_checked += 1;
+        let instance = write.instance.as_str();
+        let after = matched.get(instance).copied().unwrap_or(0);
+        let found = entries.iter().find(|e| {
+            e.revision > after
+                && e.instance.as_deref() == Some(instance)
+                // The proposer's clock and the harness's are the same host's.
+                && e.at_ms + CLOCK_SLACK_MS >= write.sent_ms
+                && is_write(e, write.kind)
+        });
+        match found {
+            Some(entry) => {
+                matched.insert(instance, entry.revision);
+                if let Answer::Committed {
+                    generation: Some(g),
+                } = write.answer
+                {
+                    let logged = entry
+                        .detail
+                        .strip_prefix("registered generation ")
+                        .and_then(|r| r.split(' ').next())
+                        .and_then(|g| g.parse::<u64>().ok());
+                    if logged != Some(g) {
+                        history.lost_writes.push(format!(
+                            "{instance}: the agent answered generation {g} for its registration, the audit log says {logged:?} (revision {})",
+                            entry.revision
+                        ));
+                    }
+                }
+            }
+            None => {
+                let moot = write.answer == Answer::Pending
+                    && entries.iter().any(|e| {
+                        e.revision > after
+                            && e.at_ms + CLOCK_SLACK_MS >= write.sent_ms
+                            && ended(e, instance, node_of.get(instance).copied())
+                    });
+                if !moot {
+                    history.lost_writes.push(format!(
+                        "{instance}: a {} answered {} at {} ms is not in the audit log after revision {after}",
+                        write.kind.as_str(),
+                        match write.answer {
+                            Answer::Committed { .. } => "committed (200)",
+                            _ => "pending (202) and never committed",
+                        },
+                        write.sent_ms
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// How far the audit log's command time may precede the client's send
+/// time and still be that write (both clocks are this host's).
+const CLOCK_SLACK_MS: u64 = 5;
+
+fn is_write(entry: &AuditEntry, kind: WriteKind) -> bool {
+    match kind {
+        WriteKind::Register => entry.command == "register",
+        WriteKind::Drain => {
+            entry.command == "transition" && entry.detail.starts_with("-> DRAINING")
+        }
+        WriteKind::Deregister => entry.command == "deregister",
+    }
+}
+
+/// Whether `entry` ended `instance` (deregistered it, or ended or downed
+/// the lease of its node), making a pending write about it moot.
+fn ended(entry: &AuditEntry, instance: &str, node: Option<&str>) -> bool {
+    if entry.command == "deregister" && entry.instance.as_deref() == Some(instance) {
+        return true;
+    }
+    let Some(node) = node else {
+        return false;
+    };
+    matches!(
+        entry.command.as_str(),
+        "node-down" | "expire-lease" | "revoke-lease"
+    ) && entry.detail.contains(&format!(" {node} epoch "))
+        && entry.detail.contains(" records ")
+}
+
+fn compare_final(
+    states: &BTreeMap<String, Replayed>,
+    catalog: &BTreeMap<String, FinalRecord>,
+    history: &mut History,
+) {
+    for (instance, replayed) in states {
+        match catalog.get(instance) {
+            None if replayed.purgeable => {}
+            None => history.lost_writes.push(format!(
+                "{instance}: the audit log leaves it {} (generation {}), the final catalog does not hold it",
+                replayed.state, replayed.generation
+            )),
+            Some(r) if r.generation != replayed.generation || r.state != replayed.state => {
+                history.lost_writes.push(format!(
+                    "{instance}: the audit log leaves it {} (generation {}), the final catalog holds {} (generation {})",
+                    replayed.state, replayed.generation, r.state, r.generation
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    for (instance, r) in catalog {
+        if !states.contains_key(instance) {
+            history.lost_writes.push(format!(
+                "{instance}: the final catalog holds it {} (generation {}), the audit log never registered it or deregistered it",
+                r.state, r.generation
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        revision: u64,
+        at_ms: u64,
+        command: &str,
+        instance: Option<&str>,
+        detail: &str,
+    ) -> AuditEntry {
+        AuditEntry {
+            revision,
+            at_ms,
+            actor: "agent:n1".to_owned(),
+            command: command.to_owned(),
+            instance: instance.map(str::to_owned),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn register(revision: u64, at_ms: u64, instance: &str, generation: u64) -> AuditEntry {
+        entry(
+            revision,
+            at_ms,
+            "register",
+            Some(instance),
+            &format!("registered generation {generation} READY on n1 at 10.0.0.1:9000 version v1"),
+        )
+    }
+
+    fn nodes() -> BTreeMap<String, Vec<String>> {
+        BTreeMap::from([
+            ("n1".to_owned(), vec!["a".to_owned(), "b".to_owned()]),
+            ("n2".to_owned(), vec!["c".to_owned()]),
+        ])
+    }
+
+    fn write(sent_ms: u64, kind: WriteKind, instance: &str, answer: Answer) -> Write {
+        Write {
+            sent_ms,
+            kind,
+            instance: instance.to_owned(),
+            answer,
+        }
+    }
+
+    fn cause(at_ms: u64, instance: &str) -> Cause {
+        Cause {
+            at_ms,
+            instance: instance.to_owned(),
+            what: "drain".to_owned(),
+        }
+    }
+
+    fn started() -> Vec<AuditEntry> {
+        vec![
+            register(1, 100, "a", 1),
+            register(2, 110, "b", 1),
+            register(3, 120, "c", 1),
+        ]
+    }
+
+    #[test]
+    fn a_node_down_about_a_node_the_scenario_left_alone_is_a_false_removal() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            1000,
+            "node-down",
+            None,
+            "node down n1 epoch 2 reported by n2: 2 records UNHEALTHY",
+        ));
+        let h = check(&audit, &nodes(), &[], &[], &[], None, 0);
+        let removed: Vec<&str> = h
+            .false_removals
+            .iter()
+            .map(|r| r.instance.as_str())
+            .collect();
+        assert_eq!(removed, ["a", "b"]);
+        // Crashing the node first makes it the scenario's doing.
+        let causes = [cause(900, "a"), cause(900, "b")];
+        let h = check(&audit, &nodes(), &causes, &[], &[], None, 0);
+        assert!(h.false_removals.is_empty(), "{:?}", h.false_removals);
+    }
+
+    #[test]
+    fn a_transition_nobody_caused_is_a_false_removal_until_ready_again() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            1000,
+            "transition",
+            Some("c"),
+            "-> UNHEALTHY (generation 1): readiness http GET /ready: timed out",
+        ));
+        audit.push(entry(
+            5,
+            2000,
+            "transition",
+            Some("c"),
+            "-> READY (generation 1): readiness passed",
+        ));
+        let h = check(&audit, &nodes(), &[cause(500, "c")], &[], &[], None, 0);
+        assert!(h.false_removals.is_empty());
+        assert_eq!(h.leaves, [(1000, "c".to_owned())]);
+        assert_eq!(h.ready.last(), Some(&(2000, "c".to_owned())));
+        // The cause is spent once it is READY again: a second fall is false.
+        audit.push(entry(
+            6,
+            3000,
+            "transition",
+            Some("c"),
+            "-> UNHEALTHY (generation 1): readiness",
+        ));
+        let h = check(&audit, &nodes(), &[cause(500, "c")], &[], &[], None, 0);
+        assert_eq!(h.false_removals.len(), 1);
+        assert_eq!(h.false_removals[0].at_ms, 3000);
+        // Before the judged window, nothing counts.
+        let h = check(&audit, &nodes(), &[cause(500, "c")], &[], &[], None, 5000);
+        assert!(h.false_removals.is_empty());
+    }
+
+    #[test]
+    fn bad_probe_failures_are_not_leaves() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            1000,
+            "transition",
+            Some("a"),
+            "-> UNHEALTHY (generation 1): readiness",
+        ));
+        let h = check(
+            &audit,
+            &nodes(),
+            &[cause(900, "a")],
+            &[],
+            &["a".to_owned()],
+            None,
+            0,
+        );
+        assert!(h.leaves.is_empty());
+    }
+
+    #[test]
+    fn committed_and_pending_writes_must_be_in_the_log_in_order() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            1000,
+            "transition",
+            Some("a"),
+            "-> DRAINING (generation 1): drain requested",
+        ));
+        audit.push(entry(
+            5,
+            1500,
+            "deregister",
+            Some("a"),
+            "deregistered generation 1",
+        ));
+        let committed = Answer::Committed { generation: None };
+        let writes = vec![
+            write(
+                90,
+                WriteKind::Register,
+                "a",
+                Answer::Committed {
+                    generation: Some(1),
+                },
+            ),
+            write(990, WriteKind::Drain, "a", committed),
+            write(1400, WriteKind::Deregister, "a", Answer::Pending),
+        ];
+        let h = check(&audit, &nodes(), &[], &writes, &[], None, 0);
+        assert_eq!(
+            (h.writes_checked, h.lost_writes.len()),
+            (3, 0),
+            "{:?}",
+            h.lost_writes
+        );
+
+        // A committed drain the log does not hold is lost.
+        let mut lost = writes.clone();
+        lost.push(write(1600, WriteKind::Drain, "b", committed));
+        let h = check(&audit, &nodes(), &[], &lost, &[], None, 0);
+        assert_eq!(h.lost_writes.len(), 1, "{:?}", h.lost_writes);
+        assert!(
+            h.lost_writes[0].contains("b: a drain answered committed"),
+            "{}",
+            h.lost_writes[0]
+        );
+
+        // Out of order: the drain after the deregistration was answered
+        // first, so the log's order contradicts the client's.
+        let swapped = vec![writes[0].clone(), writes[2].clone(), writes[1].clone()];
+        let h = check(&audit, &nodes(), &[], &swapped, &[], None, 0);
+        assert_eq!(h.lost_writes.len(), 1, "{:?}", h.lost_writes);
+
+        // A registration answered with another generation.
+        let wrong = vec![write(
+            90,
+            WriteKind::Register,
+            "a",
+            Answer::Committed {
+                generation: Some(2),
+            },
+        )];
+        let h = check(&audit, &nodes(), &[], &wrong, &[], None, 0);
+        assert_eq!(h.lost_writes.len(), 1, "{:?}", h.lost_writes);
+
+        // Refused writes are not checked.
+        let refused = vec![write(90, WriteKind::Drain, "c", Answer::Refused)];
+        let h = check(&audit, &nodes(), &[], &refused, &[], None, 0);
+        assert_eq!((h.writes_checked, h.lost_writes.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_pending_write_made_moot_by_a_recorded_end_is_not_lost() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            2000,
+            "expire-lease",
+            None,
+            "lease expired n2 epoch 1: 1 records EXPIRED",
+        ));
+        let writes = vec![write(1000, WriteKind::Drain, "c", Answer::Pending)];
+        let h = check(&audit, &nodes(), &[], &writes, &[], None, 0);
+        assert!(h.lost_writes.is_empty(), "{:?}", h.lost_writes);
+        let h = check(&started(), &nodes(), &[], &writes, &[], None, 0);
+        assert_eq!(h.lost_writes.len(), 1);
+    }
+
+    #[test]
+    fn the_final_catalog_must_be_the_replay() {
+        let mut audit = started();
+        audit.push(entry(
+            4,
+            1000,
+            "node-down",
+            None,
+            "node down n2 epoch 1 reported by n1: 1 records UNHEALTHY",
+        ));
+        let record = |generation, state: &str| FinalRecord {
+            generation,
+            state: state.to_owned(),
+        };
+        let mut catalog = BTreeMap::from([
+            ("a".to_owned(), record(1, "READY")),
+            ("b".to_owned(), record(1, "READY")),
+            ("c".to_owned(), record(1, "UNHEALTHY")),
+        ]);
+        let h = check(
+            &audit,
+            &nodes(),
+            &[cause(900, "c")],
+            &[],
+            &[],
+            Some(&catalog),
+            0,
+        );
+        assert!(h.lost_writes.is_empty(), "{:?}", h.lost_writes);
+        catalog.remove("b");
+        catalog.insert("ghost".to_owned(), record(1, "READY"));
+        catalog.insert("c".to_owned(), record(1, "READY"));
+        let h = check(
+            &audit,
+            &nodes(),
+            &[cause(900, "c")],
+            &[],
+            &[],
+            Some(&catalog),
+            0,
+        );
+        assert_eq!(h.lost_writes.len(), 3, "{:?}", h.lost_writes);
+    }
+}
