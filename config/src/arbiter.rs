@@ -116,6 +116,19 @@ pub struct LeaseConfig {
     /// what stops one zone-internal partition from removing a live node.
     /// Must be below `ttl_ms`, or the lease would always expire first.
     pub silence_ms: u64,
+    /// How long the leader waits for witnesses once a lease is past its
+    /// deadline, in ms (R3, R4). Silence alone is one signal: before it
+    /// expires a silent lease, the leader asks up to three connected agents
+    /// of the node's zone (does their gossip hold it alive?) and three of
+    /// other zones (does one of its endpoints accept a TCP connection?).
+    /// Any witness that sees the node alive holds the expiry (a WARN log and
+    /// `rollcall_arbiter_leases_held_by_witnesses`) for at most
+    /// `guard.max_hold_ms`; two or more that all see it gone confirm it
+    /// down at once (records UNHEALTHY, as a gossip verdict, not held by the
+    /// mass-expiry guard); no answer within this wait expires it as before.
+    /// Default 1500. 0 turns witnesses off: silence alone expires a lease.
+    /// At most 60000.
+    pub witness_wait_ms: u64,
 }
 
 impl Default for LeaseConfig {
@@ -124,6 +137,7 @@ impl Default for LeaseConfig {
             ttl_ms: 10_000,
             sweep_interval_ms: 250,
             silence_ms: 2_000,
+            witness_wait_ms: 1_500,
         }
     }
 }
@@ -481,6 +495,7 @@ impl ArbiterConfig {
             ));
         }
         rules::at_least("arbiter.lease.silence_ms", lease.silence_ms, 1)?;
+        rules::between("arbiter.lease.witness_wait_ms", lease.witness_wait_ms, 0, 60_000)?;
         if lease.silence_ms >= lease.ttl_ms {
             return Err(ConfigError::invalid(
                 "arbiter.lease.silence_ms",

@@ -455,7 +455,7 @@ impl Catalog {
                     .map(|r| r.as_str())
                     .collect();
                 let reason = bounded_reason(&format!(
-                    "node down per gossip (reported by {})",
+                    "node down, silent to the arbiter (reported by {})",
                     names.join(", ")
                 ));
                 let marked = self.end_lease(&mut batch, env, rev, lease, State::Unhealthy, reason);

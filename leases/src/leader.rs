@@ -1,7 +1,19 @@
 //! The leader's memory (R3, R4), sans-IO: when each node's session was
 //! last heard, gossip down reports held for the arbiter's own signal,
-//! lease expiries with the zone's silent count, purges, and the grace a
-//! new leader gives.
+//! witnesses asked about leases past their deadline, lease expiries with
+//! the zone's silent count, purges, and the grace a new leader gives.
+//!
+//! Two signals for expiry too: a session the arbiter no longer hears is
+//! one signal, and the arbiter may be the one cut off. So before a lease
+//! past its deadline is expired, agents that still hold sessions are asked
+//! as witnesses (`Sweep::asks`; the driver picks them and carries the
+//! answers back through [`LeaderMemory::witnessed`]): one that sees the
+//! node alive (its gossip holds it alive, or its endpoints accept a
+//! connection) holds the expiry for at most `max_hold_ms`; at least
+//! [`MIN_GONE_WITNESSES`] that all see it gone confirm it down at once (a
+//! `NodeDown` naming them, which the mass-expiry guard does not hold: the
+//! zone may be dead, not cut off); no answer within `witness_wait_ms`
+//! falls back to the expiry, which the guard may hold.
 //!
 //! The arbiter's core drives it with the wall clock and openraft's view of
 //! who leads; the fleet simulation (`rollcall chaos sim`) drives the same
@@ -35,6 +47,60 @@ pub struct LeaderParams {
     pub max_hold_ms: u64,
     /// How often tombstones are purged, ms.
     pub purge_interval_ms: u64,
+    /// How long witnesses are waited for once a lease is past its
+    /// deadline, ms; 0: no witnesses, silence alone expires.
+    pub witness_wait_ms: u64,
+}
+
+/// Witnesses that must all see a silent node gone before it is confirmed
+/// down without its lease expiring.
+pub const MIN_GONE_WITNESSES: usize = 2;
+
+/// What one witness said of a silent node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// Its gossip holds the node alive (`Some(true)`), down
+    /// (`Some(false)`), or does not know it.
+    pub gossip: Option<bool>,
+    /// One of the node's endpoints accepted a connection (`Some(true)`),
+    /// none did (`Some(false)`), or none was asked about.
+    pub reachable: Option<bool>,
+}
+
+impl Seen {
+    /// The witness sees the node alive.
+    pub fn alive(self) -> bool {
+        self.gossip == Some(true) || self.reachable == Some(true)
+    }
+
+    /// The witness sees the node gone (and nothing alive).
+    pub fn gone(self) -> bool {
+        !self.alive() && (self.gossip == Some(false) || self.reachable == Some(false))
+    }
+}
+
+/// Witnesses asked about one silent lease.
+#[derive(Debug)]
+struct Witnessing {
+    epoch: AgentEpoch,
+    /// When the lease was first found past its deadline, ms.
+    since_ms: u64,
+    /// When witnesses were last asked, ms.
+    asked_at_ms: u64,
+    answers: BTreeMap<NodeId, Seen>,
+    /// Whether the hold was announced (once per hold).
+    announced: bool,
+}
+
+/// A silent lease whose expiry witnesses hold: its node is alive to them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldAlive {
+    /// The node.
+    pub node: NodeId,
+    /// The witnesses that see it alive.
+    pub witnesses: Vec<NodeId>,
+    /// How long its session has been silent, ms.
+    pub silent_ms: u64,
 }
 
 impl From<&ArbiterConfig> for LeaderParams {
@@ -44,6 +110,7 @@ impl From<&ArbiterConfig> for LeaderParams {
             silence_ms: config.lease.silence_ms,
             max_hold_ms: config.guard.max_hold_ms,
             purge_interval_ms: config.store.purge_interval_ms,
+            witness_wait_ms: config.lease.witness_wait_ms,
         }
     }
 }
@@ -93,8 +160,14 @@ pub struct Sweep<W> {
     /// Down reports settled.
     pub verdicts: Vec<Verdict<W>>,
     /// `ExpireLease` for every lease past its deadline (or held by the
-    /// guard for `max_hold_ms`), and `Purge` when it is due.
+    /// guard for `max_hold_ms`) that no witness confirmed or held,
+    /// `NodeDown` for one its witnesses confirmed gone, and `Purge` when
+    /// it is due.
     pub proposals: Vec<Envelope>,
+    /// Silent leases to ask witnesses about now: (node, epoch).
+    pub asks: Vec<(NodeId, AgentEpoch)>,
+    /// Expiries witnesses began to hold in this sweep (for the alert).
+    pub held: Vec<HeldAlive>,
 }
 
 /// The leader's memory of one replica. A follower keeps hearing sessions
@@ -109,6 +182,8 @@ pub struct LeaderMemory<W> {
     downs: BTreeMap<NodeId, HeldDown<W>>,
     /// Expiries proposed and not yet settled, with when.
     expiring: HashMap<NodeId, u64>,
+    /// Silent leases whose witnesses were asked.
+    witnessing: BTreeMap<NodeId, Witnessing>,
     next_purge_ms: u64,
 }
 
@@ -122,6 +197,7 @@ impl<W> LeaderMemory<W> {
             last_heard: HashMap::default(),
             downs: BTreeMap::new(),
             expiring: HashMap::default(),
+            witnessing: BTreeMap::new(),
             next_purge_ms: now_ms.saturating_add(params.purge_interval_ms),
         }
     }
@@ -150,6 +226,7 @@ impl<W> LeaderMemory<W> {
         self.since = Some(now_ms);
         leases.extend_all(now_ms);
         self.expiring.clear();
+        self.witnessing.clear();
     }
 
     /// Stops leading: the held down reports are handed back (their
@@ -158,6 +235,7 @@ impl<W> LeaderMemory<W> {
     pub fn step_down(&mut self) -> Vec<HeldDown<W>> {
         self.since = None;
         self.expiring.clear();
+        self.witnessing.clear();
         std::mem::take(&mut self.downs).into_values().collect()
     }
 
@@ -170,6 +248,32 @@ impl<W> LeaderMemory<W> {
                 self.last_heard.insert(node.clone(), at_ms);
             }
         }
+        // Its session speaks again: what witnesses said no longer matters.
+        if self
+            .witnessing
+            .get(node)
+            .is_some_and(|w| w.asked_at_ms <= at_ms)
+        {
+            self.witnessing.remove(node);
+        }
+    }
+
+    /// A witness's answer about `node`'s silent lease of `epoch`; ignored
+    /// unless witnesses were asked about that lease.
+    pub fn witnessed(&mut self, witness: NodeId, node: &NodeId, epoch: AgentEpoch, seen: Seen) {
+        if let Some(w) = self.witnessing.get_mut(node) {
+            if w.epoch == epoch && witness != *node {
+                w.answers.insert(witness, seen);
+            }
+        }
+    }
+
+    /// How many silent leases witnesses hold alive now.
+    pub fn held_alive(&self) -> usize {
+        self.witnessing
+            .values()
+            .filter(|w| w.answers.values().any(|s| s.alive()))
+            .count()
     }
 
     /// When `node`'s session was last heard, as this replica counts it:
@@ -271,11 +375,20 @@ impl<W> LeaderMemory<W> {
         let mut sweep = Sweep {
             verdicts: self.decide_downs(now_ms),
             proposals: Vec::new(),
+            asks: Vec::new(),
+            held: Vec::new(),
         };
         if !self.leads() {
             return sweep;
         }
         let due = leases.due(now_ms, self.params.max_hold_ms);
+        let witnessed: Vec<NodeId> = self.witnessing.keys().cloned().collect();
+        for node in witnessed {
+            if !due.iter().any(|(n, _)| *n == node) {
+                // Renewed, or its lease ended.
+                self.witnessing.remove(&node);
+            }
+        }
         if !due.is_empty() {
             let silent = self.silent_by_zone(now_ms, leases);
             for (node, epoch) in due {
@@ -285,6 +398,30 @@ impl<W> LeaderMemory<W> {
                     .is_some_and(|at| now_ms < at.saturating_add(self.params.ttl_ms))
                 {
                     continue;
+                }
+                // A lease the guard holds already had its witnesses.
+                let guard_held = leases.get(&node).is_some_and(|l| l.held_since_ms.is_some());
+                if !guard_held && self.params.witness_wait_ms > 0 {
+                    match self.witness(&node, epoch, now_ms, &mut sweep) {
+                        Witnesses::Wait => continue,
+                        Witnesses::Gone(reporters) => {
+                            self.witnessing.remove(&node);
+                            self.expiring.insert(node.clone(), now_ms);
+                            sweep.proposals.push(Envelope {
+                                at_ms: now_ms,
+                                actor: agent_principal(&reporters[0]),
+                                command: Command::NodeDown {
+                                    node,
+                                    epoch,
+                                    reporters,
+                                },
+                            });
+                            continue;
+                        }
+                        Witnesses::Expire => {
+                            self.witnessing.remove(&node);
+                        }
+                    }
                 }
                 let silent_in_zone = leases
                     .get(&node)
@@ -312,6 +449,80 @@ impl<W> LeaderMemory<W> {
             });
         }
         sweep
+    }
+
+    /// What the witnesses of `node`'s silent lease decide now: ask them
+    /// (first, and again every TTL while they hold it alive), wait, hold,
+    /// confirm it gone, or let it expire.
+    fn witness(
+        &mut self,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        now_ms: u64,
+        sweep: &mut Sweep<W>,
+    ) -> Witnesses {
+        let heard = self.heard_at(node);
+        let w = self.witnessing.entry(node.clone()).or_insert(Witnessing {
+            epoch,
+            since_ms: now_ms,
+            asked_at_ms: now_ms,
+            answers: BTreeMap::new(),
+            announced: false,
+        });
+        if w.epoch != epoch {
+            *w = Witnessing {
+                epoch,
+                since_ms: now_ms,
+                asked_at_ms: now_ms,
+                answers: BTreeMap::new(),
+                announced: false,
+            };
+        }
+        if w.since_ms == now_ms {
+            sweep.asks.push((node.clone(), epoch));
+            return Witnesses::Wait;
+        }
+        if now_ms.saturating_sub(w.since_ms) >= self.params.max_hold_ms {
+            return Witnesses::Expire;
+        }
+        let alive: Vec<NodeId> = w
+            .answers
+            .iter()
+            .filter(|(_, s)| s.alive())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !alive.is_empty() {
+            if !w.announced {
+                w.announced = true;
+                sweep.held.push(HeldAlive {
+                    node: node.clone(),
+                    witnesses: alive,
+                    silent_ms: now_ms.saturating_sub(heard.unwrap_or(now_ms)),
+                });
+            }
+            // Asked again every TTL: the node may have died since.
+            if now_ms.saturating_sub(w.asked_at_ms) >= self.params.ttl_ms {
+                w.asked_at_ms = now_ms;
+                w.answers.clear();
+                w.announced = false;
+                sweep.asks.push((node.clone(), epoch));
+            }
+            return Witnesses::Wait;
+        }
+        let gone: Vec<NodeId> = w
+            .answers
+            .iter()
+            .filter(|(_, s)| s.gone())
+            .map(|(n, _)| n.clone())
+            .take(MAX_REPORTERS)
+            .collect();
+        if gone.len() >= MIN_GONE_WITNESSES {
+            return Witnesses::Gone(gone);
+        }
+        if now_ms.saturating_sub(w.asked_at_ms) >= self.params.witness_wait_ms {
+            return Witnesses::Expire;
+        }
+        Witnesses::Wait
     }
 
     /// How many leaseholders of each zone have had silent sessions for
@@ -364,6 +575,16 @@ impl<W> LeaderMemory<W> {
     }
 }
 
+/// What a silent lease's witnesses decide.
+enum Witnesses {
+    /// Not yet (asked now, waiting for answers, or held alive).
+    Wait,
+    /// These witnesses all see the node gone: confirm it down.
+    Gone(Vec<NodeId>),
+    /// Nobody could tell (or the hold reached its bound): expire it.
+    Expire,
+}
+
 /// The principal an agent's node acts as.
 pub fn agent_principal(node: &NodeId) -> Principal {
     Principal {
@@ -387,7 +608,116 @@ mod tests {
             silence_ms: SILENCE,
             max_hold_ms: 60_000,
             purge_interval_ms: 30_000,
+            // Silence alone expires (the witnesses' tests turn them on).
+            witness_wait_ms: 0,
         }
+    }
+
+    const WAIT: u64 = 1_500;
+
+    /// A leader asking witnesses, with `a` silent since office at 0 and
+    /// past its deadline at `TTL`: the first sweep there asks.
+    fn witnessing() -> (Catalog, LeaderMemory<u32>) {
+        let mut cat = catalog(&["a", "b", "c", "d"]);
+        let mut m = LeaderMemory::new(
+            LeaderParams {
+                witness_wait_ms: WAIT,
+                ..params()
+            },
+            me(),
+            0,
+        );
+        m.take_office(0, cat.leases_mut());
+        for n in ["b", "c", "d"] {
+            let renew = m.renew(cat.leases_mut(), &node(n), AgentEpoch(1), TTL - 1, &agent_principal(&node(n)));
+            assert!(renew.is_ok());
+        }
+        let sweep = m.sweep(TTL, cat.leases());
+        assert_eq!(sweep.asks, [(node("a"), AgentEpoch(1))]);
+        assert!(sweep.proposals.is_empty(), "no expiry before the witnesses answer");
+        (cat, m)
+    }
+
+    fn seen(gossip: Option<bool>, reachable: Option<bool>) -> Seen {
+        Seen { gossip, reachable }
+    }
+
+    fn kinds(sweep: &Sweep<u32>) -> Vec<&'static str> {
+        sweep.proposals.iter().map(|e| e.command.kind()).collect()
+    }
+
+    #[test]
+    fn witnesses_that_see_the_node_alive_hold_its_expiry_within_the_bound() {
+        let (cat, mut m) = witnessing();
+        m.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(Some(true), None));
+        m.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        let sweep = m.sweep(TTL + WAIT, cat.leases());
+        assert!(sweep.proposals.is_empty(), "held: {:?}", kinds(&sweep));
+        assert_eq!(sweep.held.len(), 1);
+        assert_eq!(sweep.held[0].witnesses, [node("b")]);
+        assert_eq!(m.held_alive(), 1);
+        // Asked again every TTL, announced again only then.
+        let sweep = m.sweep(2 * TTL, cat.leases());
+        assert!(sweep.asks.contains(&(node("a"), AgentEpoch(1))));
+        assert!(sweep.held.is_empty() && sweep.proposals.is_empty());
+        m.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(Some(true), None));
+        assert!(m.sweep(2 * TTL + 100, cat.leases()).proposals.is_empty());
+        // The bound: max_hold_ms after the deadline it expires anyway (b,
+        // c and d, silent since and never witnessed, expire too).
+        let before = m.sweep(TTL + 60_000 - 1, cat.leases());
+        let a_expires = |sweep: &Sweep<u32>| {
+            sweep.proposals.iter().any(
+                |e| matches!(&e.command, Command::ExpireLease { node: n, .. } if n.as_str() == "a"),
+            )
+        };
+        assert!(!a_expires(&before));
+        assert!(a_expires(&m.sweep(TTL + 60_000, cat.leases())));
+    }
+
+    #[test]
+    fn witnesses_that_all_see_the_node_gone_confirm_it_down() {
+        let (cat, mut m) = witnessing();
+        // One is not enough: it waits for the others, then expires.
+        m.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        assert!(m.sweep(TTL + 500, cat.leases()).proposals.is_empty());
+        m.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(Some(false), None));
+        // An answer about another epoch, or from the node itself, counts not.
+        m.witnessed(node("d"), &node("a"), AgentEpoch(2), seen(None, Some(true)));
+        m.witnessed(node("a"), &node("a"), AgentEpoch(1), seen(Some(true), None));
+        let sweep = m.sweep(TTL + 600, cat.leases());
+        match sweep.proposals.as_slice() {
+            [Envelope {
+                actor,
+                command: Command::NodeDown { node: n, reporters, .. },
+                ..
+            }] => {
+                assert_eq!(n, &node("a"));
+                assert_eq!(reporters, &[node("b"), node("c")]);
+                assert_eq!(actor, &agent_principal(&node("b")), "proposed as a witness");
+            }
+            other => panic!("expected a NodeDown, got {other:?}"),
+        }
+        // The verdict is a confirmed death for the data plane (a record
+        // changed by another node's agent).
+        let mut cat = cat;
+        let applied = cat.apply(&sweep.proposals[0]).expect("applies");
+        assert!(matches!(applied.effect, Effect::LeaseEnded { .. }));
+    }
+
+    #[test]
+    fn without_answers_the_lease_expires_after_the_wait_and_a_renewal_ends_the_question() {
+        let (mut cat, mut m) = witnessing();
+        assert!(m.sweep(TTL + WAIT - 1, cat.leases()).proposals.is_empty());
+        assert_eq!(kinds(&m.sweep(TTL + WAIT, cat.leases())), ["expire-lease"]);
+        // Its session speaking again settles it before any verdict.
+        let (_, mut m2) = witnessing();
+        m2.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        m2.heard(&node("a"), TTL + 100);
+        let renew = m2.renew(cat.leases_mut(), &node("a"), AgentEpoch(1), TTL + 100, &agent_principal(&node("a")));
+        assert!(renew.is_ok());
+        m2.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        let sweep = m2.sweep(TTL + 600, cat.leases());
+        assert!(sweep.proposals.is_empty() && sweep.asks.is_empty());
     }
 
     fn node(n: &str) -> NodeId {

@@ -78,6 +78,7 @@ pub mod snapshot;
 
 pub mod tls;
 pub mod view;
+pub mod witness;
 
 pub use catalog::{
     Applied, Catalog, Effect, GenerationMemory, ReadySummary, Rejection, ServiceInfo, SinceAnswer,

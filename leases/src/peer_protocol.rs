@@ -97,6 +97,9 @@ pub enum PeerRequest {
         /// The longest wait.
         timeout_ms: u64,
     },
+    /// Witnesses' answers the follower's agents gave (the leader's to
+    /// weigh, `LeaderMemory::witnessed`); answered `Refused(vec![])`.
+    Witnessed(Vec<crate::witness::WitnessAnswer>),
 }
 
 /// One session a follower heard from.
@@ -128,6 +131,14 @@ pub enum PeerResponse {
     /// To `Heard`: the renewals the leader refused (an older epoch, a lease
     /// gone); the follower ends those sessions with the reason.
     Refused(Vec<(NodeId, String)>),
+    /// To `Heard`, from a leader asking witnesses: the refused renewals,
+    /// and the silent leases the follower's agents should witness.
+    HeardAsks {
+        /// As `Refused`.
+        refused: Vec<(NodeId, String)>,
+        /// The silent leases.
+        asks: Vec<crate::witness::WitnessAsk>,
+    },
 }
 
 /// Encodes a message to a peer replica.

@@ -66,7 +66,26 @@ pub enum SessionUp {
     /// The session is alive (every keep-alive interval): the arbiter's own
     /// silence signal for down verdicts (R4) and the mass-expiry guard.
     Keepalive,
+    /// The answer to `SessionDown::Witness`: what this agent can tell of
+    /// a node whose session the arbiter no longer hears.
+    Witnessed {
+        /// The node asked about.
+        node: NodeId,
+        /// Its agent run the arbiter asked about.
+        epoch: AgentEpoch,
+        /// `Some(true)` when this agent's gossip holds the node alive,
+        /// `Some(false)` when it holds it down, `None` when its gossip
+        /// does not know the node (another zone, or gossip off).
+        gossip: Option<bool>,
+        /// `Some(true)` when a TCP connect to one of the addresses asked
+        /// about completed, `Some(false)` when none did within the
+        /// agent's connect timeout, `None` when none was given.
+        reachable: Option<bool>,
+    },
 }
+
+/// Most addresses one `SessionDown::Witness` names.
+pub const MAX_WITNESS_ADDRESSES: usize = 4;
 
 /// Arbiter → agent, on the session stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,6 +118,20 @@ pub enum SessionDown {
     Refused {
         /// Why, in words an operator can act on.
         reason: String,
+    },
+    /// The arbiter no longer hears `node`'s session past its lease: say
+    /// what this agent sees of it (`SessionUp::Witnessed`): whether its
+    /// gossip holds the node alive, and whether one of `addresses` (the
+    /// node's endpoints, at most [`MAX_WITNESS_ADDRESSES`]) accepts a TCP
+    /// connection. The arbiter acts on a silent lease only with its
+    /// witnesses (R3, R4).
+    Witness {
+        /// The node.
+        node: NodeId,
+        /// Its agent run.
+        epoch: AgentEpoch,
+        /// Where its endpoints listen.
+        addresses: Vec<std::net::SocketAddr>,
     },
 }
 

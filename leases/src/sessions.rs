@@ -318,6 +318,18 @@ pub enum Step {
         /// Who renews.
         actor: Principal,
     },
+    /// A witness's answer about a silent node (for the leader's memory;
+    /// a follower hands it to the leader).
+    Witnessed {
+        /// The witness: this session's node.
+        witness: NodeId,
+        /// The silent node.
+        node: NodeId,
+        /// Its agent run asked about.
+        epoch: AgentEpoch,
+        /// What the witness sees.
+        seen: crate::leader::Seen,
+    },
     /// Nothing more (a keep-alive).
     Nothing,
 }
@@ -456,6 +468,20 @@ impl Sessions {
                 actor: session.identity.principal.clone(),
             },
             (SessionUp::Keepalive, Some(_)) => Step::Nothing,
+            (
+                SessionUp::Witnessed {
+                    node,
+                    epoch,
+                    gossip,
+                    reachable,
+                },
+                Some((witness, _)),
+            ) => Step::Witnessed {
+                witness,
+                node,
+                epoch,
+                seen: crate::leader::Seen { gossip, reachable },
+            },
         };
         (heard, step)
     }

@@ -546,6 +546,31 @@ impl AgentActor {
                     update,
                     received_at_ms,
                 }),
+                Output::Witness {
+                    node,
+                    epoch,
+                    addresses,
+                } => {
+                    let connects = addresses.into_iter().map(|addr| async move {
+                        tokio::time::timeout(
+                            WITNESS_CONNECT_TIMEOUT,
+                            tokio::net::TcpStream::connect(addr),
+                        )
+                        .await
+                        .is_ok_and(|connected| connected.is_ok())
+                    });
+                    let any = async move { futures_any(connects).await };
+                    ctx.spawn(any.into_actor(self).map(move |reachable, act, ctx| {
+                        act.feed(
+                            Input::Reached {
+                                node,
+                                epoch,
+                                reachable,
+                            },
+                            ctx,
+                        )
+                    }));
+                }
                 Output::Probe {
                     instance,
                     generation,
@@ -673,6 +698,26 @@ impl Handler<Stop> for AgentActor {
             }),
         )
     }
+}
+
+/// How long a witness's connect to a silent node's endpoint may take: an
+/// answer must reach the arbiter within its `lease.witness_wait_ms`.
+const WITNESS_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Whether any of `checks` (run side by side) is true.
+async fn futures_any(
+    checks: impl Iterator<Item = impl std::future::Future<Output = bool> + Send + 'static>,
+) -> bool {
+    let mut set = tokio::task::JoinSet::new();
+    for check in checks {
+        set.spawn(check);
+    }
+    while let Some(done) = set.join_next().await {
+        if done.unwrap_or(false) {
+            return true;
+        }
+    }
+    false
 }
 
 /// A fresh agent epoch, above every earlier one of this data directory: the

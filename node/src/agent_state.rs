@@ -39,6 +39,7 @@ use rand::{Rng, RngExt};
 use rollcall_config::AgentConfig;
 use rollcall_leases::protocol::{
     NodeInstance, RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
+    MAX_WITNESS_ADDRESSES,
 };
 use rollcall_leases::{
     shard_of, AgentEpoch, CatalogId, Generation, InstanceId, Label, LeaseId, Liveness, NodeId,
@@ -259,6 +260,15 @@ pub enum Input {
         /// The node.
         node: NodeId,
     },
+    /// The connects asked for by `Output::Witness` ended.
+    Reached {
+        /// The node asked about.
+        node: NodeId,
+        /// Its agent run.
+        epoch: AgentEpoch,
+        /// Whether one of its addresses accepted a connection.
+        reachable: bool,
+    },
     /// A save asked for by `Output::SaveRegistrations` ended.
     Saved {
         /// The save.
@@ -333,6 +343,16 @@ pub enum Output {
         update: RegionsUpdate,
         /// When it arrived, ms.
         received_at_ms: u64,
+    },
+    /// Try a TCP connect to each address (the arbiter's witness question
+    /// about a silent node); report `Reached`.
+    Witness {
+        /// The node asked about.
+        node: NodeId,
+        /// Its agent run.
+        epoch: AgentEpoch,
+        /// Its endpoints' addresses.
+        addresses: Vec<std::net::SocketAddr>,
     },
     /// Start a probe; report `Probed`.
     Probe {
@@ -812,6 +832,11 @@ impl AgentState {
                     self.publish_down = true;
                 }
             }
+            Input::Reached {
+                node,
+                epoch,
+                reachable,
+            } => self.witnessed(node, epoch, Some(reachable), out),
             Input::Saved { save, result } => {
                 let then = self.saves.remove(&save).unwrap_or(Then::Nothing);
                 self.saved(then, result, out);
@@ -1071,7 +1096,58 @@ impl AgentState {
                 self.disconnected(now_ms, rng, out);
             }
             SessionDown::Welcome { .. } => {}
+            SessionDown::Witness {
+                node,
+                epoch,
+                addresses,
+            } => {
+                if addresses.len() > MAX_WITNESS_ADDRESSES {
+                    tracing::warn!(
+                        node = %node,
+                        addresses = addresses.len(),
+                        "the arbiter asked about more addresses than a witness question holds; not answered"
+                    );
+                } else if addresses.is_empty() {
+                    self.witnessed(node, epoch, None, out);
+                } else {
+                    out.push(Output::Witness {
+                        node,
+                        epoch,
+                        addresses,
+                    });
+                }
+            }
         }
+    }
+
+    /// Answers the arbiter's witness question about `node` (R3, R4): what
+    /// this agent's gossip holds of it, and whether its endpoints accepted
+    /// a connection. Dropped when no session is up (the arbiter falls back
+    /// to its own signal).
+    fn witnessed(
+        &mut self,
+        node: NodeId,
+        epoch: AgentEpoch,
+        reachable: Option<bool>,
+        out: &mut Vec<Output>,
+    ) {
+        let Link::Up { session, .. } = &self.link else {
+            return;
+        };
+        let gossip = match &self.gossip_alive {
+            Some(alive) if alive.contains(&node) => Some(true),
+            _ if self.downs.nodes().any(|n| *n == node) => Some(false),
+            _ => None,
+        };
+        out.push(Output::Send {
+            session: *session,
+            message: SessionUp::Witnessed {
+                node,
+                epoch,
+                gossip,
+                reachable,
+            },
+        });
     }
 
     fn carry_sync<R: Rng + ?Sized>(

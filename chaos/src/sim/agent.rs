@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::{LeaseId, ServiceKey, State, Version};
+use rollcall_leases::{AgentEpoch, LeaseId, NodeId, ServiceKey, State, Version};
 use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
 use rollcall_node::api_types::ValidRegistration;
 
@@ -106,6 +106,19 @@ impl World {
                     save,
                     result: Ok(()),
                 }),
+                Output::Witness { node, epoch, .. } => {
+                    // A silent node's endpoints answer a connect while the
+                    // node lives (the simulated network cuts nodes off the
+                    // arbiter only, never off each other).
+                    let reachable = parse_node(node.as_str())
+                        .and_then(|b| self.agents.get(b as usize))
+                        .is_some_and(|b| !b.dead);
+                    back.push(Input::Reached {
+                        node,
+                        epoch,
+                        reachable,
+                    });
+                }
                 Output::Probe {
                     instance,
                     generation,
@@ -508,6 +521,32 @@ impl World {
             Input::Message {
                 session,
                 message: SessionDown::Update(updates),
+            },
+        );
+    }
+
+    /// The arbiter's witness question about `node` reaches agent `a` on
+    /// session `g`.
+    pub(super) fn witness_asked(
+        &mut self,
+        a: u32,
+        g: u64,
+        node: NodeId,
+        epoch: AgentEpoch,
+        addresses: Vec<std::net::SocketAddr>,
+    ) {
+        let Some((session, _)) = self.agents[a as usize].session.filter(|(_, x)| *x == g) else {
+            return;
+        };
+        self.feed(
+            a,
+            Input::Message {
+                session,
+                message: SessionDown::Witness {
+                    node,
+                    epoch,
+                    addresses,
+                },
             },
         );
     }

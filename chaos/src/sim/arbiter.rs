@@ -20,8 +20,10 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::leader::{LeaderMemory, LeaderParams, Verdict};
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionUp};
 use rollcall_leases::sessions::{down_outcome, Accepted, DownOutcome, Step};
+use rollcall_leases::witness;
 use rollcall_leases::{
-    answers, Applied, Command, Effect, Envelope, PrincipalName, Revision, Role, State,
+    answers, Applied, Command, Effect, Envelope, Label, NodeId, PrincipalName, Revision, Role,
+    State,
 };
 
 use super::world::*;
@@ -117,6 +119,12 @@ impl World {
                     }
                 }
             }
+            Step::Witnessed {
+                witness,
+                node,
+                epoch,
+                seen,
+            } => self.arb.leader.witnessed(witness, &node, epoch, seen),
             Step::Nothing => {}
         }
     }
@@ -255,6 +263,43 @@ impl World {
         self.verdicts(sweep.verdicts);
         for envelope in sweep.proposals {
             self.propose(envelope, Then::Nothing);
+        }
+        // The core's witness questions, to the sessions it heard lately.
+        let silence = self.arbiter_config.lease.silence_ms;
+        for (node, epoch) in sweep.asks {
+            let Some(ask) = witness::ask(&self.arb.catalog, &node, epoch) else {
+                continue;
+            };
+            let candidates: Vec<(u64, NodeId, Label)> = self
+                .arb
+                .conns
+                .iter()
+                .filter_map(|(session, _)| {
+                    let (node, _) = self.arb.sessions.held(*session)?;
+                    let heard = self.arb.leader.last_heard(node)?;
+                    if now_ms.saturating_sub(heard) > silence {
+                        return None;
+                    }
+                    let zone = self.arb.catalog.leases().get(node)?.zone.clone();
+                    Some((*session, node.clone(), zone))
+                })
+                .collect();
+            let chosen = witness::choose(&ask, candidates.iter().map(|(s, n, z)| (*s, n, z)));
+            self.counters.witness_asks += chosen.len() as u64;
+            for session in chosen {
+                let agent = self.arb.conns[&session];
+                let latency = self.arbiter_latency();
+                self.after(
+                    latency,
+                    Ev::Witness {
+                        agent,
+                        session,
+                        node: ask.node.clone(),
+                        epoch: ask.epoch,
+                        addresses: ask.addresses.clone(),
+                    },
+                );
+            }
         }
         let mut out = Vec::new();
         self.arb.dist.sweep(now_ms, &self.arb.catalog, &mut out);

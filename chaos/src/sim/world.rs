@@ -113,6 +113,14 @@ pub(super) enum Ev {
     SendDone {
         session: u64,
     },
+    /// The arbiter's witness question reaches an agent.
+    Witness {
+        agent: u32,
+        session: u64,
+        node: NodeId,
+        epoch: AgentEpoch,
+        addresses: Vec<std::net::SocketAddr>,
+    },
     Wake {
         session: u64,
     },
@@ -168,6 +176,7 @@ impl Ev {
             | Ev::Handshake { agent: a, .. }
             | Ev::Welcome { agent: a, .. }
             | Ev::Update { agent: a, .. }
+            | Ev::Witness { agent: a, .. }
             | Ev::Answer { agent: a, .. }
             | Ev::Closed { agent: a, .. } => Some(*a),
             _ => None,
@@ -337,6 +346,8 @@ pub struct Counters {
     pub probes: u64,
     pub heartbeats: u64,
     pub renewals_refused: u64,
+    /// Witness questions the arbiter sent about silent leases.
+    pub witness_asks: u64,
     pub unhealthy: u64,
     pub pauses: u64,
     pub nodes_killed: u64,
@@ -566,6 +577,13 @@ impl World {
                 session,
                 updates,
             } => self.update(agent, session, updates),
+            Ev::Witness {
+                agent,
+                session,
+                node,
+                epoch,
+                addresses,
+            } => self.witness_asked(agent, session, node, epoch, addresses),
             Ev::SendDone { session } => {
                 if self.arb.up && self.arb.conns.contains_key(&session) {
                     let mut out = Vec::new();

@@ -362,7 +362,7 @@ fn a_down_verdict_marks_the_node_unhealthy_and_names_the_reporters() {
     assert_eq!(a.state, State::Unhealthy);
     assert_eq!(
         a.reason.as_str(),
-        "node down per gossip (reported by n2, n3)"
+        "node down, silent to the arbiter (reported by n2, n3)"
     );
     assert_eq!(w.state("d"), State::Draining);
     // The record may not come back to READY without its node's agent.

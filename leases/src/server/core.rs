@@ -51,6 +51,7 @@ use crate::server::metrics::{
 use crate::server::peer::{self, PeerError, Peers};
 use crate::sessions::{down_outcome, Accepted, DownOutcome, Rules, Sessions, Step};
 use crate::shutdown::Shutdown;
+use crate::witness::{self, WitnessAnswer, WitnessAsk};
 
 mod commit;
 mod replication;
@@ -99,6 +100,9 @@ enum Done {
     },
     /// The leader refused these renewals.
     Refused(Vec<(NodeId, String)>),
+    /// The leader wants witnesses for these silent leases (this replica
+    /// follows): its agents are asked too.
+    Asks(Vec<WitnessAsk>),
     /// A proposal being handed over when this replica became the leader.
     ProposeAgain { envelope: Envelope, then: Then },
     /// A down report being handed over when this replica became the leader.
@@ -206,6 +210,13 @@ pub struct Core {
     next_regions_ms: u64,
     /// When this leader may next propose the catalog's identity (ms).
     identify_after_ms: u64,
+    /// Leader: the witness asks still open, with when, handed to the
+    /// followers with their `Heard` answers.
+    witness_asks: Vec<(WitnessAsk, u64)>,
+    /// Follower: asks already carried to this replica's agents, with when.
+    witness_asked: HashMap<(NodeId, AgentEpoch), u64>,
+    /// Follower: witnesses' answers to hand to the leader.
+    witnessed_out: Vec<WitnessAnswer>,
 }
 
 /// How often every session's regions message is looked at, ms.
@@ -259,6 +270,9 @@ impl Core {
             regions: RegionsFeed::new(),
             next_regions_ms: now,
             identify_after_ms: 0,
+            witness_asks: Vec::new(),
+            witness_asked: HashMap::default(),
+            witnessed_out: Vec::new(),
         }
     }
 
@@ -547,7 +561,75 @@ impl Core {
                     Err(reason) => self.refuse(agent, reason),
                 }
             }
+            Step::Witnessed {
+                witness,
+                node,
+                epoch,
+                seen,
+            } => {
+                if self.is_leader() {
+                    self.leader.witnessed(witness, &node, epoch, seen);
+                } else {
+                    self.witnessed_out.push(WitnessAnswer {
+                        witness,
+                        node,
+                        epoch,
+                        gossip: seen.gossip,
+                        reachable: seen.reachable,
+                    });
+                }
+            }
             Step::Nothing => {}
+        }
+    }
+
+    /// Asks this replica's witnesses about a silent lease
+    /// (`witness::choose` among the sessions it heard within
+    /// `lease.silence_ms`).
+    fn ask_witnesses(&mut self, ask: &WitnessAsk, now: u64) {
+        let silence = self.config.lease.silence_ms;
+        let chosen = {
+            let cat = self.replica.applied.lock();
+            let candidates: Vec<(AgentId, NodeId, crate::name::Label)> = self
+                .conns
+                .keys()
+                .filter_map(|agent| {
+                    let (node, _) = self.sessions.held(*agent)?;
+                    let heard = self.leader.last_heard(node)?;
+                    if now.saturating_sub(heard) > silence {
+                        return None;
+                    }
+                    let zone = cat.leases().get(node)?.zone.clone();
+                    Some((*agent, node.clone(), zone))
+                })
+                .collect();
+            witness::choose(ask, candidates.iter().map(|(a, n, z)| (*a, n, z)))
+        };
+        for agent in chosen {
+            self.send(
+                agent,
+                SessionDown::Witness {
+                    node: ask.node.clone(),
+                    epoch: ask.epoch,
+                    addresses: ask.addresses.clone(),
+                },
+            );
+        }
+    }
+
+    /// A follower carries the leader's open witness asks to its own
+    /// agents, each once while it is open.
+    fn carry_asks(&mut self, asks: Vec<WitnessAsk>, now: u64) {
+        let keep = self.config.lease.witness_wait_ms + self.config.lease.ttl_ms;
+        self.witness_asked
+            .retain(|_, at| now.saturating_sub(*at) < keep);
+        for ask in asks {
+            let key = (ask.node.clone(), ask.epoch);
+            if self.witness_asked.contains_key(&key) {
+                continue;
+            }
+            self.witness_asked.insert(key, now);
+            self.ask_witnesses(&ask, now);
         }
     }
 
@@ -813,9 +895,29 @@ impl Core {
         }
         let cat = self.replica.applied.lock();
         let sweep = self.leader.sweep(now, cat.leases());
+        let asks: Vec<WitnessAsk> = sweep
+            .asks
+            .iter()
+            .filter_map(|(node, epoch)| witness::ask(&cat, node, *epoch))
+            .collect();
         drop(cat);
         self.verdicts(sweep.verdicts, proposals);
         proposals.extend(sweep.proposals.into_iter().map(|e| (e, Then::Nothing)));
+        for held in sweep.held {
+            tracing::warn!(
+                node = %held.node,
+                silent_ms = held.silent_ms,
+                witnesses = ?held.witnesses.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
+                "a lease past its deadline is held: witnesses see the node alive, so this arbiter may be cut off from it; held at most guard.max_hold_ms"
+            );
+        }
+        let keep = self.config.lease.witness_wait_ms + self.config.lease.ttl_ms;
+        self.witness_asks
+            .retain(|(_, at)| now.saturating_sub(*at) < keep);
+        for ask in asks {
+            self.ask_witnesses(&ask, now);
+            self.witness_asks.push((ask, now));
+        }
         if now >= self.identify_after_ms {
             self.identify(now, proposals);
         }

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub connected_agents: Gauge,
     /// Leases whose expiry the mass-expiry guard holds (alert when above 0).
     pub held_leases: Gauge,
+    /// Leases past their deadline whose witnesses see the node alive.
+    pub leases_held_by_witnesses: Gauge,
     /// Leases held.
     pub leases: Gauge,
     /// The shard's revision.
@@ -137,6 +139,7 @@ impl Metrics {
             snapshots_in_flight_max: Gauge::default(),
             connected_agents: Gauge::default(),
             held_leases: Gauge::default(),
+            leases_held_by_witnesses: Gauge::default(),
             leases: Gauge::default(),
             revision: Gauge::default(),
             stalled_agents: Gauge::default(),
@@ -221,6 +224,11 @@ impl Metrics {
             "held_leases",
             "Lease expiries held by the mass-expiry guard (alert when above 0)",
             m.held_leases.clone(),
+        );
+        registry.register(
+            "leases_held_by_witnesses",
+            "Leases past their deadline kept because a witness agent sees the node alive: the arbiter may be cut off from it (alert when above 0)",
+            m.leases_held_by_witnesses.clone(),
         );
         registry.register("leases", "Node leases held", m.leases.clone());
         registry.register(

@@ -315,6 +315,7 @@ fn request_kind(r: &PeerRequest) -> &'static str {
         PeerRequest::ReportDown { .. } => "ReportDown",
         PeerRequest::Membership(_) => "Membership",
         PeerRequest::Propagation { .. } => "Propagation",
+        PeerRequest::Witnessed(_) => "Witnessed",
     }
 }
 
@@ -325,6 +326,7 @@ fn response_kind(r: &PeerResponse) -> &'static str {
         PeerResponse::InstallSnapshot(_) => "InstallSnapshot",
         PeerResponse::Answer(_) => "Answer",
         PeerResponse::Refused(_) => "Refused",
+        PeerResponse::HeardAsks { .. } => "HeardAsks",
     }
 }
 

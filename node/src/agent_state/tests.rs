@@ -675,3 +675,86 @@ fn every_checker_is_probed_when_due_and_the_wake_up_is_the_first_due_check() {
         assert!(*n >= 2, "{instance} probed {n} times in 20 s");
     }
 }
+
+/// The `SessionUp::Witnessed` messages sent in `out`.
+fn witnessed(out: &[Output]) -> Vec<SessionUp> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Send { message, .. } if matches!(message, SessionUp::Witnessed { .. }) => {
+                Some(message.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_witness_answers_with_its_gossip_and_its_connects() {
+    let mut h = Harness::new();
+    let (n2, n3) = (NodeId::new("n2").unwrap(), NodeId::new("n3").unwrap());
+    let (session, _) = h.connect();
+    h.feed(Input::PeerUp { node: n2.clone() });
+    // Asked about n2 with addresses: the driver connects first.
+    let addr: std::net::SocketAddr = "10.0.0.2:9000".parse().unwrap();
+    let out = h.feed(Input::Message {
+        session,
+        message: SessionDown::Witness {
+            node: n2.clone(),
+            epoch: AgentEpoch(3),
+            addresses: vec![addr],
+        },
+    });
+    assert!(witnessed(&out).is_empty());
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Witness { addresses, .. } if addresses == &[addr])));
+    let out = h.feed(Input::Reached {
+        node: n2.clone(),
+        epoch: AgentEpoch(3),
+        reachable: false,
+    });
+    assert_eq!(
+        witnessed(&out),
+        [SessionUp::Witnessed {
+            node: n2.clone(),
+            epoch: AgentEpoch(3),
+            gossip: Some(true),
+            reachable: Some(false),
+        }]
+    );
+    // Without addresses it answers at once; a node its gossip does not know
+    // gets no gossip opinion, one it holds down gets `false`.
+    let ask = |node: &NodeId| Input::Message {
+        session,
+        message: SessionDown::Witness {
+            node: node.clone(),
+            epoch: AgentEpoch(1),
+            addresses: Vec::new(),
+        },
+    };
+    let out = h.feed(ask(&n3));
+    assert!(matches!(
+        witnessed(&out).as_slice(),
+        [SessionUp::Witnessed { gossip: None, reachable: None, .. }]
+    ));
+    h.feed(Input::PeerDown {
+        node: n3.clone(),
+        epoch: AgentEpoch(1),
+    });
+    let out = h.feed(ask(&n3));
+    assert!(matches!(
+        witnessed(&out).as_slice(),
+        [SessionUp::Witnessed { gossip: Some(false), .. }]
+    ));
+    // A question naming too many addresses is not answered.
+    let out = h.feed(Input::Message {
+        session,
+        message: SessionDown::Witness {
+            node: n2,
+            epoch: AgentEpoch(3),
+            addresses: vec![addr; MAX_WITNESS_ADDRESSES + 1],
+        },
+    });
+    assert!(witnessed(&out).is_empty());
+    assert!(!out.iter().any(|o| matches!(o, Output::Witness { .. })));
+}

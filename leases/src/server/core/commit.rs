@@ -169,6 +169,11 @@ impl Core {
                     self.propose(proposals);
                 }
             }
+            Done::Asks(asks) => {
+                if !self.is_leader() {
+                    self.carry_asks(asks, now);
+                }
+            }
             Done::Refused(refused) => {
                 for (node, reason) in refused {
                     let agents: Vec<AgentId> = self

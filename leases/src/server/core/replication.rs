@@ -191,7 +191,29 @@ impl Core {
                         }
                     }
                 }
-                let _ = reply.send(PeerResponse::Refused(refused));
+                let asks: Vec<WitnessAsk> = if self.is_leader() {
+                    self.witness_asks.iter().map(|(a, _)| a.clone()).collect()
+                } else {
+                    Vec::new()
+                };
+                let answer = if asks.is_empty() {
+                    PeerResponse::Refused(refused)
+                } else {
+                    PeerResponse::HeardAsks { refused, asks }
+                };
+                let _ = reply.send(answer);
+            }
+            PeerRequest::Witnessed(answers) => {
+                if self.is_leader() {
+                    for a in answers {
+                        let seen = crate::leader::Seen {
+                            gossip: a.gossip,
+                            reachable: a.reachable,
+                        };
+                        self.leader.witnessed(a.witness, &a.node, a.epoch, seen);
+                    }
+                }
+                let _ = reply.send(PeerResponse::Refused(Vec::new()));
             }
             PeerRequest::Propagation {
                 service,
@@ -228,9 +250,11 @@ impl Core {
         }
     }
 
-    /// A follower tells the leader which sessions it heard.
+    /// A follower tells the leader which sessions it heard, and hands it
+    /// its witnesses' answers.
     pub(super) fn report_heard(&mut self, now: u64) {
-        if self.is_leader() || self.heard_out.is_empty() {
+        if self.is_leader() {
+            self.witnessed_out.clear();
             return;
         }
         let Standing::Follower {
@@ -239,6 +263,23 @@ impl Core {
         else {
             return;
         };
+        if !self.witnessed_out.is_empty() {
+            let answers = std::mem::take(&mut self.witnessed_out);
+            let addr = addr.clone();
+            let peers = self.replica.peers.clone();
+            let wait = Duration::from_millis(self.config.raft.write_timeout_ms);
+            tokio::spawn(async move {
+                if let Err(e) = peers
+                    .call(&addr, &PeerRequest::Witnessed(answers), wait)
+                    .await
+                {
+                    tracing::debug!(error = %e, "could not hand witnesses' answers to the leader");
+                }
+            });
+        }
+        if self.heard_out.is_empty() {
+            return;
+        }
         let heard: Vec<Heard> = self
             .heard_out
             .drain()
@@ -257,6 +298,12 @@ impl Core {
             match peers.call(&addr, &PeerRequest::Heard(heard), wait).await {
                 Ok(PeerResponse::Refused(refused)) if !refused.is_empty() => {
                     let _ = done.send(Done::Refused(refused));
+                }
+                Ok(PeerResponse::HeardAsks { refused, asks }) => {
+                    if !refused.is_empty() {
+                        let _ = done.send(Done::Refused(refused));
+                    }
+                    let _ = done.send(Done::Asks(asks));
                 }
                 Ok(_) => {}
                 Err(e) => {

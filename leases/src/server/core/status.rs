@@ -73,6 +73,8 @@ impl Core {
                 .count() as i64,
         );
         m.held_leases.set(cat.leases().held() as i64);
+        m.leases_held_by_witnesses
+            .set(self.leader.held_alive() as i64);
         m.leases.set(cat.leases().len() as i64);
         m.revision.set(cat.revision().0 as i64);
         drop(cat);
