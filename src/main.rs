@@ -121,6 +121,22 @@ enum ChaosCommand {
     /// and load.svg. Exits 0 when the scenario passes, 1 when it fails, 2
     /// when it cannot run.
     Sim(ChaosSimArgs),
+    /// The results table of a set of runs, from DIR/<run>/report.json
+    /// (never typed): printed as Markdown, or written into a README
+    /// between the lines `<!-- rollcall chaos summary: begin -->` and
+    /// `<!-- rollcall chaos summary: end -->`. Exits 2 when a report cannot
+    /// be read.
+    Summary(ChaosSummaryArgs),
+}
+
+#[derive(Debug, Args)]
+struct ChaosSummaryArgs {
+    /// The directory of run directories (e.g. chaos/results).
+    dir: PathBuf,
+    /// Write the table into this README between its markers instead of
+    /// printing it.
+    #[arg(long, value_name = "FILE")]
+    readme: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -162,6 +178,10 @@ struct ChaosRunArgs {
     /// The CI version of the scenario (fewer agents, its own time scale).
     #[arg(long)]
     short: bool,
+    /// Run the agents with this gossip preset (lan, tolerant, wan) instead
+    /// of the scenario's.
+    #[arg(long, value_name = "PRESET")]
+    gossip_preset: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -542,6 +562,7 @@ fn main() -> ExitCode {
         Command::Drain(args) => serve(drain(args)),
         Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos_sim(args),
+        Command::Chaos(ChaosCommand::Summary(args)) => chaos_summary(&args),
         Command::Echo(args) => serve(async move {
             let data = rollcall_chaos::echo::serve(args.listen, args.id, !args.no_hold);
             match args.health {
@@ -600,6 +621,7 @@ fn budget(args: &BudgetArgs) -> anyhow::Result<ExitCode> {
     })?;
     let report = Budget::compute(&agent, &arbiter);
     print!("{report}");
+    println!("\n{}", report.pause);
     for warning in &report.warnings {
         eprintln!("warning: {warning}");
     }
@@ -875,6 +897,7 @@ async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         agents: args.agents,
         short: args.short,
+        gossip_preset: args.gossip_preset,
         binary,
         build: build_info(),
     };
@@ -908,6 +931,24 @@ async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn chaos_summary(args: &ChaosSummaryArgs) -> anyhow::Result<ExitCode> {
+    use rollcall_chaos::summary;
+    let reports = summary::reports(&args.dir)?;
+    let table = summary::table(&reports);
+    match &args.readme {
+        Some(readme) => {
+            summary::update_readme(readme, &table)?;
+            println!(
+                "{}: table of {} runs written",
+                readme.display(),
+                reports.len()
+            );
+        }
+        None => print!("{table}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn chaos_sim(args: ChaosSimArgs) -> anyhow::Result<ExitCode> {

@@ -8,27 +8,41 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 16] = [
+const REPORT_KEYS: [&str; 24] = [
     "scenario",
+    "git_commit",
+    "git_dirty",
     "seed",
     "agents",
     "duration_s",
     "leave_ms",
     "crash_ms",
+    "crash_commit_ms",
     "converge_ms",
     "new_conns_to_drained",
     "new_conns_to_not_ready",
+    "conns",
     "failed_conns",
     "false_removals",
     "max_concurrent_snapshots",
+    "snapshots_refused",
     "phases",
     "outage",
+    "election",
+    "history",
+    "cache_corruption",
     "pass",
     "failures",
 ];
 
-/// The scenarios issue 7 asks for; each must have its file.
-const REQUIRED: [&str; 14] = [
+/// The scenarios issues 7 and 18 ask for; each must have its file.
+const REQUIRED: [&str; 20] = [
+    "pauses-2s",
+    "backend-kill",
+    "correlated-crash",
+    "zone-crash",
+    "arbiter-cut",
+    "snapshot-stampede",
     "rolling-deploy",
     "not-ready",
     "app-freeze",
@@ -106,6 +120,11 @@ fn every_scenario_passes_its_short_version() {
         if !run.status.success() || json["pass"] != true {
             failed.push(format!("{name}: {}", json["failures"]));
         }
+        // The binary under test is this tree's: the report says which.
+        assert!(
+            json["git_commit"].as_str().is_some_and(|c| !c.is_empty()),
+            "{name}: no git_commit"
+        );
     }
     // Nothing of a run is left behind.
     let left: Vec<String> = namespaces()

@@ -25,12 +25,13 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sim;
+pub mod summary;
 pub mod timeline;
 pub mod traffic;
 
 use std::path::PathBuf;
 
-use rollcall_config::{AgentConfig, ArbiterConfig};
+use rollcall_config::{AgentConfig, ArbiterConfig, ConfigFile};
 use rollcall_config::{Budget, Case};
 
 /// `rollcall chaos run`'s arguments.
@@ -50,6 +51,9 @@ pub struct RunArgs {
     pub agents: Option<u32>,
     /// The CI version of the scenario.
     pub short: bool,
+    /// Replaces the scenario's `gossip_preset` (to measure one scenario
+    /// with several presets).
+    pub gossip_preset: Option<String>,
     /// The `rollcall` binary every process runs.
     pub binary: PathBuf,
     /// The commit that binary was built from, for the report.
@@ -80,7 +84,11 @@ pub enum ChaosError {
 /// report; returns it and the directory it was written to.
 pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError> {
     let loaded = scenario::Scenario::load(&args.scenario)?;
-    let scenario = loaded.for_run(args.short, args.agents, args.time_scale)?;
+    let mut scenario = loaded.for_run(args.short, args.agents, args.time_scale)?;
+    if let Some(preset) = &args.gossip_preset {
+        scenario.gossip_preset = Some(preset.clone());
+        scenario.validate()?;
+    }
     let dir = args
         .report
         .clone()
@@ -112,19 +120,60 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         cache_corruption: result.cache_corruption,
     };
     let report = report::compute(&input, &timeline, &scenario.pass);
-    let budget = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
-    let predicted = |case: Case| {
-        budget.row(case).map_or_else(String::new, |row| {
-            format!(
-                "expected {:.0} ms, worst {:.0} ms",
-                row.expected_ms(),
-                row.worst_ms()
-            )
-        })
+    // The budget of the settings the run's processes had.
+    let (agent_file, arbiter_file) = &result.configs;
+    let budget = match (
+        AgentConfig::load(agent_file),
+        ArbiterConfig::load(arbiter_file),
+    ) {
+        (Ok(agent), Ok(arbiter)) => Ok(Budget::compute(&agent, &arbiter)),
+        (Err(e), _) | (_, Err(e)) => Err(format!("not computed: {e}")),
     };
+    let row_of = |case: Case| match &budget {
+        Ok(budget) => budget.row(case).ok_or_else(String::new),
+        Err(e) => Err(e.clone()),
+    };
+    let predicted = |case: Case| {
+        row_of(case).map_or_else(
+            |e| e,
+            |row| {
+                format!(
+                    "expected {:.0} ms, worst {:.0} ms",
+                    row.expected_ms(),
+                    row.worst_ms()
+                )
+            },
+        )
+    };
+    let case = crash_case(&timeline);
+    // Up to the commit: the detection and commit terms of the fastest path.
+    let to_commit = row_of(case).map_or_else(
+        |e| e,
+        |row| {
+            let upto = |path: &rollcall_config::BudgetPath, worst: bool| -> f64 {
+                path.terms
+                    .iter()
+                    .filter(|t| t.phase != rollcall_config::Phase::Propagation)
+                    .map(|t| if worst { t.worst_ms } else { t.expected_ms })
+                    .sum()
+            };
+            let expected = row
+                .paths
+                .iter()
+                .map(|p| upto(p, false))
+                .fold(f64::INFINITY, f64::min);
+            let worst = row
+                .paths
+                .iter()
+                .map(|p| upto(p, true))
+                .fold(f64::INFINITY, f64::min);
+            format!("expected {expected:.0} ms, worst {worst:.0} ms")
+        },
+    );
     let budget_rows = vec![
         ("leave_ms".to_owned(), predicted(Case::Leave)),
-        ("crash_ms".to_owned(), predicted(crash_case(&timeline))),
+        ("crash_ms".to_owned(), predicted(case)),
+        ("crash_commit_ms".to_owned(), to_commit),
     ];
     let write_error = |source| ChaosError::Write {
         dir: dir.clone(),

@@ -880,6 +880,7 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
     let mut rows: Vec<(&str, String)> = vec![
         ("leave_ms", stats(&report.leave_ms)),
         ("crash_ms", stats(&report.crash_ms)),
+        ("crash_commit_ms", stats(&report.crash_commit_ms)),
         ("converge_ms", optional(report.converge_ms)),
         (
             "new_conns_to_drained",
@@ -889,13 +890,38 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
             "new_conns_to_not_ready",
             report.new_conns_to_not_ready.to_string(),
         ),
+        ("conns", report.conns.to_string()),
         ("failed_conns", report.failed_conns.to_string()),
         ("false_removals", report.false_removals.to_string()),
         (
             "max_concurrent_snapshots",
             report.max_concurrent_snapshots.to_string(),
         ),
+        ("snapshots_refused", report.snapshots_refused.to_string()),
     ];
+    match &report.history {
+        Some(h) => {
+            rows.push(("history.writes_checked", h.writes_checked.to_string()));
+            rows.push(("history.lost_writes", h.lost_writes.len().to_string()));
+        }
+        None => rows.push(("history", "not measured (no audit log)".to_owned())),
+    }
+    if let Some(e) = &report.election {
+        rows.push(("election.window_ms", e.window_ms.to_string()));
+        rows.push((
+            "election.failed_conns_to_live_backends",
+            format!("{} of {}", e.failed_conns_to_live_backends, e.conns),
+        ));
+    }
+    if let Some(c) = &report.cache_corruption {
+        rows.push((
+            "cache_corruption",
+            format!(
+                "{} files corrupted, {} detected, {} answers from a cache",
+                c.files, c.detected, c.stale_answers
+            ),
+        ));
+    }
     match &report.outage {
         Some(outage) => {
             rows.push(("outage.duration_s", outage.duration_s.to_string()));
@@ -912,11 +938,17 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
     let _ = writeln!(md, "# Chaos report: {}\n", report.scenario);
     let _ = writeln!(
         md,
-        "**{}**: seed {}, {} agents, {} s.\n",
+        "**{}**: seed {}, {} agents, {} s; built from {}{}.\n",
         if report.pass { "PASS" } else { "FAIL" },
         report.seed,
         report.agents,
-        report.duration_s
+        report.duration_s,
+        report.git_commit,
+        if report.git_dirty {
+            " with uncommitted changes"
+        } else {
+            ""
+        }
     );
     md.push_str("| figure | measured | budget predicts |\n|---|---|---|\n");
     for (figure, measured) in rows {
@@ -928,6 +960,26 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
     }
     for failure in &report.failures {
         let _ = writeln!(md, "- {failure}");
+    }
+    if let Some(h) = report
+        .history
+        .as_ref()
+        .filter(|h| !h.false_removals.is_empty())
+    {
+        md.push_str("\n## False removals\n\n");
+        for r in &h.false_removals {
+            let _ = writeln!(md, "- {}", cell(r));
+        }
+    }
+    if let Some(h) = report
+        .history
+        .as_ref()
+        .filter(|h| !h.lost_writes.is_empty())
+    {
+        md.push_str("\n## Lost writes\n\n");
+        for w in &h.lost_writes {
+            let _ = writeln!(md, "- {}", cell(w));
+        }
     }
     md.push_str("\n## Phases\n\n");
     if report.phases.is_empty() {

@@ -395,6 +395,10 @@ pub struct RunResult {
     pub max_concurrent_snapshots: u64,
     /// Snapshot requests the arbiter told to retry (its metric).
     pub snapshots_refused: u64,
+    /// The config files the run's first agent and first arbiter replica
+    /// ran with (every agent's differs only in names and addresses), for
+    /// the budget of the same settings.
+    pub configs: (PathBuf, PathBuf),
 }
 
 /// Builds the cluster, runs the scenario, tears everything down, and returns
@@ -1097,6 +1101,10 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         outage,
         max_concurrent_snapshots,
         snapshots_refused,
+        configs: (
+            cluster.work.join(format!("{}.toml", cluster.nodes[0])),
+            cluster.work.join("arbiter-1.toml"),
+        ),
     })
 }
 

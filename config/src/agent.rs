@@ -75,6 +75,16 @@ pub struct AgentConfig {
     /// Longest wait of a drain with `wait=propagated`, in ms. Default 2500,
     /// inside the 3 s leave budget.
     pub propagation_timeout_ms: u64,
+    /// Longest wait of a local write (register, drain, deregister) for the
+    /// arbiter's answer, in ms: past it the call is answered as pending
+    /// (202), as when the arbiter is unreachable, and the write is
+    /// committed when the answer comes (or kept pending and sent again).
+    /// Bounds what a caller waits when a replica died and QUIC has not
+    /// noticed yet (its idle timeout is 10 s) or the region lost its quorum
+    /// (the arbiter answers unavailable after `raft.write_timeout_ms`).
+    /// Default 2000; 100 to 60,000. A drain with `wait=propagated` may wait
+    /// `propagation_timeout_ms` more.
+    pub write_answer_ms: u64,
     /// A service followed because of a lookup (DNS, the resolve API), not
     /// listed in `services` or a `[[proxy]]`, is unfollowed (its
     /// subscription, cached copy and view dropped) once nothing looked it
@@ -137,6 +147,7 @@ impl Default for AgentConfig {
             reconnect_max_ms: 5_000,
             first_resolve_wait_ms: 500,
             propagation_timeout_ms: 2_500,
+            write_answer_ms: 2_000,
             follow_idle_ms: 3_600_000,
             unknown_ttl_ms: 30_000,
             metrics_max_services: 500,
@@ -187,6 +198,7 @@ impl ConfigFile for AgentConfig {
             self.propagation_timeout_ms,
             1,
         )?;
+        rules::between("agent.write_answer_ms", self.write_answer_ms, 100, 60_000)?;
         if self.follow_idle_ms != 0 {
             rules::at_least("agent.follow_idle_ms", self.follow_idle_ms, 1_000)?;
         }

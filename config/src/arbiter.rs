@@ -495,7 +495,12 @@ impl ArbiterConfig {
             ));
         }
         rules::at_least("arbiter.lease.silence_ms", lease.silence_ms, 1)?;
-        rules::between("arbiter.lease.witness_wait_ms", lease.witness_wait_ms, 0, 60_000)?;
+        rules::between(
+            "arbiter.lease.witness_wait_ms",
+            lease.witness_wait_ms,
+            0,
+            60_000,
+        )?;
         if lease.silence_ms >= lease.ttl_ms {
             return Err(ConfigError::invalid(
                 "arbiter.lease.silence_ms",

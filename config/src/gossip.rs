@@ -27,9 +27,16 @@ pub enum GossipPreset {
     /// tail of survivors never hears the Down update at all.
     #[default]
     Lan,
-    /// Like `lan` but survives 2-s pauses without false downs, paying with
-    /// slower detection: p99 ≈ 7–8 s until the last survivor knows. Still
-    /// inside the 15 s SLO, with less room for slow commits.
+    /// Survives 2-s pauses of a member (a long GC, CPU steal, a VM's live
+    /// migration) without false downs, and still detects a crash within
+    /// about 4 s: it probes more often than `lan` (every 300 ms, so a dead
+    /// member's first probe comes sooner) and suspects longer (2.3 s, so a
+    /// paused member has time to refute once it runs again). Measured in
+    /// the zone simulator (32 members, 240 pauses per length): no false
+    /// down for 2.0 and 2.3 s pauses, first down verdict p99 ≈ 4 s after a
+    /// crash; the real-process `pauses-2s` and `node-crash` scenarios
+    /// measure it end to end. The price is packets: 3.3 probes per member
+    /// per second instead of 2.
     Tolerant,
     /// High-latency or lossy links between members (stretched zones). Long
     /// RTT allowance and suspicion, at a price: the gossip path alone takes
@@ -52,13 +59,13 @@ impl GossipPreset {
                 max_transmissions: 12,
             },
             Self::Tolerant => SwimSettings {
-                probe_period_ms: 1_000,
-                probe_rtt_ms: 300,
+                probe_period_ms: 300,
+                probe_rtt_ms: 150,
                 num_indirect_probes: 3,
-                suspect_to_down_ms: 2_000,
-                periodic_gossip_ms: 300,
+                suspect_to_down_ms: 2_300,
+                periodic_gossip_ms: 200,
                 announce_ms: 30_000,
-                max_transmissions: 20,
+                max_transmissions: 16,
             },
             Self::Wan => SwimSettings {
                 probe_period_ms: 2_000,

@@ -34,9 +34,9 @@ pub use bridge::{
     BridgeArbiter, BridgeConfig, BridgePeer, MAX_BRIDGE_INGRESS, MAX_SUMMARY_MAX_AGE_MS,
 };
 pub use budget::{
-    Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, Phase, Setting, Term,
-    HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
-    SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS,
+    Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, PauseTolerance, Phase,
+    Setting, Term, HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
+    SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS, WITNESS_CONNECT_MS,
 };
 pub use checks::{
     CheckTiming, CheckTimingOverrides, ChecksConfig, MAX_CHECK_INTERVAL_MS, MAX_CHECK_JITTER,

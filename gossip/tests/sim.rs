@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 
-use rollcall_config::{SwimSettings, HARD_FAILURE_SLO_MS, SWIM_P99_FIRST_PROBE_PERIODS};
+use rollcall_config::{
+    GossipPreset, SwimSettings, HARD_FAILURE_SLO_MS, SWIM_P99_FIRST_PROBE_PERIODS,
+};
 use rollcall_gossip::seal::{Sealer, ZoneKey};
 use rollcall_gossip::sim::{sim_addr, sim_key, Sim, SimConfig, Status};
 use rollcall_gossip::{DropReason, MembershipEvent, OpenError};
@@ -148,6 +150,11 @@ fn false_downs_across_pauses(seed: u64, fix: bool, count: usize, pause_ms: u64) 
         stale_undead_fix: fix,
         ..SimConfig::lan(seed)
     };
+    false_downs_with(config, count, pause_ms)
+}
+
+fn false_downs_with(config: SimConfig, count: usize, pause_ms: u64) -> (usize, u64) {
+    let seed = config.seed;
     let mut sim = Sim::new(50, config);
     converge(&mut sim, 20_000);
     let mut picker = seed;
@@ -303,4 +310,49 @@ fn forged_and_foreign_packets_never_reach_foca() {
     );
     let after: Vec<_> = sim.member(target).members().cloned().collect();
     assert_eq!(before, after);
+}
+
+#[test]
+fn the_tolerant_preset_survives_two_second_pauses_and_lan_does_not() {
+    let tolerant = SimConfig {
+        settings: GossipPreset::Tolerant.settings(),
+        ..SimConfig::lan(0xdead_0005)
+    };
+    let (tolerant_downs, _) = false_downs_with(tolerant, 30, 2_000);
+    let (lan_downs, _) = false_downs_with(SimConfig::lan(0xdead_0005), 30, 2_000);
+    println!("30 two-second pauses: tolerant {tolerant_downs} false downs, lan {lan_downs}");
+    assert_eq!(tolerant_downs, 0);
+    assert!(
+        lan_downs > 0,
+        "lan is documented not to tolerate 2-s pauses"
+    );
+}
+
+#[test]
+fn the_tolerant_preset_still_declares_a_killed_member_down() {
+    let settings = GossipPreset::Tolerant.settings();
+    let mut sim = Sim::new(
+        32,
+        SimConfig {
+            settings,
+            ..SimConfig::lan(0xdead_0006)
+        },
+    );
+    converge(&mut sim, 20_000);
+    let mut first = Vec::new();
+    for victim in [3, 9, 14, 22, 27, 30] {
+        sim.run_for(3_000);
+        let since = sim.now_us();
+        sim.kill(victim);
+        sim.run_for(15_000);
+        let learned: Vec<u64> = time_to_learn_down(&sim, victim, since)
+            .into_iter()
+            .map(|t| t.unwrap_or_else(|| panic!("a survivor never declared {victim} down")))
+            .collect();
+        first.push(*learned.iter().min().expect("survivors"));
+    }
+    first.sort_unstable();
+    let bound = detection_bound_ms(&settings);
+    println!("tolerant, 32 members: first down verdict after a kill {first:?} ms (settings bound {bound} ms)");
+    assert!(*first.last().unwrap() <= bound);
 }

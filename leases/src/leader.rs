@@ -629,12 +629,21 @@ mod tests {
         );
         m.take_office(0, cat.leases_mut());
         for n in ["b", "c", "d"] {
-            let renew = m.renew(cat.leases_mut(), &node(n), AgentEpoch(1), TTL - 1, &agent_principal(&node(n)));
+            let renew = m.renew(
+                cat.leases_mut(),
+                &node(n),
+                AgentEpoch(1),
+                TTL - 1,
+                &agent_principal(&node(n)),
+            );
             assert!(renew.is_ok());
         }
         let sweep = m.sweep(TTL, cat.leases());
         assert_eq!(sweep.asks, [(node("a"), AgentEpoch(1))]);
-        assert!(sweep.proposals.is_empty(), "no expiry before the witnesses answer");
+        assert!(
+            sweep.proposals.is_empty(),
+            "no expiry before the witnesses answer"
+        );
         (cat, m)
     }
 
@@ -650,7 +659,12 @@ mod tests {
     fn witnesses_that_see_the_node_alive_hold_its_expiry_within_the_bound() {
         let (cat, mut m) = witnessing();
         m.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(Some(true), None));
-        m.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        m.witnessed(
+            node("c"),
+            &node("a"),
+            AgentEpoch(1),
+            seen(None, Some(false)),
+        );
         let sweep = m.sweep(TTL + WAIT, cat.leases());
         assert!(sweep.proposals.is_empty(), "held: {:?}", kinds(&sweep));
         assert_eq!(sweep.held.len(), 1);
@@ -678,9 +692,19 @@ mod tests {
     fn witnesses_that_all_see_the_node_gone_confirm_it_down() {
         let (cat, mut m) = witnessing();
         // One is not enough: it waits for the others, then expires.
-        m.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        m.witnessed(
+            node("b"),
+            &node("a"),
+            AgentEpoch(1),
+            seen(None, Some(false)),
+        );
         assert!(m.sweep(TTL + 500, cat.leases()).proposals.is_empty());
-        m.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(Some(false), None));
+        m.witnessed(
+            node("c"),
+            &node("a"),
+            AgentEpoch(1),
+            seen(Some(false), None),
+        );
         // An answer about another epoch, or from the node itself, counts not.
         m.witnessed(node("d"), &node("a"), AgentEpoch(2), seen(None, Some(true)));
         m.witnessed(node("a"), &node("a"), AgentEpoch(1), seen(Some(true), None));
@@ -688,7 +712,10 @@ mod tests {
         match sweep.proposals.as_slice() {
             [Envelope {
                 actor,
-                command: Command::NodeDown { node: n, reporters, .. },
+                command:
+                    Command::NodeDown {
+                        node: n, reporters, ..
+                    },
                 ..
             }] => {
                 assert_eq!(n, &node("a"));
@@ -711,11 +738,27 @@ mod tests {
         assert_eq!(kinds(&m.sweep(TTL + WAIT, cat.leases())), ["expire-lease"]);
         // Its session speaking again settles it before any verdict.
         let (_, mut m2) = witnessing();
-        m2.witnessed(node("b"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        m2.witnessed(
+            node("b"),
+            &node("a"),
+            AgentEpoch(1),
+            seen(None, Some(false)),
+        );
         m2.heard(&node("a"), TTL + 100);
-        let renew = m2.renew(cat.leases_mut(), &node("a"), AgentEpoch(1), TTL + 100, &agent_principal(&node("a")));
+        let renew = m2.renew(
+            cat.leases_mut(),
+            &node("a"),
+            AgentEpoch(1),
+            TTL + 100,
+            &agent_principal(&node("a")),
+        );
         assert!(renew.is_ok());
-        m2.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(None, Some(false)));
+        m2.witnessed(
+            node("c"),
+            &node("a"),
+            AgentEpoch(1),
+            seen(None, Some(false)),
+        );
         let sweep = m2.sweep(TTL + 600, cat.leases());
         assert!(sweep.proposals.is_empty() && sweep.asks.is_empty());
     }

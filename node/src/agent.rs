@@ -701,8 +701,10 @@ impl Handler<Stop> for AgentActor {
 }
 
 /// How long a witness's connect to a silent node's endpoint may take: an
-/// answer must reach the arbiter within its `lease.witness_wait_ms`.
-const WITNESS_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// answer must reach the arbiter within its `lease.witness_wait_ms` (the
+/// budget calculator counts it).
+const WITNESS_CONNECT_TIMEOUT: Duration =
+    Duration::from_millis(rollcall_config::WITNESS_CONNECT_MS);
 
 /// Whether any of `checks` (run side by side) is true.
 async fn futures_any(

@@ -577,6 +577,12 @@ pub struct AgentState {
     address: Option<String>,
     next_request: RequestId,
     in_flight: BTreeMap<RequestId, (SessionId, Purpose)>,
+    /// Local write calls not answered yet, by when they are answered as
+    /// pending at the latest (`agent.write_answer_ms`).
+    unanswered: BTreeMap<CallId, (u64, Reply)>,
+    /// Calls answered as pending at their bound: the answer the machine
+    /// gives later is not sent again.
+    answered_early: BTreeSet<CallId>,
     plan: Option<Plan>,
     /// A plan is due again once the current one ends.
     plan_again: bool,
@@ -663,6 +669,8 @@ impl AgentState {
             address: None,
             next_request: 0,
             in_flight: BTreeMap::new(),
+            unanswered: BTreeMap::new(),
+            answered_early: BTreeSet::new(),
             plan: None,
             plan_again: false,
             retry_writes_at: None,
@@ -718,7 +726,22 @@ impl AgentState {
         out: &mut Vec<Output>,
     ) {
         match input {
-            Input::Call { call, op } => self.call(call, op, now_ms, rng, out),
+            Input::Call { call, op } => {
+                if let Some(pending) = pending_reply(&op) {
+                    let mut bound = self.settings.config.write_answer_ms;
+                    if matches!(
+                        op,
+                        Call::Drain {
+                            propagated: true,
+                            ..
+                        }
+                    ) {
+                        bound += self.settings.config.propagation_timeout_ms;
+                    }
+                    self.unanswered.insert(call, (now_ms + bound, pending));
+                }
+                self.call(call, op, now_ms, rng, out)
+            }
             Input::WorkloadSessionClosed {
                 instance,
                 generation,
@@ -1340,6 +1363,34 @@ impl AgentState {
 
     /// Publishes what changed and asks for the next wake-up.
     fn finish(&mut self, now_ms: u64, out: &mut Vec<Output>) {
+        // Write calls past their bound are answered as pending (their write
+        // stays in flight or pending); a call answered so gets no second
+        // answer.
+        let due: Vec<CallId> = self
+            .unanswered
+            .iter()
+            .filter(|(_, (by, _))| *by <= now_ms)
+            .map(|(call, _)| *call)
+            .collect();
+        if !(self.answered_early.is_empty() && self.unanswered.is_empty()) {
+            out.retain(|o| match o {
+                Output::Reply { call, .. } => {
+                    self.unanswered.remove(call);
+                    !self.answered_early.remove(call)
+                }
+                _ => true,
+            });
+        }
+        for call in due {
+            if let Some((_, pending)) = self.unanswered.remove(&call) {
+                tracing::info!(call, "a local write got no answer from the arbiter in agent.write_answer_ms; answered as pending");
+                self.answered_early.insert(call);
+                out.push(Output::Reply {
+                    call,
+                    reply: Ok(pending),
+                });
+            }
+        }
         if self.publish_down {
             self.publish_down = false;
             out.push(Output::PublishDown(
@@ -1387,6 +1438,7 @@ impl AgentState {
             self.flush_at,
             self.drains.keys().next().copied(),
             self.health.next_due_ms(),
+            self.unanswered.values().map(|(by, _)| *by).min(),
         ]
         .into_iter()
         .flatten()
@@ -2693,6 +2745,25 @@ fn updated_service(update: &ServiceUpdate) -> Option<ServiceKey> {
 
 fn reply(out: &mut Vec<Output>, call: CallId, reply: Result<Reply, ApiError>) {
     out.push(Output::Reply { call, reply });
+}
+
+/// The pending (202) answer of a local write call, given when the arbiter
+/// has not answered it within `agent.write_answer_ms`; `None` for calls
+/// that are not writes.
+fn pending_reply(op: &Call) -> Option<Reply> {
+    match op {
+        Call::Register { registration, .. } => {
+            Some(Reply::Registered(WriteOutcome::Pending(RegisterResponse {
+                instance_id: registration.instance_id.clone(),
+                generation: None,
+                state: "PENDING".to_owned(),
+                pending: true,
+            })))
+        }
+        Call::Drain { .. } => Some(drain_pending()),
+        Call::Deregister { .. } => Some(deregister_pending()),
+        Call::Heartbeat { .. } | Call::OpenSession { .. } => None,
+    }
 }
 
 fn drain_pending() -> Reply {

@@ -735,7 +735,11 @@ fn a_witness_answers_with_its_gossip_and_its_connects() {
     let out = h.feed(ask(&n3));
     assert!(matches!(
         witnessed(&out).as_slice(),
-        [SessionUp::Witnessed { gossip: None, reachable: None, .. }]
+        [SessionUp::Witnessed {
+            gossip: None,
+            reachable: None,
+            ..
+        }]
     ));
     h.feed(Input::PeerDown {
         node: n3.clone(),
@@ -744,7 +748,10 @@ fn a_witness_answers_with_its_gossip_and_its_connects() {
     let out = h.feed(ask(&n3));
     assert!(matches!(
         witnessed(&out).as_slice(),
-        [SessionUp::Witnessed { gossip: Some(false), .. }]
+        [SessionUp::Witnessed {
+            gossip: Some(false),
+            ..
+        }]
     ));
     // A question naming too many addresses is not answered.
     let out = h.feed(Input::Message {
@@ -757,4 +764,42 @@ fn a_witness_answers_with_its_gossip_and_its_connects() {
     });
     assert!(witnessed(&out).is_empty());
     assert!(!out.iter().any(|o| matches!(o, Output::Witness { .. })));
+}
+
+#[test]
+fn a_write_the_arbiter_does_not_answer_in_time_is_answered_as_pending_once() {
+    let mut h = Harness::new();
+    let out = h.connect_listing(Vec::new());
+    assert!(requests(&out).is_empty());
+    register_committed(&mut h, "a", false);
+    // The drain goes out; the arbiter (a replica QUIC has not yet noticed
+    // is dead, a group without quorum) does not answer.
+    let (call, out) = h.call(Call::Drain {
+        instance: id("a"),
+        generation: Some(1),
+        propagated: false,
+        caller: Caller::Operator,
+    });
+    let (request, _) = only_request(&out);
+    assert!(
+        !h.log
+            .iter()
+            .any(|o| matches!(o, Output::Reply { call: c, .. } if *c == call)),
+        "not answered yet"
+    );
+    let bound = h.state.settings.config.write_answer_ms;
+    let out = h.tick_at(h.now + bound - 1);
+    assert!(!out.iter().any(|o| matches!(o, Output::Reply { .. })));
+    let out = h.tick_at(h.now + 1);
+    match reply_to(&out, call) {
+        Ok(Reply::Drained(WriteOutcome::Pending(d))) => assert!(d.pending),
+        other => panic!("expected a pending answer, got {other:?}"),
+    }
+    // The commit comes later: recorded, not answered a second time.
+    let out = h.answer(request, Ok(committed(None)));
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Output::Reply { call: c, .. } if *c == call)),
+        "{out:?}"
+    );
 }
