@@ -1,8 +1,10 @@
 //! The plots of a chaos run: SVG files beside `report.json`, drawn from the
 //! run's [`Timeline`] and [`Report`] for the people who read the report.
 //!
-//! - [`TRAFFIC`]: connections per second per backend, and failed ones, with
-//!   a marker at every phase, fault, recovery step and leave commit.
+//! - [`TRAFFIC`]: answered connections per second stacked by what their
+//!   backend was (READY, leaving, not READY yet), failed ones on their own
+//!   axis, phases as shaded bands, a marker at every fault, recovery step
+//!   and leave commit.
 //! - [`CDF`]: the empirical distributions of the leave and crash times.
 //! - [`STAGES`]: per instance that left, from its commit to the last new
 //!   connection it answered, and its exit (only when an instance left).
@@ -25,7 +27,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::report::{self, Report, Sample, Samples, DRAIN_GRACE_MS};
 use crate::timeline::{Event, Outcome, Timeline};
 
-/// Connections per second per backend over time: `traffic.svg`.
+/// Connections per second over time, stacked by backend state: `traffic.svg`.
 pub const TRAFFIC: &str = "traffic.svg";
 /// The empirical CDFs of the leave and crash times: `cdf.svg`.
 pub const CDF: &str = "cdf.svg";
@@ -92,12 +94,62 @@ fn render(draw: impl FnOnce(&Area<'_>) -> Drawn) -> Result<String, Box<dyn Error
     Ok(svg)
 }
 
-/// `traffic.svg`: per 1 s bucket of opening time, the connections each
-/// backend answered and the connections that failed, plotted at the
-/// bucket's middle, with a labelled vertical marker per phase, step, hard
-/// failure and leave commit.
+/// What the backend answering a connection was, at the connection's
+/// opening time, in `traffic.svg`'s stack (bottom to top).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// READY (or never seen leaving).
+    Ready,
+    /// Leaving: its DRAINING or UNHEALTHY commit came, it was not READY again.
+    Leaving,
+    /// Before its first READY (a deploy's new instance).
+    NotReady,
+}
+
+const SERVED: [(Served, &str, RGBColor); 3] = [
+    (
+        Served::Ready,
+        "answered by READY backends",
+        RGBColor(70, 130, 180),
+    ),
+    (
+        Served::Leaving,
+        "answered by leaving backends (after their leave commit)",
+        RGBColor(240, 160, 40),
+    ),
+    (
+        Served::NotReady,
+        "answered by backends not READY yet",
+        RGBColor(150, 90, 190),
+    ),
+];
+
+/// Labels drawn on the plot at most; past it markers are ticks without a
+/// label (their count is in the legend), so a run of 100 crashes stays
+/// readable.
+const MAX_LABELLED_MARKERS: usize = 24;
+
+/// `traffic.svg`, readable at a glance: the upper panel stacks, per 1 s
+/// bucket of opening time, the answered connections by what their backend
+/// was then (READY, leaving, not READY yet); the lower panel shows the
+/// failed connections on their own axis. Phases are shaded bands named at
+/// the top; faults, recoveries and leave commits are vertical markers,
+/// labelled while there are few.
 fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
-    let markers: Vec<(u64, String, RGBColor)> = timeline.events.iter().filter_map(marker).collect();
+    let markers: Vec<(u64, String, RGBColor)> = timeline
+        .events
+        .iter()
+        .filter(|e| !matches!(e, Event::Phase { .. }))
+        .filter_map(marker)
+        .collect();
+    let phases: Vec<(u64, &str)> = timeline
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Phase { t_ms, name } => Some((*t_ms, name.as_str())),
+            _ => None,
+        })
+        .collect();
     // Bucket k holds the connections opened in [k, k + 1) s; the last one
     // may be partial (the run ends within it).
     let buckets = timeline
@@ -109,99 +161,190 @@ fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
         .iter()
         .map(|(t, _, _)| *t as f64 / 1000.0 + 0.5)
         .fold(buckets as f64, f64::max);
-    let mut answered: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let served_at = served_by(timeline);
+    let mut stacks = vec![[0u32; 3]; buckets];
     let mut failed = vec![0u32; buckets];
+    let mut backends = std::collections::BTreeSet::new();
     for conn in &timeline.conns {
         let k = (conn.t_ms / 1000) as usize;
         match (conn.outcome, &conn.backend) {
             (Outcome::Answered, Some(backend)) => {
-                answered
-                    .entry(backend.as_str())
-                    .or_insert_with(|| vec![0; buckets])[k] += 1
+                backends.insert(backend.as_str());
+                let layer = SERVED
+                    .iter()
+                    .position(|(s, _, _)| *s == served_at(backend, conn.t_ms))
+                    .expect("every kind has a layer");
+                stacks[k][layer] += 1;
             }
             _ => failed[k] += 1,
         }
     }
-    let peak = answered
-        .values()
-        .chain([&failed])
-        .flatten()
-        .copied()
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let total = |counts: &[u32]| counts.iter().map(|&n| u64::from(n)).sum::<u64>();
+    let answered: u64 = stacks.iter().flatten().map(|&n| u64::from(n)).sum();
+    let failed_total: u64 = failed.iter().map(|&n| u64::from(n)).sum();
     let title = if timeline.conns.is_empty() {
         "Connections per second: no data (the run recorded no connections)".to_owned()
     } else {
         format!(
-            "Connections per second: {} answered by {} backends, {} failed",
-            answered.values().map(|c| total(c)).sum::<u64>(),
-            answered.len(),
-            total(&failed)
+            "Connections per second: {answered} answered by {} backends, {failed_total} failed",
+            backends.len()
         )
     };
+    let peak = stacks
+        .iter()
+        .map(|s| s.iter().sum::<u32>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let failed_peak = failed.iter().copied().max().unwrap_or(0).max(1);
     render(|root| {
         let (plot, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
-        // Headroom above the highest line for the markers' labels.
-        let y_max = f64::from(peak) * 1.35;
-        let mut chart = ChartBuilder::on(&plot)
+        let (upper, lower) = plot.split_vertically((SIZE.1 as f64 * 0.68) as u32);
+        // Headroom above the stack for the phase names and labels.
+        let y_max = f64::from(peak) * 1.3;
+        let mut chart = ChartBuilder::on(&upper)
             .caption(title, (FONT, 20))
             .margin(10)
-            .x_label_area_size(40)
+            .x_label_area_size(20)
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
         chart
             .configure_mesh()
             .x_label_formatter(&tidy)
             .y_label_formatter(&|v| format!("{v:.0}"))
-            .x_desc("time since the run started, s (1 s buckets)")
-            .y_desc("connections opened per second")
+            .y_desc("answered per second")
             .draw()?;
-        let mut legend = Vec::new();
-        let line = |counts: &[u32]| -> Vec<(f64, f64)> {
-            counts
-                .iter()
-                .enumerate()
-                .map(|(k, &n)| (k as f64 + 0.5, f64::from(n)))
-                .collect()
-        };
-        for (i, (backend, counts)) in answered.iter().enumerate() {
-            let color = palette(i);
-            chart.draw_series(LineSeries::new(line(counts), color.stroke_width(2)))?;
-            legend.push((backend.to_string(), color));
-        }
-        chart.draw_series(LineSeries::new(line(&failed), FAILED.stroke_width(3)))?;
-        legend.push(("failed connections".to_owned(), FAILED));
-        for (i, (t_ms, label, color)) in markers.iter().enumerate() {
-            let x = *t_ms as f64 / 1000.0;
-            chart.draw_series([PathElement::new(
-                vec![(x, 0.0), (x, y_max)],
-                color.mix(0.7).stroke_width(1),
-            )])?;
-            // Staggered, so that markers close together stay readable.
-            let y = y_max * (0.98 - 0.045 * (i % 6) as f64);
+        for (i, &(start, name)) in phases.iter().enumerate() {
+            let end = phases.get(i + 1).map_or(x_max, |(t, _)| *t as f64 / 1000.0);
+            let x = start as f64 / 1000.0;
+            if i % 2 == 1 {
+                chart.draw_series([Rectangle::new(
+                    [(x, 0.0), (end, y_max)],
+                    PHASE.mix(0.08).filled(),
+                )])?;
+            }
             chart.draw_series([Text::new(
-                label.clone(),
-                (x, y),
-                (FONT, 11)
+                name.to_owned(),
+                (x, y_max * 0.99),
+                (FONT, 12)
                     .into_font()
-                    .color(color)
+                    .color(&PHASE)
                     .pos(Pos::new(HPos::Left, VPos::Top)),
             )])?;
         }
+        // Stacked: each layer is drawn as the sum of itself and the ones
+        // below it, top layer first, so each shows as its own band.
+        for top in (0..SERVED.len()).rev() {
+            let area: Vec<(f64, f64)> = stacks
+                .iter()
+                .enumerate()
+                .map(|(k, s)| {
+                    let sum: u32 = s[..=top].iter().sum();
+                    (k as f64 + 0.5, f64::from(sum))
+                })
+                .collect();
+            let color = SERVED[top].2;
+            chart.draw_series(AreaSeries::new(area, 0.0, color.mix(0.85)).border_style(color))?;
+        }
+        let labelled = markers.len() <= MAX_LABELLED_MARKERS;
+        for (i, (t_ms, label, color)) in markers.iter().enumerate() {
+            let x = *t_ms as f64 / 1000.0;
+            chart.draw_series([PathElement::new(
+                vec![(x, 0.0), (x, y_max * 0.9)],
+                color.mix(0.6).stroke_width(1),
+            )])?;
+            if labelled {
+                // Staggered, so that markers close together stay readable.
+                let y = y_max * (0.92 - 0.045 * (i % 5) as f64);
+                chart.draw_series([Text::new(
+                    label.clone(),
+                    (x, y),
+                    (FONT, 11)
+                        .into_font()
+                        .color(color)
+                        .pos(Pos::new(HPos::Left, VPos::Top)),
+                )])?;
+            }
+        }
+        let mut below = ChartBuilder::on(&lower)
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..f64::from(failed_peak) * 1.15)?;
+        below
+            .configure_mesh()
+            .x_label_formatter(&tidy)
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .x_desc("time since the run started, s (1 s buckets)")
+            .y_desc("failed per second")
+            .draw()?;
+        below.draw_series(
+            failed
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n > 0)
+                .map(|(k, &n)| {
+                    Rectangle::new(
+                        [(k as f64 + 0.1, 0.0), (k as f64 + 0.9, f64::from(n))],
+                        FAILED.filled(),
+                    )
+                }),
+        )?;
+        for (t_ms, _, color) in &markers {
+            let x = *t_ms as f64 / 1000.0;
+            below.draw_series([PathElement::new(
+                vec![(x, 0.0), (x, f64::from(failed_peak) * 1.15)],
+                color.mix(0.4).stroke_width(1),
+            )])?;
+        }
+        let mut legend: Vec<(String, RGBColor)> = SERVED
+            .iter()
+            .map(|(_, name, color)| ((*name).to_owned(), *color))
+            .collect();
+        legend.push(("failed connections (lower panel)".to_owned(), FAILED));
         for (name, color) in [
-            ("phase", PHASE),
             ("fault or recovery step", STEP),
             ("hard failure", HARD_FAILURE),
             ("leave committed", LEAVE),
         ] {
-            if markers.iter().any(|(_, _, c)| *c == color) {
-                legend.push((format!("marker: {name}"), color));
+            let count = markers.iter().filter(|(_, _, c)| *c == color).count();
+            if count > 0 {
+                legend.push((format!("marker: {name} ({count})"), color));
             }
+        }
+        if !phases.is_empty() {
+            legend.push(("phases: shaded bands, named at the top".to_owned(), PHASE));
         }
         draw_legend(&legend_area, &legend)
     })
+}
+
+/// What `backend` was at `t_ms` (see [`Served`]), from the timeline's
+/// leave, ready and hard-failure events.
+fn served_by(timeline: &Timeline) -> impl Fn(&str, u64) -> Served + '_ {
+    let mut changes: BTreeMap<&str, Vec<(u64, Served)>> = BTreeMap::new();
+    for event in &timeline.events {
+        let (t, instance, to) = match event {
+            Event::Ready { t_ms, instance } => (*t_ms, instance.as_str(), Served::Ready),
+            Event::LeaveCommitted { t_ms, instance } => (*t_ms, instance.as_str(), Served::Leaving),
+            _ => continue,
+        };
+        changes.entry(instance).or_default().push((t, to));
+    }
+    for list in changes.values_mut() {
+        list.sort_by_key(|(t, _)| *t);
+    }
+    move |backend, t_ms| match changes.get(backend) {
+        None => Served::Ready,
+        Some(list) => {
+            let before: Vec<&(u64, Served)> = list.iter().filter(|(t, _)| *t <= t_ms).collect();
+            match before.last() {
+                Some((_, state)) => *state,
+                // Its first change is a READY: it was not READY before.
+                None if list.first().is_some_and(|(_, s)| *s == Served::Ready) => Served::NotReady,
+                None => Served::Ready,
+            }
+        }
+    }
 }
 
 /// The traffic plot's marker for an event: its time, label and colour.
@@ -226,7 +369,7 @@ fn marker(event: &Event) -> Option<(u64, String, RGBColor)> {
         Event::LeaveCommitted { t_ms, instance } => {
             Some((*t_ms, format!("leave {instance}"), LEAVE))
         }
-        Event::Ready { .. } | Event::BackendExit { .. } => None,
+        Event::Ready { .. } | Event::BackendExit { .. } | Event::Restarted { .. } => None,
     }
 }
 
@@ -446,19 +589,6 @@ fn draw_legend(area: &Area<'_>, entries: &[(String, RGBColor)]) -> Drawn {
     Ok(())
 }
 
-/// The `i`th line colour for backends: Palette99 without its first colour
-/// (red, kept for failed connections) and its yellow (unreadable on white).
-fn palette(i: usize) -> RGBColor {
-    let colors: Vec<(u8, u8, u8)> = Palette99::COLORS
-        .iter()
-        .copied()
-        .skip(1)
-        .filter(|&(r, g, b)| !(r > 200 && g > 200 && b < 100))
-        .collect();
-    let (r, g, b) = colors[i % colors.len()];
-    RGBColor(r, g, b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,6 +624,7 @@ mod tests {
             conns.push(conn(t, "node-0", backend));
         }
         Timeline {
+            views: Vec::new(),
             conns,
             routes: vec![Route {
                 t_ms: 100,
@@ -567,15 +698,15 @@ mod tests {
 
         let traffic = read_svg(dir.path(), TRAFFIC);
         for text in [
-            "web-1",
-            "web-2",
-            "web-3",
-            "failed connections",
+            "answered by READY backends",
+            "answered by leaving backends",
+            "failed connections (lower panel)",
             "steady",
             "leave web-1",
             "kill-backend web-3",
             "partition-node node-1",
             "\nheal\n",
+            "marker: hard failure (1)",
         ] {
             assert!(traffic.contains(text), "traffic.svg lacks {text:?}");
         }

@@ -133,6 +133,13 @@ pub struct Report {
     /// Per crashed node, the time from the fault to the arbiter's commit of
     /// its node-down verdict or lease expiry, in ms.
     pub crash_commit_ms: Stats,
+    /// Leave times read from every live agent's view, in ms: per leave, from
+    /// its commit until the last agent's routable set no longer held the
+    /// instance (see [`compute`]).
+    pub leave_view_ms: Stats,
+    /// Hard-failure times read from every live agent's view, in ms: per hard
+    /// failure, until the last live agent's routable set no longer held it.
+    pub crash_view_ms: Stats,
     /// How long the agents took to agree again after the last recovery
     /// step, in ms (see [`converge_ms`]); `null` when the run had no
     /// recovery or the agents never agreed.
@@ -275,7 +282,13 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
     let (conns, events) = sorted(timeline);
     let leaves = leaves(&events);
     let first_ready = first_ready(&events);
-    let samples = samples_of(&conns, &events, &timeline.routes);
+    let samples = samples_of(
+        &conns,
+        &events,
+        &timeline.routes,
+        &timeline.views,
+        timeline.duration_ms,
+    );
 
     let mut leaves_of: HashMap<&str, Vec<&Leave>> = HashMap::new();
     for leave in &leaves {
@@ -360,6 +373,8 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         leave_ms: Stats::from_samples(samples.leave.iter().map(|s| s.ms).collect()),
         crash_ms: Stats::from_samples(samples.crash.iter().map(|s| s.ms).collect()),
         crash_commit_ms: Stats::from_samples(input.crash_commit_ms.clone()),
+        leave_view_ms: Stats::from_samples(samples.leave_view.iter().map(|s| s.ms).collect()),
+        crash_view_ms: Stats::from_samples(samples.crash_view.iter().map(|s| s.ms).collect()),
         converge_ms: input.converge_ms.or_else(|| converge_ms(timeline)),
         new_conns_to_drained,
         new_conns_to_not_ready,
@@ -401,13 +416,23 @@ pub struct Samples {
     pub leave: Vec<Sample>,
     /// One per `HardFailure` event.
     pub crash: Vec<Sample>,
+    /// One per leave that some live agent's view held at its commit.
+    pub leave_view: Vec<Sample>,
+    /// One per `HardFailure` that some live agent's view held then.
+    pub crash_view: Vec<Sample>,
 }
 
 /// The per-instance samples that [`compute`] summarizes as `leave_ms` and
 /// `crash_ms`, by the rules documented there: exactly the report's numbers.
 pub fn samples(timeline: &Timeline) -> Samples {
     let (conns, events) = sorted(timeline);
-    samples_of(&conns, &events, &timeline.routes)
+    samples_of(
+        &conns,
+        &events,
+        &timeline.routes,
+        &timeline.views,
+        timeline.duration_ms,
+    )
 }
 
 /// The timeline's connections and events, sorted by time (stable, so
@@ -421,7 +446,40 @@ fn sorted(timeline: &Timeline) -> (Vec<&Conn>, Vec<&Event>) {
 }
 
 /// [`samples`] from connections and events already sorted by time.
-fn samples_of(conns: &[&Conn], events: &[&Event], routes: &[Route]) -> Samples {
+fn samples_of(
+    conns: &[&Conn],
+    events: &[&Event],
+    routes: &[Route],
+    views: &[Route],
+    run_end_ms: u64,
+) -> Samples {
+    let history = ViewHistory::new(views, events, run_end_ms);
+    let leave_view = leaves(events)
+        .iter()
+        .filter_map(|leave| {
+            let ms = history.last_drop(leave.instance, leave.start, leave.end)?;
+            Some(Sample {
+                instance: leave.instance.to_owned(),
+                start_ms: leave.start,
+                ms,
+            })
+        })
+        .collect();
+    let crash_view = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::HardFailure { t_ms, instance, .. } => {
+                let back = next_ready(events, instance, *t_ms);
+                let ms = history.last_drop(instance, *t_ms, back)?;
+                Some(Sample {
+                    instance: instance.clone(),
+                    start_ms: *t_ms,
+                    ms,
+                })
+            }
+            _ => None,
+        })
+        .collect();
     let leave = leaves(events)
         .iter()
         .map(|leave| {
@@ -442,13 +500,7 @@ fn samples_of(conns: &[&Conn], events: &[&Event], routes: &[Route]) -> Samples {
         .filter_map(|e| match e {
             Event::HardFailure { t_ms, instance, .. } => {
                 // Until the instance is READY again (its node restarted).
-                let back = events.iter().find_map(|e| match e {
-                    Event::Ready {
-                        t_ms: r,
-                        instance: i,
-                    } if i == instance && r > t_ms => Some(*r),
-                    _ => None,
-                });
+                let back = next_ready(events, instance, *t_ms);
                 Some(Sample {
                     instance: instance.clone(),
                     start_ms: *t_ms,
@@ -458,7 +510,113 @@ fn samples_of(conns: &[&Conn], events: &[&Event], routes: &[Route]) -> Samples {
             _ => None,
         })
         .collect();
-    Samples { leave, crash }
+    Samples {
+        leave,
+        crash,
+        leave_view,
+        crash_view,
+    }
+}
+
+/// When `instance` was next READY, or its process running again (its node
+/// restarted), after `t`, if it was: the end of a hard failure's window.
+fn next_ready(events: &[&Event], instance: &str, t: u64) -> Option<u64> {
+    events.iter().find_map(|e| match e {
+        Event::Ready { t_ms, instance: i } | Event::Restarted { t_ms, instance: i }
+            if i == instance && *t_ms > t =>
+        {
+            Some(*t_ms)
+        }
+        _ => None,
+    })
+}
+
+/// Every agent's view changes, and when its node was down (a
+/// `crash-node` step until its `restart-node` step): a down agent's view
+/// is not read, and says nothing.
+struct ViewHistory<'a> {
+    by_agent: HashMap<&'a str, Vec<(u64, &'a [String])>>,
+    down: HashMap<&'a str, Vec<(u64, u64)>>,
+    end: u64,
+}
+
+impl<'a> ViewHistory<'a> {
+    fn new(views: &'a [Route], events: &[&'a Event], end: u64) -> Self {
+        let mut by_agent: HashMap<&str, Vec<(u64, &[String])>> = HashMap::new();
+        for v in views {
+            by_agent
+                .entry(v.agent.as_str())
+                .or_default()
+                .push((v.t_ms, v.instances.as_slice()));
+        }
+        for list in by_agent.values_mut() {
+            list.sort_by_key(|(t, _)| *t);
+        }
+        let mut down: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+        let mut since: HashMap<&str, u64> = HashMap::new();
+        for e in events {
+            if let Event::Step {
+                t_ms,
+                action,
+                target,
+            } = e
+            {
+                match action.as_str() {
+                    "crash-node" => {
+                        since.insert(target.as_str(), *t_ms);
+                    }
+                    "restart-node" => {
+                        if let Some(from) = since.remove(target.as_str()) {
+                            down.entry(target).or_default().push((from, *t_ms));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (agent, from) in since {
+            down.entry(agent).or_default().push((from, end.max(from)));
+        }
+        ViewHistory {
+            by_agent,
+            down,
+            end,
+        }
+    }
+
+    fn down_within(&self, agent: &str, from: u64, to: u64) -> bool {
+        self.down
+            .get(agent)
+            .is_some_and(|spans| spans.iter().any(|(a, b)| *a <= to && from <= *b))
+    }
+
+    /// From `from`, how long until the last agent whose view held
+    /// `instance` then no longer did (each agent's first later view
+    /// without it; one that still held it at `until`, or at the end of the
+    /// run, counts until then). Only agents whose view was read before
+    /// `from` and that were up throughout count; `None` when none held it.
+    fn last_drop(&self, instance: &str, from: u64, until: Option<u64>) -> Option<u64> {
+        let until = until.unwrap_or(self.end).min(self.end);
+        let mut last = None;
+        for (agent, list) in &self.by_agent {
+            let Some(at_from) = list.iter().rposition(|(t, _)| *t <= from) else {
+                continue;
+            };
+            if !list[at_from].1.iter().any(|i| i == instance) {
+                continue;
+            }
+            let dropped = list[at_from + 1..]
+                .iter()
+                .find(|(t, set)| *t < until && !set.iter().any(|i| i == instance))
+                .map_or(until, |(t, _)| *t);
+            if self.down_within(agent, from, dropped) {
+                continue;
+            }
+            let ms = dropped.saturating_sub(from);
+            last = Some(last.map_or(ms, |m: u64| m.max(ms)));
+        }
+        last
+    }
 }
 
 /// The `Step` actions the runner records for a recovery from a fault: the
@@ -708,6 +866,22 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             failures.push(format!("{what} p99 {p99} ms exceeds {bound} ms"));
         }
     }
+    for (what, stats, bound) in [
+        (
+            "leave (read from every agent's view)",
+            &report.leave_view_ms,
+            pass.leave_p99_ms,
+        ),
+        (
+            "crash (read from every agent's view)",
+            &report.crash_view_ms,
+            pass.crash_p99_ms,
+        ),
+    ] {
+        if let Some(p99) = stats.p99.filter(|&p99| p99 > bound as f64) {
+            failures.push(format!("{what} p99 {p99} ms exceeds {bound} ms"));
+        }
+    }
     if report.conns <= report.failed_conns {
         failures.push(format!(
             "no connection of {} was answered: the traffic measured nothing",
@@ -881,6 +1055,8 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
         ("leave_ms", stats(&report.leave_ms)),
         ("crash_ms", stats(&report.crash_ms)),
         ("crash_commit_ms", stats(&report.crash_commit_ms)),
+        ("leave_view_ms", stats(&report.leave_view_ms)),
+        ("crash_view_ms", stats(&report.crash_view_ms)),
         ("converge_ms", optional(report.converge_ms)),
         (
             "new_conns_to_drained",
@@ -1093,6 +1269,7 @@ mod tests {
 
     fn run(conns: Vec<Conn>, events: Vec<Event>, duration_ms: u64) -> Report {
         let timeline = Timeline {
+            views: Vec::new(),
             routes: Vec::new(),
             conns,
             events,
@@ -1355,6 +1532,7 @@ mod tests {
     #[test]
     fn outage_counts_failures_in_its_window() {
         let timeline = Timeline {
+            views: Vec::new(),
             routes: Vec::new(),
             conns: vec![
                 fail(1999, "a"),
@@ -1426,6 +1604,7 @@ mod tests {
             ..input()
         };
         let timeline = Timeline {
+            views: Vec::new(),
             routes: Vec::new(),
             conns: vec![ok(10, "a", "x")],
             events: vec![phase(0, "p")],
@@ -1455,6 +1634,8 @@ mod tests {
                 "leave_ms",
                 "crash_ms",
                 "crash_commit_ms",
+                "leave_view_ms",
+                "crash_view_ms",
                 "converge_ms",
                 "new_conns_to_drained",
                 "new_conns_to_not_ready",
@@ -1532,6 +1713,7 @@ mod tests {
     #[test]
     fn samples_are_the_reports_numbers() {
         let timeline = Timeline {
+            views: Vec::new(),
             routes: Vec::new(),
             conns: vec![ok(900, "n1", "x"), ok(2200, "n1", "a"), fail(2500, "n1")],
             events: vec![leave(1000, "a"), hard(1000, "x")],
@@ -1788,6 +1970,7 @@ mod tests {
     #[test]
     fn a_crash_sample_ends_when_the_instance_is_ready_again() {
         let timeline = Timeline {
+            views: Vec::new(),
             conns: vec![
                 ok(900, "a", "x"),
                 ok(1500, "a", "y"),
@@ -1803,6 +1986,65 @@ mod tests {
             report.crash_ms.max,
             Some(1000.0),
             "the route at 8 s is after x came back"
+        );
+    }
+
+    #[test]
+    fn view_samples_are_the_last_live_agents_drop() {
+        let view = |t_ms: u64, agent: &str, ids: &[&str]| Route {
+            t_ms,
+            agent: agent.to_owned(),
+            instances: ids.iter().map(|s| s.to_string()).collect(),
+        };
+        let timeline = Timeline {
+            conns: vec![ok(10, "a", "x")],
+            routes: Vec::new(),
+            views: vec![
+                view(0, "a", &["x", "y"]),
+                view(1_040, "a", &["y"]),
+                view(0, "b", &["x", "y"]),
+                view(1_090, "b", &["y"]),
+                // c's node crashed after the leave: it says nothing.
+                view(0, "c", &["x", "y"]),
+                // d never held x.
+                view(0, "d", &["y"]),
+                // e: its node crashed (hard failure of y at 5 s); after
+                // that its view is not read.
+                view(0, "e", &["x", "y"]),
+                view(1_020, "e", &["y"]),
+            ],
+            events: vec![
+                leave(1_000, "x"),
+                step(1_500, "crash-node"),
+                hard(5_000, "y"),
+            ],
+            duration_ms: 9_000,
+        };
+        let mut timeline = timeline;
+        if let Event::Step { target, .. } = &mut timeline.events[1] {
+            *target = "c".to_owned();
+        }
+        let samples = samples(&timeline);
+        assert_eq!(
+            samples.leave_view,
+            [Sample {
+                instance: "x".to_owned(),
+                start_ms: 1_000,
+                ms: 90,
+            }]
+        );
+        // Nobody dropped y: every live agent still held it at the end.
+        assert_eq!(samples.crash_view[0].ms, 4_000);
+        let report = compute(&input(), &timeline, &neither());
+        assert_eq!(report.leave_view_ms.max, Some(90.0));
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let strict = Pass {
+            crash_p99_ms: 3_000,
+            ..neither()
+        };
+        assert_eq!(
+            compute(&input(), &timeline, &strict).failures,
+            ["crash (read from every agent's view) p99 4000 ms exceeds 3000 ms"]
         );
     }
 }

@@ -912,6 +912,19 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         t0,
     );
     let routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
+    let views: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
+    let watchers: Vec<tokio::task::JoinHandle<()>> = (0..cluster.nodes.len())
+        .map(|i| {
+            tokio::spawn(watch_view(
+                views.clone(),
+                (i, cluster.nodes[i].clone(), cluster.node_ip(i)),
+                scenario.service.clone(),
+                cluster.crashed.clone(),
+                t0,
+                duration + Duration::from_secs(5),
+            ))
+        })
+        .collect();
     let sampler = tokio::spawn(sample_routes(
         routes.clone(),
         cluster.http.clone(),
@@ -980,7 +993,12 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
     let mut conns = traffic.stop().await;
     sampler.abort();
     let _ = sampler.await;
+    for watcher in watchers {
+        watcher.abort();
+        let _ = watcher.await;
+    }
     let routes = std::mem::take(&mut *routes.lock().expect("routes lock"));
+    let views = std::mem::take(&mut *views.lock().expect("views lock"));
     let crashes = cluster.crashed.all();
     conns.retain(|c| {
         !crashes.iter().any(|k| {
@@ -1007,7 +1025,7 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         let last_revision = audit
             .iter()
             .filter(|e| {
-                e.services.iter().any(|s| *s == service_key)
+                e.services.contains(&service_key)
                     || e.entry
                         .instance
                         .as_deref()
@@ -1090,6 +1108,7 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         timeline: Timeline {
             conns,
             routes,
+            views,
             events,
             duration_ms,
         },
@@ -1150,6 +1169,70 @@ async fn final_catalog(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     None
+}
+
+/// Follows agent `i`'s view of `service` through blocking resolves
+/// (`?index=`): records each change (and the first answer) into `views`,
+/// the moment the answer came back, until aborted or `limit`. While its
+/// node is crashed it asks nothing; after a restart it starts over.
+async fn watch_view(
+    views: std::sync::Arc<std::sync::Mutex<Vec<Route>>>,
+    (i, agent, ip): (usize, String, Ipv4Addr),
+    service: String,
+    crashed: Crashes,
+    t0: Instant,
+    limit: Duration,
+) {
+    let http = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+    {
+        Ok(http) => http,
+        Err(_) => return,
+    };
+    let mut index: Option<String> = None;
+    while t0.elapsed() < limit {
+        if crashed.down().contains(&i) {
+            index = None;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let url = match &index {
+            Some(index) => format!(
+                "http://{ip}:{HTTP_PORT}/v1/endpoints/{service}?index={index}&wait_ms=10000"
+            ),
+            None => format!("http://{ip}:{HTTP_PORT}/v1/endpoints/{service}"),
+        };
+        let body = match http.get(url).send().await {
+            Ok(response) if response.status().is_success() => {
+                response.json::<serde_json::Value>().await.ok()
+            }
+            _ => None,
+        };
+        let t_ms = t0.elapsed().as_millis() as u64;
+        let Some(body) = body else {
+            index = None;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let next = body["index"].as_str().map(str::to_owned);
+        if next != index {
+            let instances = body["endpoints"]
+                .as_array()
+                .map(|e| {
+                    e.iter()
+                        .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            views.lock().expect("views lock").push(Route {
+                t_ms,
+                agent: agent.clone(),
+                instances,
+            });
+        }
+        index = next;
+    }
 }
 
 /// Samples every live agent's resolve answer into `routes` every 100 ms,
@@ -1335,9 +1418,13 @@ async fn step_once(
         }
         Action::RestartNode => {
             for i in cluster.nodes_named(target)? {
-                restart_node(cluster, i, t0)?;
+                restart_node(cluster, i, t0, events)?;
+                events.push(Event::Step {
+                    t_ms: t0.elapsed().as_millis() as u64,
+                    action: "restart-node".into(),
+                    target: cluster.nodes[i].clone(),
+                });
             }
-            events.push(step("restart-node"));
         }
         Action::CrashRounds | Action::PauseRounds => {
             rounds(cluster, spec, t0, events).await?;
@@ -1533,7 +1620,13 @@ async fn step_once(
             });
         }
         Action::RollingDeploy => {
-            rolling_deploy(cluster, share, wait, t0, events).await?;
+            // `count` waves, `every_s` apart (one wave by default).
+            let every = Duration::from_secs_f64(spec.every_s.unwrap_or(0.0));
+            let start = Instant::now();
+            for wave in 0..spec.count.unwrap_or(1) {
+                tokio::time::sleep_until((start + every * wave).into()).await;
+                rolling_deploy(cluster, share, wait, t0, events).await?;
+            }
         }
         Action::StopArbiters => {
             for k in 0..cluster.arbiters.len() {
@@ -1601,6 +1694,11 @@ fn crash_node(
         )));
     }
     cluster.crash_walls.push((i, now_ms()));
+    events.push(Event::Step {
+        t_ms,
+        action: "crash-node".into(),
+        target: cluster.nodes[i].clone(),
+    });
     cluster.processes.signal(&cluster.nodes[i], "-STOP")?;
     for instance in cluster.instances[i].clone() {
         if !cluster.processes.running(&instance) {
@@ -1622,7 +1720,12 @@ fn crash_node(
 /// Brings crashed node `i` back as a reboot would: its frozen processes
 /// are killed, its link restored, and its backends and agent start again
 /// (the agent under a new epoch, re-registering from its data directory).
-fn restart_node(cluster: &mut Cluster, i: usize, t0: Instant) -> Result<(), RunError> {
+fn restart_node(
+    cluster: &mut Cluster,
+    i: usize,
+    t0: Instant,
+    events: &mut Vec<Event>,
+) -> Result<(), RunError> {
     if !cluster.crashed.down().contains(&i) {
         return Err(RunError::Cluster(format!(
             "restart_node: {} is not crashed",
@@ -1648,6 +1751,10 @@ fn restart_node(cluster: &mut Cluster, i: usize, t0: Instant) -> Result<(), RunE
         if names.contains(&id) {
             cluster.processes.children.retain(|(n, _)| *n != id);
             start_echo(cluster, i, &id, port)?;
+            events.push(Event::Restarted {
+                t_ms: t0.elapsed().as_millis() as u64,
+                instance: id,
+            });
         }
     }
     start_agent(cluster, i)?;
@@ -1709,7 +1816,7 @@ async fn rounds(
             _ => {
                 crash_node(cluster, i, t_ms, events)?;
                 tokio::time::sleep(fault).await;
-                restart_node(cluster, i, t0)?;
+                restart_node(cluster, i, t0, events)?;
                 events.push(Event::Step {
                     t_ms: t0.elapsed().as_millis() as u64,
                     action: "restart-node".into(),

@@ -202,12 +202,13 @@ pub struct Short {
     #[serde(default = "default_time_scale")]
     pub time_scale: f64,
     /// Replaces the `count` of every `crash_rounds` and `pause_rounds`
-    /// step (fewer rounds, each as long as in the full run). At least 1
-    /// when set.
+    /// step, and of every `rolling_deploy` that sets one (fewer rounds or
+    /// waves, each as long as in the full run). At least 1 when set.
     #[serde(default)]
     pub rounds: Option<u32>,
     /// Replaces the run's `duration_s` (before the time scale), for a
-    /// short run with fewer rounds. Greater than 0 when set.
+    /// short run with fewer rounds; steps after it are left out. Greater
+    /// than 0 when set.
     #[serde(default)]
     pub duration_s: Option<f64>,
     /// Replaces `pass.min_leave_samples` (a short run has fewer rounds).
@@ -247,13 +248,15 @@ pub struct Step {
     /// from the follower, in ms. At least 1 when set.
     #[serde(default)]
     pub delay_ms: Option<u64>,
-    /// For `crash_rounds` and `pause_rounds`: how many rounds. At least 1;
-    /// required for those actions.
+    /// For `crash_rounds` and `pause_rounds`: how many rounds (required);
+    /// for `rolling_deploy`: how many waves (default 1). At least 1.
     #[serde(default)]
     pub count: Option<u32>,
     /// For `crash_rounds` and `pause_rounds`: seconds from one round's
     /// start to the next's; greater than `duration_s` (a round's fault
-    /// ends before the next begins). Required for those actions.
+    /// ends before the next begins). Required for those actions, and for a
+    /// `rolling_deploy` of several waves (from one wave's start to the
+    /// next's).
     #[serde(default)]
     pub every_s: Option<f64>,
 }
@@ -651,7 +654,9 @@ impl Scenario {
             scenario.agents = s.agents;
             scale = s.time_scale;
             if let Some(duration) = s.duration_s {
+                // Steps the shorter run never reaches are left out.
                 scenario.duration_s = duration;
+                scenario.steps.retain(|step| step.at_s <= duration);
             }
             if let Some(least) = s.min_leave_samples {
                 scenario.pass.min_leave_samples = least;
@@ -661,7 +666,10 @@ impl Scenario {
             }
             if let Some(rounds) = s.rounds {
                 for step in &mut scenario.steps {
-                    if matches!(step.action, Action::CrashRounds | Action::PauseRounds) {
+                    let rounds_step =
+                        matches!(step.action, Action::CrashRounds | Action::PauseRounds)
+                            || (step.action == Action::RollingDeploy && step.count.is_some());
+                    if rounds_step {
                         step.count = Some(rounds);
                     }
                 }
@@ -765,6 +773,23 @@ impl Step {
                     field("count"),
                     count,
                     format!("rounds end at {end} s, after duration_s ({run_duration_s})"),
+                ));
+            }
+        }
+        if self.action == Action::RollingDeploy && self.count.is_some_and(|c| c > 1) {
+            let Some(every) = self.every_s else {
+                return Err(ScenarioError::invalid(
+                    field("every_s"),
+                    "missing",
+                    "is required for a rolling_deploy of several waves (count)",
+                ));
+            };
+            let end = self.at_s + f64::from(self.count.unwrap_or(1)) * every;
+            if end > run_duration_s {
+                return Err(ScenarioError::invalid(
+                    field("count"),
+                    self.count.unwrap_or(1),
+                    format!("waves end at {end} s, after duration_s ({run_duration_s})"),
                 ));
             }
         }

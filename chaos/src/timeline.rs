@@ -87,6 +87,15 @@ pub enum Event {
         /// The instance.
         instance: String,
     },
+    /// A hard-failed instance's process runs again: its node was
+    /// restarted (`restart_node`, a round of `crash_rounds`). Ends the
+    /// hard failure's window, as READY would.
+    Restarted {
+        /// When its node came back.
+        t_ms: u64,
+        /// The instance.
+        instance: String,
+    },
 }
 
 impl Event {
@@ -98,7 +107,8 @@ impl Event {
             | Event::HardFailure { t_ms, .. }
             | Event::Step { t_ms, .. }
             | Event::Ready { t_ms, .. }
-            | Event::BackendExit { t_ms, .. } => *t_ms,
+            | Event::BackendExit { t_ms, .. }
+            | Event::Restarted { t_ms, .. } => *t_ms,
         }
     }
 }
@@ -123,6 +133,11 @@ pub struct Timeline {
     /// Every agent's routable endpoints, sampled (not from crashed nodes).
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// Every change of each agent's routable endpoints, as its blocking
+    /// resolve (`?index=`) returned it: each entry holds from its time until
+    /// the agent's next one (not from crashed nodes).
+    #[serde(default)]
+    pub views: Vec<Route>,
     /// Every event, in time order.
     pub events: Vec<Event>,
     /// How long the run lasted, ms.

@@ -894,6 +894,31 @@ mod tests {
     }
 
     #[test]
+    fn the_pause_a_preset_tolerates_is_named() {
+        let report = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
+        // lan: 500 + 1500 − 200 ms of gossip; the arbiter's own silence
+        // (2000 − 250) is the later signal.
+        assert_ms(report.pause.gossip_ms, 1_800.0, "lan gossip");
+        assert_ms(report.pause.tolerated_ms, 1_800.0, "lan");
+        assert_eq!(report.pause.preset, "lan");
+        let mut agent = AgentConfig::default();
+        agent.gossip.preset = crate::GossipPreset::Tolerant;
+        let report = Budget::compute(&agent, &ArbiterConfig::default());
+        assert_ms(report.pause.tolerated_ms, 2_400.0, "tolerant");
+        assert!(
+            report
+                .pause
+                .to_string()
+                .starts_with("process pauses tolerated: up to 2.40 s (gossip preset tolerant"),
+            "{}",
+            report.pause
+        );
+        agent.gossip.suspect_to_down_ms = Some(5_000);
+        let report = Budget::compute(&agent, &ArbiterConfig::default());
+        assert_eq!(report.pause.preset, "tolerant with overrides");
+    }
+
+    #[test]
     fn defaults_meet_every_slo_without_warnings() {
         let report = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
         assert_eq!(report.violations(), Vec::<String>::new());
@@ -950,8 +975,14 @@ mod tests {
         let gossip_w = swim_w.max(silence) + b.network_worst_ms as f64 + cw + pw;
         let ttl = arbiter.lease.ttl_ms as f64;
         let sweep = arbiter.lease.sweep_interval_ms as f64;
-        let lease_e = ttl - ttl / 6.0 + sweep / 2.0 + c + p;
-        let lease_w = ttl + sweep + cw + pw;
+        // Witnesses: one connect timeout and a round trip (capped at the
+        // wait) and half a sweep | the wait and a sweep.
+        let wait = arbiter.lease.witness_wait_ms as f64;
+        let witnesses_e =
+            (WITNESS_CONNECT_MS as f64 + 2.0 * b.network_ms as f64).min(wait) + sweep / 2.0;
+        let witnesses_w = wait + sweep;
+        let lease_e = ttl - ttl / 6.0 + sweep / 2.0 + witnesses_e + c + p;
+        let lease_w = ttl + sweep + witnesses_w + cw + pw;
         let node = row(&report, Case::SilentNodeCrash);
         assert_ms(node.paths[0].expected_ms(), gossip_e, "(c) gossip expected");
         assert_ms(node.paths[0].worst_ms(), gossip_w, "(c) gossip worst");

@@ -422,7 +422,16 @@ struct EndpointsQuery {
     zone: Option<String>,
     all: Option<bool>,
     traffic: Option<String>,
+    index: Option<String>,
+    wait_ms: Option<u64>,
 }
+
+/// Longest `wait_ms` of a blocking resolve, ms.
+pub const MAX_RESOLVE_WAIT_MS: u64 = 300_000;
+
+/// How often a blocking resolve looks again without a publication: a view
+/// also changes when time passes (a local ejection ends).
+const RESOLVE_RECHECK: Duration = Duration::from_millis(250);
 
 async fn endpoints(
     State(agent): State<ApiContext>,
@@ -448,7 +457,38 @@ async fn endpoints(
             ApiError::bad_request(format!("traffic: {t:?} is not read_only or read_write"))
         })?,
     };
-    Ok(Json(resolve(&agent, key, zone, q.all.unwrap_or(false), traffic).await?).into_response())
+    let all = q.all.unwrap_or(false);
+    // A blocking resolve (as Consul's blocking queries): with `index`, wait
+    // until the answer's index differs, or `wait_ms` passed.
+    let Some(index) = q.index else {
+        if q.wait_ms.is_some() {
+            return Err(ApiError::bad_request(
+                "wait_ms: only with index (the answer's index to wait past)",
+            ));
+        }
+        return Ok(Json(resolve(&agent, key, zone, all, traffic).await?).into_response());
+    };
+    let idle_ms = agent.limits.idle_timeout_ms.saturating_sub(1_000);
+    let wait_ms = q.wait_ms.unwrap_or(30_000.min(idle_ms));
+    if wait_ms == 0 || wait_ms > MAX_RESOLVE_WAIT_MS.min(idle_ms) {
+        return Err(ApiError::bad_request(format!(
+            "wait_ms: {wait_ms} is not 1 to {} (at most {MAX_RESOLVE_WAIT_MS}, and 1 s below http_limits.idle_timeout_ms)",
+            MAX_RESOLVE_WAIT_MS.min(idle_ms)
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        // Armed before the look, so a publication in between is not missed.
+        let changed = agent.views.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let answer = resolve(&agent, key.clone(), zone.clone(), all, traffic).await?;
+        let now = tokio::time::Instant::now();
+        if answer.index != index || now >= deadline {
+            return Ok(Json(answer).into_response());
+        }
+        let _ = tokio::time::timeout((deadline - now).min(RESOLVE_RECHECK), changed).await;
+    }
 }
 
 /// An answer of the wrong kind: the agent and this module disagree.
@@ -533,7 +573,7 @@ async fn resolve(
                 ready,
             } = views.failover(&key, traffic, now_ms())
             {
-                return Ok(EndpointsResponse {
+                let mut response = EndpointsResponse {
                     service: key.service.clone(),
                     namespace: key.namespace.clone(),
                     port_name: key.port_name.clone(),
@@ -549,7 +589,10 @@ async fn resolve(
                         ingress,
                         ready,
                     })),
-                });
+                    index: String::new(),
+                };
+                response.index = response.fingerprint();
+                return Ok(response);
             }
             return Err(ApiError::not_found(format!("service {key} does not exist")));
         }
@@ -594,7 +637,7 @@ async fn resolve(
         }) => r.clone(),
         _ => agent.region.clone(),
     };
-    Ok(EndpointsResponse {
+    let mut response = EndpointsResponse {
         service: key.service.clone(),
         namespace: key.namespace.clone(),
         port_name: key.port_name.clone(),
@@ -610,5 +653,8 @@ async fn resolve(
         region,
         endpoints,
         failover,
-    })
+        index: String::new(),
+    };
+    response.index = response.fingerprint();
+    Ok(response)
 }

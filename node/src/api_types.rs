@@ -592,6 +592,39 @@ pub struct EndpointsResponse {
     /// its traffic goes instead, or why it goes nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverJson>,
+    /// A fingerprint of what this answer routes to (its mode, region,
+    /// failover, and each endpoint's instance, generation, state and
+    /// address; not the weights, which slow start moves continuously):
+    /// pass it back as `?index=` to wait until the answer changes.
+    pub index: String,
+}
+
+impl EndpointsResponse {
+    /// The fingerprint `index` holds, of the other fields.
+    pub fn fingerprint(&self) -> String {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut put = |s: &str| {
+            h.update(s.as_bytes());
+            h.update(&[0]);
+        };
+        put(&self.mode);
+        put(self.region.as_str());
+        if let Some(f) = &self.failover {
+            put(f.region.as_ref().map_or("", |r| r.as_str()));
+            put(f.refused.as_deref().unwrap_or(""));
+            for i in &f.ingress {
+                put(i);
+            }
+        }
+        for e in &self.endpoints {
+            put(e.instance_id.as_str());
+            put(&e.generation.to_string());
+            put(&e.state);
+            put(&e.address.to_string());
+            put(&e.port.to_string());
+        }
+        format!("{:016x}", h.digest())
+    }
 }
 
 /// Failover of an answer to another region (R9).
@@ -1134,12 +1167,14 @@ mod tests {
             region: Label::new("r1").unwrap(),
             endpoints: Vec::new(),
             failover: None,
+            index: "00000000000000ff".into(),
         };
         assert_eq!(
             keys(serde_json::to_value(&endpoints).unwrap()),
             [
                 "age_ms",
                 "endpoints",
+                "index",
                 "mode",
                 "namespace",
                 "port_name",

@@ -268,6 +268,12 @@ impl Views {
         self.inner.changed.notify_waiters();
     }
 
+    /// Completes at the next publication, down-set, connection or regions
+    /// change (of any service): a blocking resolve looks again then.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.changed.notified()
+    }
+
     /// Drops the view of a service the agent no longer follows: the next
     /// lookup of it asks the agent to follow it again.
     pub fn unpublish(&self, key: &ServiceKey) {

@@ -41,6 +41,75 @@ async fn register_resolve_drain() {
     assert_eq!(http.ready_ids("web").await.unwrap(), Vec::<String>::new());
 }
 
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn a_blocking_resolve_returns_when_the_answer_changes() {
+    let cluster = Cluster::start().await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    for (id, port) in [("web-1", 8081), ("web-2", 8082)] {
+        let (status, body) = http.register("web", id, port).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    wait_ready(&http, "web", &["web-1", "web-2"]).await;
+    let (_, first) = http.resolve("web").await;
+    let index = first["index"].as_str().unwrap().to_owned();
+    assert_eq!(index.len(), 16, "{first}");
+    // Unchanged: it waits the whole wait_ms, then answers the same.
+    let started = std::time::Instant::now();
+    let (status, same) = http
+        .send(
+            reqwest::Method::GET,
+            &format!("/v1/endpoints/web?index={index}&wait_ms=300"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{same}");
+    assert_eq!(same["index"], first["index"]);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    // A drain while a blocking resolve waits: it returns with web-1 gone.
+    let waiting = {
+        let http = http.clone();
+        let index = index.clone();
+        tokio::spawn(async move {
+            http.send(
+                reqwest::Method::GET,
+                &format!("/v1/endpoints/web?index={index}&wait_ms=20000"),
+                None,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "it waits while nothing changes");
+    let (status, body) = http.drain("web-1", "?generation=1").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, changed) = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("answered once the view changed")
+        .unwrap();
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(ids(&changed), ["web-2"]);
+    assert_ne!(changed["index"], first["index"]);
+    // Bad waits are refused.
+    for query in [
+        format!("index={index}&wait_ms=0"),
+        format!("index={index}&wait_ms=999999999"),
+        "wait_ms=100".to_owned(),
+    ] {
+        let (status, body) = http
+            .send(
+                reqwest::Method::GET,
+                &format!("/v1/endpoints/web?{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (status, &body["error"]),
+            (400, &Value::from("invalid_request")),
+            "{query}: {body}"
+        );
+    }
+}
+
 /// The instance ids in a resolve answer body.
 fn ids(body: &Value) -> Vec<String> {
     let mut ids: Vec<String> = body["endpoints"]

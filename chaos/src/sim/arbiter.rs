@@ -255,6 +255,10 @@ impl World {
         self.after(sweep * 1_000, Ev::ArbiterTick);
         let held = self.arb.catalog.leases().held();
         self.counters.held_max = self.counters.held_max.max(held);
+        self.counters.witness_held_max = self
+            .counters
+            .witness_held_max
+            .max(self.arb.leader.held_alive());
         if !self.arb.up {
             return;
         }
@@ -273,8 +277,8 @@ impl World {
             let candidates: Vec<(u64, NodeId, Label)> = self
                 .arb
                 .conns
-                .iter()
-                .filter_map(|(session, _)| {
+                .keys()
+                .filter_map(|session| {
                     let (node, _) = self.arb.sessions.held(*session)?;
                     let heard = self.arb.leader.last_heard(node)?;
                     if now_ms.saturating_sub(heard) > silence {

@@ -201,6 +201,11 @@ pub struct LeaseFigures {
     pub expiries_held: u64,
     /// Most leases held by the guard at once.
     pub held_max: u64,
+    /// Most leases past their deadline whose witnesses saw the node alive,
+    /// at once (held instead of expired: the arbiter was cut off).
+    pub held_by_witnesses_max: u64,
+    /// Witness questions sent about silent leases.
+    pub witness_asks: u64,
 }
 
 /// Resuming after the outage.
@@ -401,6 +406,8 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
             expired: c.leases_expired,
             expiries_held: c.expiry_held,
             held_max: c.held_max as u64,
+            held_by_witnesses_max: c.witness_held_max as u64,
+            witness_asks: c.witness_asks,
         },
         resume,
         probes: c.probes,
@@ -428,8 +435,11 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
         duration_s,
         leave_ms,
         crash_ms,
-        // The simulation measures crash → the last agent's view (crash_ms).
+        // The simulation measures its leave and crash times at every
+        // agent's view already (leave_ms, crash_ms).
         crash_commit_ms: Stats::default(),
+        leave_view_ms: Stats::default(),
+        crash_view_ms: Stats::default(),
         converge_ms,
         new_conns_to_drained: c.new_conns_to_drained,
         new_conns_to_not_ready: c.new_conns_to_not_ready,
@@ -663,6 +673,13 @@ pub fn markdown(r: &SimReport, plots: &[String]) -> String {
         (
             "leases held by the guard (max)",
             f.leases.held_max.to_string(),
+        ),
+        (
+            "leases held by witnesses (max; witness questions)",
+            format!(
+                "{} ({})",
+                f.leases.held_by_witnesses_max, f.leases.witness_asks
+            ),
         ),
         ("leases expired", f.leases.expired.to_string()),
         (

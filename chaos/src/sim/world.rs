@@ -330,6 +330,7 @@ pub struct Counters {
     pub keepalives: u64,
     pub expiry_held: u64,
     pub held_max: usize,
+    pub witness_held_max: usize,
     pub leases_expired: u64,
     pub node_downs: u64,
     pub down_reports: u64,

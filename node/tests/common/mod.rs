@@ -173,6 +173,7 @@ impl Cluster {
 }
 
 /// The agent's HTTP API.
+#[derive(Clone)]
 pub struct Http {
     pub base: String,
     pub token: String,
