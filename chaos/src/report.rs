@@ -621,12 +621,13 @@ impl<'a> ViewHistory<'a> {
 
 /// The `Step` actions the runner records for a recovery from a fault: the
 /// start of the convergence clock (see [`converge_ms`]).
-pub const RECOVERY_ACTIONS: [&str; 6] = [
+pub const RECOVERY_ACTIONS: [&str; 7] = [
     "heal",
     "start-arbiters",
     "restore-quorum",
     "resume-agent",
     "restart-agents",
+    "restart-node",
     "corrupt-cache",
 ];
 

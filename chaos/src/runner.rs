@@ -1217,22 +1217,26 @@ async fn watch_view(
         };
         let next = body["index"].as_str().map(str::to_owned);
         if next != index {
-            let instances = body["endpoints"]
-                .as_array()
-                .map(|e| {
-                    e.iter()
-                        .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
             views.lock().expect("views lock").push(Route {
                 t_ms,
                 agent: agent.clone(),
-                instances,
+                instances: endpoint_ids(&body),
             });
         }
         index = next;
     }
+}
+
+/// The instance ids of a resolve answer, in its order.
+fn endpoint_ids(body: &serde_json::Value) -> Vec<String> {
+    body["endpoints"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Samples every live agent's resolve answer into `routes` every 100 ms,
@@ -1268,18 +1272,10 @@ async fn sample_routes(
             let Ok(body) = response.json::<serde_json::Value>().await else {
                 continue;
             };
-            let instances = body["endpoints"]
-                .as_array()
-                .map(|e| {
-                    e.iter()
-                        .filter_map(|e| e["instance_id"].as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
             routes.lock().expect("routes lock").push(Route {
                 t_ms,
                 agent: agent.clone(),
-                instances,
+                instances: endpoint_ids(&body),
             });
         }
     }

@@ -92,6 +92,27 @@ struct Witnessing {
     announced: bool,
 }
 
+impl Witnessing {
+    fn new(epoch: AgentEpoch, now_ms: u64) -> Self {
+        Witnessing {
+            epoch,
+            since_ms: now_ms,
+            asked_at_ms: now_ms,
+            answers: BTreeMap::new(),
+            announced: false,
+        }
+    }
+
+    /// The witnesses whose answer says `what`, in node order.
+    fn witnesses(&self, what: fn(Seen) -> bool) -> Vec<NodeId> {
+        self.answers
+            .iter()
+            .filter(|(_, seen)| what(**seen))
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+}
+
 /// A silent lease whose expiry witnesses hold: its node is alive to them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldAlive {
@@ -462,21 +483,12 @@ impl<W> LeaderMemory<W> {
         sweep: &mut Sweep<W>,
     ) -> Witnesses {
         let heard = self.heard_at(node);
-        let w = self.witnessing.entry(node.clone()).or_insert(Witnessing {
-            epoch,
-            since_ms: now_ms,
-            asked_at_ms: now_ms,
-            answers: BTreeMap::new(),
-            announced: false,
-        });
+        let w = self
+            .witnessing
+            .entry(node.clone())
+            .or_insert_with(|| Witnessing::new(epoch, now_ms));
         if w.epoch != epoch {
-            *w = Witnessing {
-                epoch,
-                since_ms: now_ms,
-                asked_at_ms: now_ms,
-                answers: BTreeMap::new(),
-                announced: false,
-            };
+            *w = Witnessing::new(epoch, now_ms);
         }
         if w.since_ms == now_ms {
             sweep.asks.push((node.clone(), epoch));
@@ -485,12 +497,7 @@ impl<W> LeaderMemory<W> {
         if now_ms.saturating_sub(w.since_ms) >= self.params.max_hold_ms {
             return Witnesses::Expire;
         }
-        let alive: Vec<NodeId> = w
-            .answers
-            .iter()
-            .filter(|(_, s)| s.alive())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let alive = w.witnesses(Seen::alive);
         if !alive.is_empty() {
             if !w.announced {
                 w.announced = true;
@@ -509,13 +516,8 @@ impl<W> LeaderMemory<W> {
             }
             return Witnesses::Wait;
         }
-        let gone: Vec<NodeId> = w
-            .answers
-            .iter()
-            .filter(|(_, s)| s.gone())
-            .map(|(n, _)| n.clone())
-            .take(MAX_REPORTERS)
-            .collect();
+        let mut gone = w.witnesses(Seen::gone);
+        gone.truncate(MAX_REPORTERS);
         if gone.len() >= MIN_GONE_WITNESSES {
             return Witnesses::Gone(gone);
         }
