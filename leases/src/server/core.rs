@@ -618,9 +618,10 @@ impl Core {
     }
 
     /// A follower carries the leader's open witness asks to its own
-    /// agents, each once while it is open.
+    /// agents, each once while it is open (`lease.witness_wait_ms`; the
+    /// leader asks again, every TTL, while it holds a lease alive).
     fn carry_asks(&mut self, asks: Vec<WitnessAsk>, now: u64) {
-        let keep = self.config.lease.witness_wait_ms + self.config.lease.ttl_ms;
+        let keep = self.config.lease.witness_wait_ms;
         self.witness_asked
             .retain(|_, at| now.saturating_sub(*at) < keep);
         for ask in asks {
@@ -911,7 +912,9 @@ impl Core {
                 "a lease past its deadline is held: witnesses see the node alive, so this arbiter may be cut off from it; held at most guard.max_hold_ms"
             );
         }
-        let keep = self.config.lease.witness_wait_ms + self.config.lease.ttl_ms;
+        // An ask is open for the wait: answers later than that are not
+        // waited for (a held lease is asked about again every TTL).
+        let keep = self.config.lease.witness_wait_ms;
         self.witness_asks
             .retain(|(_, at)| now.saturating_sub(*at) < keep);
         for ask in asks {
