@@ -52,11 +52,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SummaryError + '_ {
     }
 }
 
-/// Every report in `dir`'s run directories, by scenario name.
-pub fn reports(dir: &Path) -> Result<Vec<Report>, SummaryError> {
+/// A run: its directory's name and its report.
+pub type Run = (String, Report);
+
+/// Every report in `dir`'s run directories, by directory name.
+pub fn reports(dir: &Path) -> Result<Vec<Run>, SummaryError> {
     let mut reports = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let run = entry.map_err(io(dir))?.path();
+        let name = run
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let file = run.join("report.json");
         if !file.is_file() {
             continue;
@@ -66,17 +73,18 @@ pub fn reports(dir: &Path) -> Result<Vec<Report>, SummaryError> {
             path: file.clone(),
             message: e.to_string(),
         })?;
-        reports.push(report);
+        reports.push((name, report));
     }
     if reports.is_empty() {
         return Err(SummaryError::Empty(dir.to_path_buf()));
     }
-    reports.sort_by(|a, b| a.scenario.cmp(&b.scenario));
+    reports.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(reports)
 }
 
-/// The Markdown table of `reports`, one row each.
-pub fn table(reports: &[Report]) -> String {
+/// The Markdown table of `runs`, one row each, named by run directory (and
+/// by scenario too when they differ, e.g. a run with `--gossip-preset`).
+pub fn table(runs: &[Run]) -> String {
     let stats = |s: &Stats| match (s.p50, s.p99, s.max) {
         (Some(p50), Some(p99), Some(max)) => {
             format!("{p50:.0} / {p99:.0} / {max:.0} (n={})", s.count)
@@ -87,7 +95,12 @@ pub fn table(reports: &[Report]) -> String {
         "| scenario | agents | duration | connections | result | leave ms p50/p99/max | crash ms p50/p99/max | crash → commit ms p50/p99/max | failed conns | converge ms | false removals | writes checked (lost) | max snapshots | built from |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for r in reports {
+    for (name, r) in runs {
+        let label = if *name == r.scenario {
+            name.clone()
+        } else {
+            format!("{name} ({})", r.scenario)
+        };
         let result = match (&r.outage, r.pass) {
             (Some(o), true) => format!(
                 "PASS (outage {:.0} s: {} failed to live backends)",
@@ -104,7 +117,7 @@ pub fn table(reports: &[Report]) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {:.0} s | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
-            r.scenario,
+            label,
             r.agents,
             r.duration_s,
             r.conns,
@@ -183,6 +196,7 @@ mod tests {
             let run = dir.path().join(name);
             crate::report::write_json(&run, &report(name)).unwrap();
         }
+        crate::report::write_json(&dir.path().join("zeta-lan"), &report("zeta")).unwrap();
         std::fs::create_dir(dir.path().join("not-a-run")).unwrap();
         let found = reports(dir.path()).unwrap();
         let md = table(&found);
