@@ -201,11 +201,12 @@ mod tests {
         let found = reports(dir.path()).unwrap();
         let md = table(&found);
         let rows: Vec<&str> = md.lines().skip(2).collect();
-        assert_eq!(rows.len(), 2);
+        assert_eq!(rows.len(), 3);
         assert!(
             rows[0].starts_with("| alpha | 3 | 30 s | 1 | PASS |"),
             "{md}"
         );
+        assert!(rows[2].starts_with("| zeta-lan (zeta) | 3 |"), "{md}");
         assert!(rows[0].ends_with("| 6 (0) | 0 | 0123456 (dirty) |"), "{md}");
 
         let readme = dir.path().join("README.md");
