@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 24] = [
+const REPORT_KEYS: [&str; 26] = [
     "scenario",
     "git_commit",
     "git_dirty",
@@ -18,6 +18,8 @@ const REPORT_KEYS: [&str; 24] = [
     "leave_ms",
     "crash_ms",
     "crash_commit_ms",
+    "leave_view_ms",
+    "crash_view_ms",
     "converge_ms",
     "new_conns_to_drained",
     "new_conns_to_not_ready",

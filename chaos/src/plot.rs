@@ -107,19 +107,15 @@ enum Served {
 }
 
 const SERVED: [(Served, &str, RGBColor); 3] = [
-    (
-        Served::Ready,
-        "answered by READY backends",
-        RGBColor(70, 130, 180),
-    ),
+    (Served::Ready, "answered: READY", RGBColor(70, 130, 180)),
     (
         Served::Leaving,
-        "answered by leaving backends (after their leave commit)",
+        "answered: leaving (after commit)",
         RGBColor(240, 160, 40),
     ),
     (
         Served::NotReady,
-        "answered by backends not READY yet",
+        "answered: not READY yet",
         RGBColor(150, 90, 190),
     ),
 ];
@@ -245,14 +241,17 @@ fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
             let color = SERVED[top].2;
             chart.draw_series(AreaSeries::new(area, 0.0, color.mix(0.85)).border_style(color))?;
         }
-        let labelled = markers.len() <= MAX_LABELLED_MARKERS;
-        for (i, (t_ms, label, color)) in markers.iter().enumerate() {
+        for (t_ms, _, color) in &markers {
             let x = *t_ms as f64 / 1000.0;
             chart.draw_series([PathElement::new(
                 vec![(x, 0.0), (x, y_max * 0.9)],
                 color.mix(0.6).stroke_width(1),
             )])?;
-            if labelled {
+        }
+        let labels = marker_labels(&markers);
+        if labels.len() <= MAX_LABELLED_MARKERS {
+            for (i, (t_ms, label, color)) in labels.iter().enumerate() {
+                let x = *t_ms as f64 / 1000.0;
                 // Staggered, so that markers close together stay readable.
                 let y = y_max * (0.92 - 0.045 * (i % 5) as f64);
                 chart.draw_series([Text::new(
@@ -273,6 +272,7 @@ fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
         below
             .configure_mesh()
             .x_label_formatter(&tidy)
+            .y_labels(failed_peak.min(5) as usize + 1)
             .y_label_formatter(&|v| format!("{v:.0}"))
             .x_desc("time since the run started, s (1 s buckets)")
             .y_desc("failed per second")
@@ -300,22 +300,48 @@ fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
             .iter()
             .map(|(_, name, color)| ((*name).to_owned(), *color))
             .collect();
-        legend.push(("failed connections (lower panel)".to_owned(), FAILED));
+        legend.push(("failed (lower panel)".to_owned(), FAILED));
         for (name, color) in [
-            ("fault or recovery step", STEP),
+            ("step", STEP),
             ("hard failure", HARD_FAILURE),
-            ("leave committed", LEAVE),
+            ("leave commit", LEAVE),
         ] {
             let count = markers.iter().filter(|(_, _, c)| *c == color).count();
             if count > 0 {
-                legend.push((format!("marker: {name} ({count})"), color));
+                legend.push((format!("| {name} ({count})"), color));
             }
         }
         if !phases.is_empty() {
-            legend.push(("phases: shaded bands, named at the top".to_owned(), PHASE));
+            legend.push(("phases: bands, named on top".to_owned(), PHASE));
         }
         draw_legend(&legend_area, &legend)
     })
+}
+
+/// The markers' labels, those of one kind within the same 200 ms merged
+/// into one ("drain ×3"): a deploy wave's markers would cover each other.
+fn marker_labels(markers: &[(u64, String, RGBColor)]) -> Vec<(u64, String, RGBColor)> {
+    let mut labels: Vec<(u64, String, RGBColor, usize)> = Vec::new();
+    for (t_ms, label, color) in markers {
+        let kind = label.split(' ').next().unwrap_or_default();
+        match labels.iter_mut().find(|(t, l, c, _)| {
+            c == color && t_ms.abs_diff(*t) < 200 && l.split(' ').next() == Some(kind)
+        }) {
+            Some(merged) => merged.3 += 1,
+            None => labels.push((*t_ms, label.clone(), *color, 1)),
+        }
+    }
+    labels
+        .into_iter()
+        .map(|(t, label, color, n)| match n {
+            1 => (t, label, color),
+            n => (
+                t,
+                format!("{} ×{n}", label.split(' ').next().unwrap_or_default()),
+                color,
+            ),
+        })
+        .collect()
 }
 
 /// What `backend` was at `t_ms` (see [`Served`]), from the timeline's
@@ -698,15 +724,15 @@ mod tests {
 
         let traffic = read_svg(dir.path(), TRAFFIC);
         for text in [
-            "answered by READY backends",
-            "answered by leaving backends",
-            "failed connections (lower panel)",
+            "answered: READY",
+            "answered: leaving",
+            "failed (lower panel)",
             "steady",
             "leave web-1",
             "kill-backend web-3",
             "partition-node node-1",
             "\nheal\n",
-            "marker: hard failure (1)",
+            "| hard failure (1)",
         ] {
             assert!(traffic.contains(text), "traffic.svg lacks {text:?}");
         }
