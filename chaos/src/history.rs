@@ -173,6 +173,9 @@ pub fn check(
 
     let judged = |i: &str| nodes.values().flatten().any(|x| x == i);
     let mut states: BTreeMap<String, Replayed> = BTreeMap::new();
+    // Per instance, each state the log gave it, (command ms, state; None
+    // once removed), in revision order.
+    let mut timeline: HashMap<String, Vec<(u64, Option<String>)>> = HashMap::new();
     // Per instance, the cause in force since its last READY.
     let mut caused: HashMap<&str, &Cause> = HashMap::new();
     let mut next_cause = 0;
@@ -213,6 +216,10 @@ pub fn check(
                     how: format!("{}: {}", entry.command, entry.detail),
                 });
             }
+            timeline
+                .entry(instance.clone())
+                .or_default()
+                .push((entry.at_ms, after.map(str::to_owned)));
             match change {
                 Change::To { state, generation } => {
                     let generation =
@@ -238,7 +245,7 @@ pub fn check(
         }
     }
 
-    check_writes(&entries, nodes, writes, &mut history);
+    check_writes(&entries, nodes, writes, &timeline, &mut history);
     if let Some(catalog) = final_catalog {
         // The final catalog is of the judged service: its instances are
         // the ones `nodes` lists.
@@ -331,11 +338,14 @@ fn changes(
 }
 
 /// Every write answered 200 or 202 must be in the audit log, after it was
-/// sent, in the client's order per instance.
+/// sent, in the client's order per instance. A drain of an instance the
+/// log had already left DRAINING when it was sent changes nothing: the
+/// arbiter answers it committed without a revision, and no entry is due.
 fn check_writes(
     entries: &[&AuditEntry],
     nodes: &BTreeMap<String, Vec<String>>,
     writes: &[Write],
+    timeline: &HashMap<String, Vec<(u64, Option<String>)>>,
     history: &mut History,
 ) {
     let node_of: HashMap<&str, &str> = nodes
@@ -378,6 +388,9 @@ fn check_writes(
                     }
                 }
             }
+            None if write.kind == WriteKind::Drain
+                && matches!(write.answer, Answer::Committed { .. })
+                && state_when(timeline, instance, write.sent_ms) == Some("DRAINING") => {}
             None => {
                 let moot = write.answer == Answer::Pending
                     && entries.iter().any(|e| {
@@ -399,6 +412,20 @@ fn check_writes(
             }
         }
     }
+}
+
+/// The state the log had given `instance` by `at_ms` (wall ms), if any.
+fn state_when<'a>(
+    timeline: &'a HashMap<String, Vec<(u64, Option<String>)>>,
+    instance: &str,
+    at_ms: u64,
+) -> Option<&'a str> {
+    timeline
+        .get(instance)?
+        .iter()
+        .take_while(|(t, _)| *t <= at_ms)
+        .last()
+        .and_then(|(_, state)| state.as_deref())
 }
 
 /// How far the audit log's command time may precede the client's send
@@ -659,6 +686,23 @@ mod tests {
             "{}",
             h.lost_writes[0]
         );
+
+        // A second drain of an instance already DRAINING changes nothing
+        // (the arbiter commits no revision for it): not lost. The same
+        // drain sent before the first one committed would be.
+        let mut again = writes[..2].to_vec();
+        again.push(write(1200, WriteKind::Drain, "a", committed));
+        let h = check(&audit, &nodes(), &[], &again, &[], None, 0);
+        assert_eq!(
+            (h.writes_checked, h.lost_writes.len()),
+            (3, 0),
+            "{:?}",
+            h.lost_writes
+        );
+        again[2].sent_ms = 900;
+        again.swap(1, 2);
+        let h = check(&audit, &nodes(), &[], &again, &[], None, 0);
+        assert_eq!(h.lost_writes.len(), 1, "{:?}", h.lost_writes);
 
         // Out of order: the drain after the deregistration was answered
         // first, so the log's order contradicts the client's.
