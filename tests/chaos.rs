@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 26] = [
+const REPORT_KEYS: [&str; 27] = [
     "scenario",
     "git_commit",
     "git_dirty",
@@ -33,12 +33,13 @@ const REPORT_KEYS: [&str; 26] = [
     "election",
     "history",
     "cache_corruption",
+    "regions",
     "pass",
     "failures",
 ];
 
 /// The scenarios issues 7 and 18 ask for; each must have its file.
-const REQUIRED: [&str; 20] = [
+const REQUIRED: [&str; 21] = [
     "pauses-2s",
     "backend-kill",
     "correlated-crash",
@@ -59,6 +60,7 @@ const REQUIRED: [&str; 20] = [
     "cache-corruption",
     "reconnect-storm",
     "bad-probe",
+    "region-partition",
 ];
 
 #[test]

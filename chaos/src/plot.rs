@@ -651,6 +651,8 @@ mod tests {
         }
         Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             conns,
             routes: vec![Route {
                 t_ms: 100,

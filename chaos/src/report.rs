@@ -6,13 +6,13 @@
 //! read clocks, the network or the control plane's opinion; only
 //! [`write`] touches the filesystem.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::Pass;
+use crate::scenario::{Pass, Routing};
 use crate::timeline::{Conn, Event, Outcome, Route, Timeline};
 
 /// How long after its leave committed a backend may still be given new
@@ -97,6 +97,40 @@ pub struct Corruption {
     pub stale_answers: u64,
 }
 
+/// A multi-region run's routing, as the traffic and r1's resolve answers
+/// saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionsFigures {
+    /// Regions in the run.
+    pub regions: u32,
+    /// One entry per `[[pass.routing]]` rule, in the scenario's order.
+    pub routing: Vec<RoutingFigures>,
+}
+
+/// Where one phase's connections went (see [`Routing`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutingFigures {
+    /// The phase.
+    pub phase: String,
+    /// Regions allowed to answer any of its connections.
+    pub answered_by: Vec<String>,
+    /// Regions allowed once settled.
+    pub settled_by: Vec<String>,
+    /// When it settles, s since the run started.
+    pub settled_from_s: f64,
+    /// Connections opened in the phase.
+    pub conns: u64,
+    /// Of those, answered, by the answering backend's region.
+    pub answered: BTreeMap<String, u64>,
+    /// Connections opened once settled.
+    pub settled_conns: u64,
+    /// Of those, answered, by region.
+    pub settled_answered: BTreeMap<String, u64>,
+    /// r1's resolve answers sampled once settled, by their failover
+    /// refusal ("none" when they carry none).
+    pub refusals: BTreeMap<String, u64>,
+}
+
 /// A leader election as the traffic saw it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Election {
@@ -170,6 +204,9 @@ pub struct Report {
     pub history: Option<HistoryFigures>,
     /// The cache-corruption evidence; `null` without a `corrupt_cache` step.
     pub cache_corruption: Option<Corruption>,
+    /// Where the connections went by region, per `[[pass.routing]]` rule;
+    /// `null` in a one-region run.
+    pub regions: Option<RegionsFigures>,
     /// Whether every figure is within the scenario's pass bounds.
     pub pass: bool,
     /// One sentence per bound exceeded, naming the measured value and the
@@ -388,6 +425,7 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         election,
         history: input.history.clone(),
         cache_corruption: input.cache_corruption.clone(),
+        regions: regions(timeline, &conns, &events, &pass.routing),
         pass: false,
         failures: Vec::new(),
     };
@@ -838,9 +876,185 @@ fn phases(events: &[&Event], conns: &[&Conn], run_end_ms: u64) -> Vec<Phase> {
         .collect()
 }
 
+/// Per routing rule, where its phase's connections went: `None` in a
+/// one-region run (no backend has a region). A phase that begins more
+/// than once is judged over all of its spans.
+fn regions(
+    timeline: &Timeline,
+    conns: &[&Conn],
+    events: &[&Event],
+    rules: &[Routing],
+) -> Option<RegionsFigures> {
+    if timeline.backend_regions.is_empty() {
+        return None;
+    }
+    let starts: Vec<(u64, &str)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Phase { t_ms, name } => Some((*t_ms, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let regions: HashSet<&str> = timeline
+        .backend_regions
+        .values()
+        .map(String::as_str)
+        .collect();
+    let routing = rules
+        .iter()
+        .map(|rule| {
+            let settle = (rule.settle_s * 1000.0) as u64;
+            // The phase's spans: [start, next phase's start).
+            let spans: Vec<(u64, u64)> = starts
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, name))| *name == rule.phase)
+                .map(|(i, &(start, _))| {
+                    let end = starts
+                        .get(i + 1)
+                        .map_or(timeline.duration_ms.max(start), |&(t, _)| t);
+                    (start, end)
+                })
+                .collect();
+            let within = |t: u64, settled: bool| {
+                spans.iter().any(|&(start, end)| {
+                    let from = if settled { start + settle } else { start };
+                    from <= t && t < end
+                })
+            };
+            let mut figures = RoutingFigures {
+                phase: rule.phase.clone(),
+                answered_by: rule.answered_by.clone(),
+                settled_by: rule.settled().to_vec(),
+                settled_from_s: spans
+                    .first()
+                    .map_or(0.0, |&(start, _)| seconds(start + settle)),
+                conns: 0,
+                answered: BTreeMap::new(),
+                settled_conns: 0,
+                settled_answered: BTreeMap::new(),
+                refusals: BTreeMap::new(),
+            };
+            for c in conns {
+                let region = c
+                    .backend
+                    .as_ref()
+                    .filter(|_| c.outcome == Outcome::Answered)
+                    .map(|b| {
+                        timeline
+                            .backend_regions
+                            .get(b)
+                            .cloned()
+                            .unwrap_or_else(|| format!("unknown backend {b}"))
+                    });
+                if within(c.t_ms, false) {
+                    figures.conns += 1;
+                    if let Some(r) = &region {
+                        *figures.answered.entry(r.clone()).or_default() += 1;
+                    }
+                }
+                if within(c.t_ms, true) {
+                    figures.settled_conns += 1;
+                    if let Some(r) = region {
+                        *figures.settled_answered.entry(r).or_default() += 1;
+                    }
+                }
+            }
+            for a in timeline.region_answers.iter().filter(|a| within(a.t_ms, true)) {
+                let refusal = a.refused.clone().unwrap_or_else(|| "none".to_owned());
+                *figures.refusals.entry(refusal).or_default() += 1;
+            }
+            figures
+        })
+        .collect();
+    Some(RegionsFigures {
+        regions: regions.len() as u32,
+        routing,
+    })
+}
+
+/// The failures of a multi-region run's routing rules.
+fn judge_routing(figures: &RegionsFigures, rules: &[Routing], failures: &mut Vec<String>) {
+    for (rule, f) in rules.iter().zip(&figures.routing) {
+        let phase = &f.phase;
+        let outside = |answered: &BTreeMap<String, u64>, allowed: &[String]| -> Vec<String> {
+            answered
+                .iter()
+                .filter(|(r, _)| !allowed.contains(r))
+                .map(|(r, n)| format!("{n} by {r}"))
+                .collect()
+        };
+        if f.conns == 0 {
+            failures.push(format!(
+                "routing in phase {phase}: no connection was opened in it: the run measured nothing"
+            ));
+            continue;
+        }
+        let wrong = outside(&f.answered, &f.answered_by);
+        if !wrong.is_empty() {
+            failures.push(format!(
+                "routing in phase {phase}: connections answered outside {:?}: {}",
+                f.answered_by,
+                wrong.join(", ")
+            ));
+        }
+        if f.settled_conns == 0 {
+            failures.push(format!(
+                "routing in phase {phase}: no connection was opened once it settled (from {} s): the run measured nothing",
+                f.settled_from_s
+            ));
+            continue;
+        }
+        let wrong = outside(&f.settled_answered, &f.settled_by);
+        if !wrong.is_empty() {
+            failures.push(format!(
+                "routing in phase {phase}: once settled (from {} s), connections answered outside {:?}: {}",
+                f.settled_from_s,
+                f.settled_by,
+                wrong.join(", ")
+            ));
+        }
+        let answered: u64 = f.settled_answered.values().sum();
+        let share = answered as f64 / f.settled_conns as f64;
+        if share < rule.min_answered_share {
+            failures.push(format!(
+                "routing in phase {phase}: {answered} of {} connections answered once settled ({:.3}), fewer than the {} required",
+                f.settled_conns, share, rule.min_answered_share
+            ));
+        }
+        if let Some(refusal) = &rule.refusal {
+            let sampled: u64 = f.refusals.values().sum();
+            let other: Vec<String> = f
+                .refusals
+                .iter()
+                .filter(|(r, _)| *r != refusal)
+                .map(|(r, n)| format!("{n} {r}"))
+                .collect();
+            if sampled == 0 {
+                failures.push(format!(
+                    "routing in phase {phase}: no resolve answer was sampled once settled: the refusal was not measured"
+                ));
+            } else if !other.is_empty() {
+                failures.push(format!(
+                    "routing in phase {phase}: resolve answers once settled must refuse failover as {refusal:?}; also seen: {}",
+                    other.join(", ")
+                ));
+            }
+        }
+    }
+}
+
 /// One sentence per pass bound the report exceeds.
 fn judge(report: &Report, pass: &Pass) -> Vec<String> {
     let mut failures = Vec::new();
+    if let Some(figures) = &report.regions {
+        judge_routing(figures, &pass.routing, &mut failures);
+    } else if !pass.routing.is_empty() {
+        failures.push(
+            "the scenario has [[pass.routing]] rules but the run had one region: routing was not measured"
+                .to_owned(),
+        );
+    }
     for (what, stats, bound, least, key) in [
         (
             "leave",
@@ -1158,6 +1372,38 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
             let _ = writeln!(md, "- {}", cell(w));
         }
     }
+    if let Some(regions) = &report.regions {
+        let counts = |m: &BTreeMap<String, u64>| {
+            if m.is_empty() {
+                "none".to_owned()
+            } else {
+                m.iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        let _ = writeln!(
+            md,
+            "\n## Routing by region ({} regions)\n\n| phase | may answer | settled from s | settled may answer | conns | answered by | settled conns | settled answered by | resolve refusals once settled |\n|---|---|---|---|---|---|---|---|---|",
+            regions.regions
+        );
+        for r in &regions.routing {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                cell(&r.phase),
+                cell(&format!("{:?}", r.answered_by)),
+                r.settled_from_s,
+                cell(&format!("{:?}", r.settled_by)),
+                r.conns,
+                counts(&r.answered),
+                r.settled_conns,
+                counts(&r.settled_answered),
+                counts(&r.refusals),
+            );
+        }
+    }
     md.push_str("\n## Phases\n\n");
     if report.phases.is_empty() {
         md.push_str("None.\n");
@@ -1268,9 +1514,88 @@ mod tests {
         }
     }
 
+    #[test]
+    fn routing_rules_judge_where_each_phase_went() {
+        let rule = |phase: &str, answered_by: &[&str]| Routing {
+            phase: phase.to_owned(),
+            answered_by: answered_by.iter().map(|r| r.to_string()).collect(),
+            settle_s: 1.0,
+            settled_by: None,
+            min_answered_share: 0.5,
+            refusal: Some("stale".to_owned()),
+        };
+        let answer = |t_ms: u64, refused: Option<&str>| crate::timeline::RegionAnswer {
+            t_ms,
+            agent: "a".to_owned(),
+            region: "r1".to_owned(),
+            refused: refused.map(str::to_owned),
+        };
+        let timeline = Timeline {
+            conns: vec![
+                ok(100, "a", "web-r1"),
+                ok(1_500, "a", "web-r2"),
+                ok(1_600, "a", "web-r2"),
+                fail(1_700, "a"),
+            ],
+            events: vec![phase(0, "one")],
+            region_answers: vec![answer(500, None), answer(1_500, Some("stale"))],
+            backend_regions: [("web-r1", "r1"), ("web-r2", "r2")]
+                .iter()
+                .map(|(i, r)| (i.to_string(), r.to_string()))
+                .collect(),
+            duration_ms: 2_000,
+            ..Timeline::default()
+        };
+        let pass = |rules| Pass {
+            routing: rules,
+            ..neither()
+        };
+        // r1 answered before it settled, r2 after; 2 of 3 answered.
+        let r = compute(&input(), &timeline, &pass(vec![rule("one", &["r1", "r2"])]));
+        assert!(r.pass, "{:?}", r.failures);
+        let f = &r.regions.as_ref().unwrap().routing[0];
+        assert_eq!((f.conns, f.settled_conns), (4, 3));
+        assert_eq!(f.refusals, BTreeMap::from([("stale".to_owned(), 1)]));
+        // r2 is not allowed: the run fails, naming it.
+        let r = compute(&input(), &timeline, &pass(vec![rule("one", &["r1"])]));
+        assert!(
+            r.failures.iter().any(|f| f.contains("2 by r2")),
+            "{:?}",
+            r.failures
+        );
+        // A settled refusal other than the rule's fails too.
+        let mut other = timeline.clone();
+        other.region_answers.push(answer(1_800, Some("no_capacity")));
+        let r = compute(&input(), &other, &pass(vec![rule("one", &["r1", "r2"])]));
+        assert!(
+            r.failures.iter().any(|f| f.contains("1 no_capacity")),
+            "{:?}",
+            r.failures
+        );
+        // No connection in the phase: measured nothing.
+        let mut empty = timeline.clone();
+        empty.conns.clear();
+        let r = compute(&input(), &empty, &pass(vec![rule("one", &["r1"])]));
+        assert!(
+            r.failures.iter().any(|f| f.contains("measured nothing")),
+            "{:?}",
+            r.failures
+        );
+        // Rules in a one-region run: not measured.
+        let one = Timeline {
+            backend_regions: BTreeMap::new(),
+            ..timeline
+        };
+        let r = compute(&input(), &one, &pass(vec![rule("one", &["r1"])]));
+        assert!(r.regions.is_none());
+        assert!(!r.pass);
+    }
+
     fn run(conns: Vec<Conn>, events: Vec<Event>, duration_ms: u64) -> Report {
         let timeline = Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             routes: Vec::new(),
             conns,
             events,
@@ -1534,6 +1859,8 @@ mod tests {
     fn outage_counts_failures_in_its_window() {
         let timeline = Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             routes: Vec::new(),
             conns: vec![
                 fail(1999, "a"),
@@ -1606,6 +1933,8 @@ mod tests {
         };
         let timeline = Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             routes: Vec::new(),
             conns: vec![ok(10, "a", "x")],
             events: vec![phase(0, "p")],
@@ -1650,6 +1979,7 @@ mod tests {
                 "election",
                 "history",
                 "cache_corruption",
+                "regions",
                 "pass",
                 "failures",
             ])
@@ -1715,6 +2045,8 @@ mod tests {
     fn samples_are_the_reports_numbers() {
         let timeline = Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             routes: Vec::new(),
             conns: vec![ok(900, "n1", "x"), ok(2200, "n1", "a"), fail(2500, "n1")],
             events: vec![leave(1000, "a"), hard(1000, "x")],
@@ -1972,6 +2304,8 @@ mod tests {
     fn a_crash_sample_ends_when_the_instance_is_ready_again() {
         let timeline = Timeline {
             views: Vec::new(),
+            region_answers: Vec::new(),
+            backend_regions: Default::default(),
             conns: vec![
                 ok(900, "a", "x"),
                 ok(1500, "a", "y"),
@@ -2020,6 +2354,7 @@ mod tests {
                 hard(5_000, "y"),
             ],
             duration_ms: 9_000,
+            ..Timeline::default()
         };
         let mut timeline = timeline;
         if let Event::Step { target, .. } = &mut timeline.events[1] {

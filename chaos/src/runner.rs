@@ -31,8 +31,10 @@ use crate::history::{self, Answer, Cause, FinalRecord, WriteKind};
 use crate::netns::{NetError, Topology};
 use crate::report::{Corruption, HistoryFigures};
 use crate::scenario::{Action, Scenario, Step};
-use crate::timeline::{Event, Route, Timeline};
+use crate::timeline::{Event, RegionAnswer, Route, Timeline};
 use crate::traffic::{Target, Traffic, TrafficConfig};
+
+mod regions;
 
 /// Why a run could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -230,6 +232,13 @@ struct Cluster {
     election: Option<(u64, u64)>,
     /// What a `corrupt_cache` step found.
     corruption: Option<Corruption>,
+    /// The topology index of r1's bridge host, in a multi-region run.
+    bridge_host: Option<usize>,
+    /// The regions other than r1, in a multi-region run.
+    regions: Vec<regions::RegionHost>,
+    /// Backends killed by `kill_backend` or `kill_backends` and not yet
+    /// started again: (node, instance, port).
+    killed: Vec<(usize, String, u16)>,
 }
 
 const ECHO_PORT: u16 = 9000;
@@ -414,7 +423,14 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
     let work = options.dir.join("work");
     std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
     let nodes: Vec<String> = (0..scenario.agents).map(|i| format!("node-{i}")).collect();
-    let topology = Topology::create(&options.run_id, options.subnet, &nodes)?;
+    // The other regions' hosts come after the nodes.
+    let hosts: Vec<String> = nodes
+        .iter()
+        .cloned()
+        .chain(regions::host_names(scenario))
+        .collect();
+    let topology = Topology::create(&options.run_id, options.subnet, &hosts)?;
+    let (bridge_host, region_hosts) = regions::hosts(scenario, nodes.len());
     let traffic_ip = topology.add_host_ip(2)?;
     // Replica 1 on the bridge's own address, the others on .3, .4, …
     let mut arbiter_ips = vec![topology.host_ip];
@@ -473,6 +489,9 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         rng: options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
         election: None,
         corruption: None,
+        bridge_host,
+        regions: region_hosts,
+        killed: Vec::new(),
     };
     if cluster.arbiters.len() > 1
         && scenario
@@ -531,6 +550,14 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     }
     for relay in &cluster.relays {
         args.extend(["--ip".into(), relay.addr.ip().to_string()]);
+    }
+    if let Some(host) = cluster.bridge_host {
+        args.extend([
+            "--bridge".into(),
+            "bridge-r1".into(),
+            "--ip".into(),
+            cluster.node_ip(host).to_string(),
+        ]);
     }
     let status = Command::new(&cluster.binary)
         .args(&args)
@@ -648,7 +675,7 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
             })
             .await?;
     }
-    Ok(())
+    regions::start(cluster, scenario).await
 }
 
 /// An echo backend's HTTP health port: its data port + 1000.
@@ -912,6 +939,7 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         t0,
     );
     let routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
+    let region_answers: std::sync::Arc<std::sync::Mutex<Vec<RegionAnswer>>> = Default::default();
     let views: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
     let watchers: Vec<tokio::task::JoinHandle<()>> = (0..cluster.nodes.len())
         .map(|i| {
@@ -926,7 +954,10 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         })
         .collect();
     let sampler = tokio::spawn(sample_routes(
-        routes.clone(),
+        (
+            routes.clone(),
+            (!cluster.regions.is_empty()).then(|| region_answers.clone()),
+        ),
         cluster.http.clone(),
         (0..cluster.nodes.len())
             .map(|i| (cluster.nodes[i].clone(), cluster.node_ip(i)))
@@ -998,6 +1029,22 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         let _ = watcher.await;
     }
     let routes = std::mem::take(&mut *routes.lock().expect("routes lock"));
+    let region_answers = std::mem::take(&mut *region_answers.lock().expect("answers lock"));
+    let backend_regions = if cluster.regions.is_empty() {
+        Default::default()
+    } else {
+        cluster
+            .instances
+            .iter()
+            .flatten()
+            .map(|i| (i.clone(), "r1".to_owned()))
+            .chain(cluster.regions.iter().flat_map(|r| {
+                r.instances
+                    .iter()
+                    .map(|(i, _)| (i.clone(), r.name.clone()))
+            }))
+            .collect()
+    };
     let views = std::mem::take(&mut *views.lock().expect("views lock"));
     let crashes = cluster.crashed.all();
     conns.retain(|c| {
@@ -1109,6 +1156,8 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
             conns,
             routes,
             views,
+            region_answers,
+            backend_regions,
             events,
             duration_ms,
         },
@@ -1240,9 +1289,13 @@ fn endpoint_ids(body: &serde_json::Value) -> Vec<String> {
 }
 
 /// Samples every live agent's resolve answer into `routes` every 100 ms,
+/// and, in a multi-region run, what it says of regions into `answers`,
 /// until aborted or `limit`.
 async fn sample_routes(
-    routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>>,
+    (routes, answers): (
+        std::sync::Arc<std::sync::Mutex<Vec<Route>>>,
+        Option<std::sync::Arc<std::sync::Mutex<Vec<RegionAnswer>>>>,
+    ),
     http: reqwest::Client,
     agents: Vec<(String, Ipv4Addr)>,
     service: String,
@@ -1277,6 +1330,14 @@ async fn sample_routes(
                 agent: agent.clone(),
                 instances: endpoint_ids(&body),
             });
+            if let (Some(answers), Some(region)) = (&answers, body["region"].as_str()) {
+                answers.lock().expect("answers lock").push(RegionAnswer {
+                    t_ms,
+                    agent: agent.clone(),
+                    region: region.to_owned(),
+                    refused: body["failover"]["refused"].as_str().map(str::to_owned),
+                });
+            }
         }
     }
 }
@@ -1386,7 +1447,7 @@ async fn step_once(
             events.push(step("drain"));
         }
         Action::KillBackend | Action::FreezeBackend => {
-            let (_, instance) = cluster.target(target)?;
+            let (i, instance) = cluster.target(target)?;
             let instance = instance.ok_or_else(|| {
                 RunError::Cluster(format!("{action:?} needs node/instance, not {target:?}"))
             })?;
@@ -1396,6 +1457,9 @@ async fn step_once(
             };
             cluster.cause(&instance, fault);
             cluster.processes.signal(&instance, signal)?;
+            if action == Action::KillBackend {
+                killed(cluster, i, &instance);
+            }
             events.push(Event::HardFailure {
                 t_ms,
                 instance,
@@ -1405,6 +1469,47 @@ async fn step_once(
         Action::CrashNode => {
             let (i, _) = cluster.target(target)?;
             crash_node(cluster, i, t_ms, events)?;
+        }
+        Action::KillBackends => {
+            let nodes: Vec<usize> = if target.is_empty() {
+                (0..cluster.nodes.len()).collect()
+            } else {
+                vec![cluster.target(target)?.0]
+            };
+            for i in nodes {
+                for instance in cluster.instances[i].clone() {
+                    if !cluster.processes.running(&instance) {
+                        continue;
+                    }
+                    cluster.cause(&instance, "kill-backend");
+                    cluster.processes.signal(&instance, "-KILL")?;
+                    killed(cluster, i, &instance);
+                    events.push(Event::HardFailure {
+                        t_ms,
+                        instance,
+                        fault: "kill-backend".into(),
+                    });
+                }
+            }
+        }
+        Action::RestartBackends => {
+            for (i, instance, port) in std::mem::take(&mut cluster.killed) {
+                cluster.processes.children.retain(|(n, _)| *n != instance);
+                start_echo(cluster, i, &instance, port)?;
+                events.push(Event::Restarted {
+                    t_ms,
+                    instance: instance.clone(),
+                });
+            }
+            events.push(step("restart-backends"));
+        }
+        Action::CutBridge => {
+            regions::cut(cluster, target)?;
+            events.push(step("cut-bridge"));
+        }
+        Action::HealBridge => {
+            regions::heal(cluster, target)?;
+            events.push(step("heal-bridge"));
         }
         Action::CrashNodes => {
             let nodes = cluster.nodes_named(target)?;
@@ -1673,6 +1778,23 @@ async fn step_once(
         }
     }
     Ok(())
+}
+
+/// Records that instance `instance` of node `i` was killed (it waits for
+/// the exit), so `restart_backends` can start it again on its port.
+fn killed(cluster: &mut Cluster, i: usize, instance: &str) {
+    for (n, child) in cluster.processes.children.iter_mut() {
+        if n == instance {
+            let _ = child.wait();
+        }
+    }
+    let port = cluster.instances[i]
+        .iter()
+        .position(|x| x == instance)
+        .map(|k| cluster.ports[i][k]);
+    if let Some(port) = port {
+        cluster.killed.push((i, instance.to_owned(), port));
+    }
 }
 
 /// A silent crash of node `i`: its agent and running backends freeze and

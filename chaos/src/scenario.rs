@@ -153,6 +153,29 @@ pub struct Scenario {
     /// validates it at start like any config.
     #[serde(default)]
     pub arbiter_toml: Option<String>,
+    /// Regions in the run: 1 (the default) is one region, `r1`; with 2 to
+    /// 5, regions `r2`, `r3`, … each get a host of their own (a namespace
+    /// holding its arbiter, one gateway agent with an ingress, and
+    /// `remote_instances` backends of the service), every region (r1
+    /// included) runs a `rollcall bridge` in a namespace of its own, and
+    /// the bridges dial each other, so `cut_bridge` can cut one region
+    /// pair's link and nothing else.
+    #[serde(default = "default_regions")]
+    pub regions: u32,
+    /// Backends of the service in each region other than r1. Default 1.
+    #[serde(default = "default_remote_instances")]
+    pub remote_instances: u32,
+    /// The bridges' `summary_max_age_ms`: a remote region's summary older
+    /// than this is no failover target. Default 5000; at least 2000 (twice
+    /// the bridges' 1000 ms `sync_interval_ms`).
+    #[serde(default = "default_summary_max_age_ms")]
+    pub summary_max_age_ms: u64,
+    /// The service's policy (`[policy]`, the keys of a policy document
+    /// but `service` and `home_region`, which are the scenario's service
+    /// and r1), applied at r1's arbiter once every region runs. Needs
+    /// `regions` ≥ 2; unset: the service has no policy.
+    #[serde(default)]
+    pub policy: Option<toml::Table>,
     /// The timed steps, in the order they are written.
     #[serde(default)]
     pub steps: Vec<Step>,
@@ -168,6 +191,21 @@ fn default_agents() -> u32 {
 fn default_zones() -> u32 {
     1
 }
+
+fn default_regions() -> u32 {
+    1
+}
+
+fn default_remote_instances() -> u32 {
+    1
+}
+
+fn default_summary_max_age_ms() -> u64 {
+    5_000
+}
+
+/// Most regions a scenario may have.
+pub const MAX_REGIONS: u32 = 5;
 
 fn default_arbiters() -> u32 {
     1
@@ -331,11 +369,26 @@ pub enum Action {
     /// Crash several nodes at once (the target: a zone "z2" for all its
     /// nodes, or nodes separated by commas "node-1,node-3").
     CrashNodes,
+    /// Cut the bridge link between r1 and the target region ("r2"; empty:
+    /// every other region): their bridges' packets to each other vanish,
+    /// both ways. Callers, ingress gateways and arbiters are untouched.
+    CutBridge,
+    /// Restore the bridge link `cut_bridge` cut (same targets); `heal`
+    /// restores every one too.
+    HealBridge,
+    /// kill -9 every running backend of the service in r1 (the target:
+    /// empty for every node, or one node), without deregistering: the
+    /// readiness probes take them out.
+    KillBackends,
+    /// Start again every backend `kill_backends` or `kill_backend` killed,
+    /// on the same address and with the same registration: its readiness
+    /// probe passes and it is READY again.
+    RestartBackends,
 }
 
 impl Action {
     /// Every action, in the order the file format lists them.
-    pub const ALL: [Action; 28] = [
+    pub const ALL: [Action; 32] = [
         Action::Drain,
         Action::FailReadiness,
         Action::FreezeBackend,
@@ -364,6 +417,10 @@ impl Action {
         Action::PauseRounds,
         Action::WipeRestartAgents,
         Action::CrashNodes,
+        Action::CutBridge,
+        Action::HealBridge,
+        Action::KillBackends,
+        Action::RestartBackends,
     ];
 
     /// The name used in scenario files.
@@ -397,6 +454,10 @@ impl Action {
             Action::PauseRounds => "pause_rounds",
             Action::WipeRestartAgents => "wipe_restart_agents",
             Action::CrashNodes => "crash_nodes",
+            Action::CutBridge => "cut_bridge",
+            Action::HealBridge => "heal_bridge",
+            Action::KillBackends => "kill_backends",
+            Action::RestartBackends => "restart_backends",
         }
     }
 
@@ -424,7 +485,7 @@ impl Display for Action {
 /// `min_writes_checked`, no answered connection, or an audit log it could
 /// not read fails, saying it measured nothing; a scenario declares a
 /// figure not applicable by setting its minimum to 0.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Pass {
     /// Highest acceptable p99 of the leave time (commit of DRAINING or
@@ -477,6 +538,45 @@ pub struct Pass {
     /// set, a run without a measured election window fails too. Unset:
     /// not judged.
     pub max_failed_conns_in_election: Option<u64>,
+    /// `[[pass.routing]]`: which regions may answer the connections of a
+    /// phase (multi-region scenarios). Default none.
+    pub routing: Vec<Routing>,
+}
+
+/// One `[[pass.routing]]` rule: where the connections opened in `phase`
+/// may go, by the region of the backend that answered them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routing {
+    /// The phase judged (a `phase` step's target).
+    pub phase: String,
+    /// Regions whose backends may answer any connection of the phase;
+    /// empty: none may be answered at all.
+    pub answered_by: Vec<String>,
+    /// Seconds from the phase's start during which the system may still be
+    /// moving (a probe noticing a death, a summary arriving): connections
+    /// opened later must be answered by `settled_by` only. Default 0.
+    #[serde(default)]
+    pub settle_s: f64,
+    /// Regions that may answer once settled; default `answered_by`.
+    #[serde(default)]
+    pub settled_by: Option<Vec<String>>,
+    /// Least share of the connections opened once settled that must be
+    /// answered, in [0, 1]. Default 0.
+    #[serde(default)]
+    pub min_answered_share: f64,
+    /// The failover refusal every resolve answer of r1's agents must carry
+    /// once settled (`stale`, `no_policy`, …), when set; the run must have
+    /// sampled at least one.
+    #[serde(default)]
+    pub refusal: Option<String>,
+}
+
+impl Routing {
+    /// The regions that may answer once settled.
+    pub fn settled(&self) -> &[String] {
+        self.settled_by.as_deref().unwrap_or(&self.answered_by)
+    }
 }
 
 impl Default for Pass {
@@ -497,6 +597,7 @@ impl Default for Pass {
             max_lost_writes: 0,
             min_writes_checked: 1,
             max_failed_conns_in_election: None,
+            routing: Vec::new(),
         }
     }
 }
@@ -594,6 +695,109 @@ impl Scenario {
                 format!("{:?}", self.faults.as_deref().unwrap_or_default()),
                 "needs needs_fault_injection = true: only a binary built with the fault-injection feature has fault points",
             ));
+        }
+        if !(1..=MAX_REGIONS).contains(&self.regions) {
+            return Err(ScenarioError::invalid(
+                "regions",
+                self.regions,
+                format!("must be 1 to {MAX_REGIONS}"),
+            ));
+        }
+        if self.regions > 1 {
+            at_least_one("remote_instances", self.remote_instances)?;
+            if self.arbiters != 1 {
+                return Err(ScenarioError::invalid(
+                    "arbiters",
+                    self.arbiters,
+                    "must be 1 with regions = 2 or more (r1's bridge holds one replica's operator token)",
+                ));
+            }
+        }
+        if self.summary_max_age_ms < 2_000 {
+            return Err(ScenarioError::invalid(
+                "summary_max_age_ms",
+                self.summary_max_age_ms,
+                "must be at least 2000: twice the bridges' 1000 ms sync interval",
+            ));
+        }
+        if self.policy.is_some() && self.regions < 2 {
+            return Err(ScenarioError::invalid(
+                "policy",
+                "set",
+                "needs regions = 2 or more: a policy says where traffic may move between regions",
+            ));
+        }
+        if let Some(policy) = &self.policy {
+            for key in ["service", "home_region"] {
+                if policy.contains_key(key) {
+                    return Err(ScenarioError::invalid(
+                        format!("policy.{key}"),
+                        "set",
+                        "is the scenario's (its service, homed in r1): leave it out",
+                    ));
+                }
+            }
+        }
+        let phases: Vec<&str> = self
+            .steps
+            .iter()
+            .filter(|s| s.action == Action::Phase)
+            .map(|s| s.target.as_str())
+            .collect();
+        let known_region = |r: &str| {
+            r.strip_prefix('r')
+                .and_then(|k| k.parse::<u32>().ok())
+                .is_some_and(|k| (1..=self.regions).contains(&k))
+        };
+        for (i, rule) in self.pass.routing.iter().enumerate() {
+            let field = |name: &str| format!("pass.routing[{i}].{name}");
+            if !phases.contains(&rule.phase.as_str()) {
+                return Err(ScenarioError::invalid(
+                    field("phase"),
+                    format!("{:?}", rule.phase),
+                    "names no phase step of the scenario",
+                ));
+            }
+            for r in rule.answered_by.iter().chain(rule.settled()) {
+                if !known_region(r) {
+                    return Err(ScenarioError::invalid(
+                        field("answered_by"),
+                        format!("{r:?}"),
+                        format!("is not a region of the run (r1…r{})", self.regions),
+                    ));
+                }
+            }
+            if !rule.settle_s.is_finite() || rule.settle_s < 0.0 {
+                return Err(ScenarioError::invalid(
+                    field("settle_s"),
+                    rule.settle_s,
+                    "must be at least 0",
+                ));
+            }
+            if !(0.0..=1.0).contains(&rule.min_answered_share) {
+                return Err(ScenarioError::invalid(
+                    field("min_answered_share"),
+                    rule.min_answered_share,
+                    "must be in [0, 1]",
+                ));
+            }
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            let regional = matches!(step.action, Action::CutBridge | Action::HealBridge);
+            if regional && self.regions < 2 {
+                return Err(ScenarioError::invalid(
+                    format!("steps[{i}].action"),
+                    format!("{:?}", step.action.as_str()),
+                    "needs regions = 2 or more",
+                ));
+            }
+            if regional && !step.target.is_empty() && (!known_region(&step.target) || step.target == "r1") {
+                return Err(ScenarioError::invalid(
+                    format!("steps[{i}].target"),
+                    format!("{:?}", step.target),
+                    format!("must be empty (every link of r1) or a region r2…r{}", self.regions),
+                ));
+            }
         }
         if let Some(short) = &self.short {
             at_least_one("short.agents", short.agents)?;
@@ -970,6 +1174,7 @@ max_concurrent_snapshots = 16
                 max_lost_writes: 0,
                 min_writes_checked: 1,
                 max_failed_conns_in_election: None,
+                routing: Vec::new(),
             }
         );
     }
@@ -1000,8 +1205,13 @@ max_concurrent_snapshots = 16
             let json = serde_json::to_value(action).expect("serializable");
             assert_eq!(json, serde_json::Value::from(action.as_str()));
             assert_eq!(Action::from_name(action.as_str()), Some(action));
+            // The bridge links are named by region, in a run of several.
+            let (regions, target) = match action {
+                Action::CutBridge | Action::HealBridge => ("regions = 3\n", "r2"),
+                _ => ("", "x"),
+            };
             let text =
-                format!("{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"x\"\ndelay_ms = 50\ncount = 2\nevery_s = 2\nduration_s = 0.5\n");
+                format!("{regions}{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"{target}\"\ndelay_ms = 50\ncount = 2\nevery_s = 2\nduration_s = 0.5\n");
             let s = Scenario::from_toml_str(&text).expect("valid scenario");
             assert_eq!(s.steps[0].action, action);
         }
@@ -1113,7 +1323,7 @@ max_concurrent_snapshots = 16
         );
         assert!(
             message.ends_with(
-                "phase, restart_node, crash_rounds, pause_rounds, wipe_restart_agents, crash_nodes"
+                "crash_nodes, cut_bridge, heal_bridge, kill_backends, restart_backends"
             ),
             "{message}"
         );

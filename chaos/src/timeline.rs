@@ -125,6 +125,21 @@ pub struct Route {
     pub instances: Vec<String>,
 }
 
+/// What one r1 agent's resolve answer said about regions at a moment, in a
+/// multi-region run: the region the answer routes to and, when it routes
+/// nowhere, the failover refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionAnswer {
+    /// When it was sampled, ms since the run started.
+    pub t_ms: u64,
+    /// The agent.
+    pub agent: String,
+    /// The answer's `region`.
+    pub region: String,
+    /// Its `failover.refused`, if any.
+    pub refused: Option<String>,
+}
+
 /// A whole run's records.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
@@ -138,6 +153,14 @@ pub struct Timeline {
     /// the agent's next one (not from crashed nodes).
     #[serde(default)]
     pub views: Vec<Route>,
+    /// Every r1 agent's resolve answer as to regions, sampled with
+    /// `routes` (multi-region runs only; empty otherwise).
+    #[serde(default)]
+    pub region_answers: Vec<RegionAnswer>,
+    /// The region of every instance of a multi-region run (empty
+    /// otherwise): r1's and every other region's backends.
+    #[serde(default)]
+    pub backend_regions: std::collections::BTreeMap<String, String>,
     /// Every event, in time order.
     pub events: Vec<Event>,
     /// How long the run lasted, ms.

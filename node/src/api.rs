@@ -626,11 +626,12 @@ async fn resolve(
             .map(|c| EndpointJson::from_record(&c.record))
             .collect()
     };
-    let failover = answer
-        .selection
-        .candidates
-        .is_empty()
+    // No READY endpoint here: a failover the policy allows comes first;
+    // refused, the answer keeps what protection or panic holds.
+    let failover = (!answer.selection.holds_ready())
         .then(|| failover_json(views.failover(&key, traffic, now_ms())));
+    let moved = failover.as_ref().is_some_and(|f| f.region.is_some());
+    let endpoints = if moved && !all { Vec::new() } else { endpoints };
     let region = match &failover {
         Some(FailoverJson {
             region: Some(r), ..
@@ -645,7 +646,7 @@ async fn resolve(
         revision: answer.revision.get(),
         age_ms: answer.age_ms,
         stale: answer.stale,
-        mode: if failover.as_ref().is_some_and(|f| f.region.is_some()) {
+        mode: if moved {
             "failover".into()
         } else {
             answer.selection.mode.as_str().into()

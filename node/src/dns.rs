@@ -432,7 +432,9 @@ fn reply(
         }
     };
     let answer = match lookup(key) {
-        Lookup::Serve(answer) if answer.selection.candidates.is_empty() => {
+        // No READY endpoint here (none, or only what protection or panic
+        // holds): a failover the policy allows comes first.
+        Lookup::Serve(answer) if !answer.selection.holds_ready() => {
             if let Some(f) = failover(key) {
                 return failover_reply(named, owner, qtype, &f, ttl_s);
             }
@@ -919,6 +921,27 @@ mod tests {
         );
         assert_eq!(local.answers.len(), 1);
         assert!(region_txt(&local).is_empty());
+
+        // Only doubtful candidates (protection holds an UNHEALTHY one): the
+        // failover comes first; without one they are answered.
+        let mut doubted = (*live[0]).clone();
+        doubted.state = State::Unhealthy;
+        let protected = serve(&web, &[Arc::new(doubted)]);
+        let moved = ask_failover("web.default.svc.rollcall.", RecordType::A, protected.clone());
+        assert_eq!(region_txt(&moved), vec!["rollcall-region=r2".to_owned()]);
+        let owner = Name::from_ascii("web.default.svc.rollcall.").unwrap();
+        let kept = reply(
+            &classify(&owner.to_lowercase()),
+            &owner,
+            RecordType::A,
+            |_| protected,
+            |_| None,
+            &Label::new("z1").unwrap(),
+            1,
+            &mut StdRng::seed_from_u64(7),
+        );
+        assert_eq!(kept.answers.len(), 1);
+        assert_eq!(kept.answers[0].data.ip_addr(), Some(v4(1)));
 
         let a = ask_failover("web.default.svc.rollcall.", RecordType::A, serve(&web, &[]));
         assert_eq!(a.rcode, ResponseCode::NoError);

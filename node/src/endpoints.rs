@@ -74,6 +74,20 @@ pub struct Selection {
     pub candidates: Vec<Candidate>,
 }
 
+impl Selection {
+    /// Whether any candidate is READY. Without one, every candidate is
+    /// held by protection or panic on a doubtful verdict, and a region the
+    /// service's policy allows is preferred to them (as a lower priority
+    /// level takes the traffic in Envoy): the proxy, DNS and the resolve
+    /// API ask for a failover first and fall back to these only when it is
+    /// refused.
+    pub fn holds_ready(&self) -> bool {
+        self.candidates
+            .iter()
+            .any(|c| c.record.state == State::Ready)
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Ejection {
     failures: u32,

@@ -12,7 +12,9 @@
 //! offer. With no usable local endpoint, the service's policy alone may
 //! send the connection to another region's ingress (`failover::decide`,
 //! opened with the `ingress` preamble); otherwise the connection is closed
-//! and counted as "no backend".
+//! and counted as "no backend". When no local endpoint is READY (only
+//! what protection or panic holds on a doubtful verdict), a failover the
+//! policy allows is tried before those.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rollcall_config::{ConnTraffic, ProxyEntry};
 use rollcall_leases::clock::now_ms;
-use rollcall_leases::{Ingress, ServiceKey};
+use rollcall_leases::{Ingress, Label, ServiceKey};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -29,7 +31,7 @@ use tokio::task::JoinHandle;
 use crate::failover::Decision;
 use crate::forward::{accept_loop, connect_local, pipe};
 use crate::shutdown::Shutdown;
-use crate::view::{Lookup, ServiceView, Views};
+use crate::view::{Answer, Lookup, ServiceView, Views};
 
 /// Why a proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -171,12 +173,25 @@ impl Forward {
             answer => answer,
         };
         let local_failure = match answer {
+            // READY endpoints here: they come first.
+            Lookup::Serve(answer) if answer.selection.holds_ready() => {
+                if self.local(&mut client, peer, &answer).await {
+                    return;
+                }
+                "every endpoint tried failed to connect".to_owned()
+            }
+            // Only what protection or panic holds on a doubtful verdict: a
+            // failover the policy allows comes first, those after.
             Lookup::Serve(answer) if !answer.selection.candidates.is_empty() => {
-                if let Some(mut upstream) = connect_local(&self.views, &self.view, &answer).await {
-                    let instance = &upstream.record.instance_id;
-                    tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
-                    let result = pipe(&mut client, &mut upstream.stream).await;
-                    tracing::debug!(service = %service, instance = %instance, peer = %peer, result = ?result, "proxy connection closed");
+                if let Decision::Remote {
+                    region, ingress, ..
+                } = self.views.failover(service, self.traffic, now_ms())
+                {
+                    if self.remote(&mut client, peer, &region, &ingress).await {
+                        return;
+                    }
+                }
+                if self.local(&mut client, peer, &answer).await {
                     return;
                 }
                 "every endpoint tried failed to connect".to_owned()
@@ -192,24 +207,52 @@ impl Forward {
             Decision::Remote {
                 region, ingress, ..
             } => {
-                let Some(mut remote) =
-                    connect_remote(&self.views, service, self.traffic, &ingress).await
-                else {
+                if !self.remote(&mut client, peer, &region, &ingress).await {
                     self.no_backend(
                         peer,
                         &format!("{local_failure}; region {region}'s ingress did not answer"),
                     );
-                    return;
-                };
-                tracing::debug!(service = %service, region = %region, peer = %peer, "proxy connection failed over to another region");
-                let result = pipe(&mut client, &mut remote).await;
-                tracing::debug!(service = %service, region = %region, peer = %peer, result = ?result, "failed-over connection closed");
+                }
             }
             Decision::Refused(refusal) => self.no_backend(
                 peer,
                 &format!("{local_failure}; no failover: {}", refusal.describe()),
             ),
         }
+    }
+
+    /// Carries the connection to one of `answer`'s endpoints; false when
+    /// every one tried failed to connect (nothing of the client's read).
+    async fn local(&self, client: &mut TcpStream, peer: SocketAddr, answer: &Answer) -> bool {
+        let service = self.view.key();
+        let Some(mut upstream) = connect_local(&self.views, &self.view, answer).await else {
+            return false;
+        };
+        let instance = &upstream.record.instance_id;
+        tracing::debug!(service = %service, instance = %instance, peer = %peer, mode = answer.selection.mode.as_str(), "proxy connection open");
+        let result = pipe(client, &mut upstream.stream).await;
+        tracing::debug!(service = %service, instance = %instance, peer = %peer, result = ?result, "proxy connection closed");
+        true
+    }
+
+    /// Carries the connection to `region`'s ingress; false when none of
+    /// its addresses answered (nothing of the client's read).
+    async fn remote(
+        &self,
+        client: &mut TcpStream,
+        peer: SocketAddr,
+        region: &Label,
+        ingress: &[Ingress],
+    ) -> bool {
+        let service = self.view.key();
+        let Some(mut remote) = connect_remote(&self.views, service, self.traffic, ingress).await
+        else {
+            return false;
+        };
+        tracing::debug!(service = %service, region = %region, peer = %peer, "proxy connection failed over to another region");
+        let result = pipe(client, &mut remote).await;
+        tracing::debug!(service = %service, region = %region, peer = %peer, result = ?result, "failed-over connection closed");
+        true
     }
 
     /// Closes the client's connection (dropped by the caller) and counts it.
