@@ -1288,14 +1288,14 @@ fn endpoint_ids(body: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Records the sampling tasks append to while the run goes on.
+type Records<T> = std::sync::Arc<std::sync::Mutex<Vec<T>>>;
+
 /// Samples every live agent's resolve answer into `routes` every 100 ms,
 /// and, in a multi-region run, what it says of regions into `answers`,
 /// until aborted or `limit`.
 async fn sample_routes(
-    (routes, answers): (
-        std::sync::Arc<std::sync::Mutex<Vec<Route>>>,
-        Option<std::sync::Arc<std::sync::Mutex<Vec<RegionAnswer>>>>,
-    ),
+    (routes, answers): (Records<Route>, Option<Records<RegionAnswer>>),
     http: reqwest::Client,
     agents: Vec<(String, Ipv4Addr)>,
     service: String,
