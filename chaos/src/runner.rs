@@ -226,6 +226,10 @@ struct Cluster {
     causes: Vec<Cause>,
     /// Each node crash as (node, wall ms), for crash → commit.
     crash_walls: Vec<(usize, u64)>,
+    /// Node index and wall-clock ms of every `restart_node`: a crash's
+    /// commit must come before its node's restart (the new epoch's
+    /// registrations replace the frozen epoch's records without one).
+    restart_walls: Vec<(usize, u64)>,
     /// The run's seeded generator (which node a round faults).
     rng: u64,
     /// A leader election, [kill, first answered commit) in run ms.
@@ -485,6 +489,7 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         writes: Default::default(),
         causes: Vec::new(),
         crash_walls: Vec::new(),
+        restart_walls: Vec::new(),
         // xorshift64 needs a non-zero state.
         rng: options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
         election: None,
@@ -1115,13 +1120,24 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
                 });
             }
         }
-        // Crash → the first commit that took the node's records out.
+        // Crash → the first commit that took the node's records out
+        // before the node restarted; a crash with none (its records
+        // replaced by the next epoch's) is no sample, and `crash_view_ms`
+        // counts it missing too.
         for (i, at) in &cluster.crash_walls {
             let node = format!(" {} epoch ", cluster.nodes[*i]);
+            let restarted = cluster
+                .restart_walls
+                .iter()
+                .filter(|(j, r)| j == i && r >= at)
+                .map(|(_, r)| *r)
+                .min()
+                .unwrap_or(u64::MAX);
             let commit = entries
                 .iter()
                 .filter(|e| {
                     e.at_ms >= *at
+                        && e.at_ms < restarted
                         && matches!(e.command.as_str(), "node-down" | "expire-lease")
                         && format!(" {}", e.detail).contains(&node)
                         && e.detail.contains(" records ")
@@ -1850,6 +1866,7 @@ fn restart_node(
             cluster.nodes[i]
         )));
     }
+    cluster.restart_walls.push((i, now_ms()));
     let mut names = vec![cluster.nodes[i].clone()];
     names.extend(
         cluster.instances[i]
