@@ -28,8 +28,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rollcall_leases::codec::{self, MAX_SERVICE_SNAPSHOT_BYTES};
-use rollcall_leases::{CatalogId, ServiceKey, ServiceView};
+use rollcall_leases::codec::{self, CodecError, MAX_SERVICE_SNAPSHOT_BYTES};
+use rollcall_leases::{CatalogId, RegionsUpdate, ServiceKey, ServiceView, ViewError};
 
 use crate::durable::{self, DurableError};
 
@@ -126,8 +126,7 @@ impl ServiceCache {
         if !view.exists() {
             return self.remove(view.service());
         }
-        let snapshot = codec::encode_service_snapshot(&view.to_snapshot());
-        let bytes = codec::frame_as(SERVICE_KIND, &(catalog, snapshot));
+        let bytes = encode_service_file(view, catalog);
         durable::write_atomic(&self.path_of(view.service()), &bytes)?;
         Ok(())
     }
@@ -136,17 +135,17 @@ impl ServiceCache {
     /// Unix epoch).
     pub fn store_regions(
         &self,
-        update: &rollcall_leases::RegionsUpdate,
+        update: &RegionsUpdate,
         received_at_ms: u64,
     ) -> Result<(), CacheError> {
-        let bytes = codec::frame_as(REGIONS_KIND, &(received_at_ms, update));
+        let bytes = encode_regions_file(update, received_at_ms);
         durable::write_atomic(&self.dir.join(REGIONS_FILE), &bytes)?;
         Ok(())
     }
 
     /// The persisted regions message and when it arrived; `None` when there
     /// is none. A damaged file is deleted and reported as the error.
-    pub fn load_regions(&self) -> Result<Option<(rollcall_leases::RegionsUpdate, u64)>, String> {
+    pub fn load_regions(&self) -> Result<Option<(RegionsUpdate, u64)>, String> {
         let path = self.dir.join(REGIONS_FILE);
         let bytes = match durable::read_verified(&path, MAX_REGIONS_BYTES as u64) {
             Ok(Some(bytes)) => bytes,
@@ -156,13 +155,8 @@ impl ServiceCache {
                 return Err(e.to_string());
             }
         };
-        match codec::unframe_as::<(u64, rollcall_leases::RegionsUpdate)>(
-            &bytes,
-            REGIONS_KIND,
-            "regions file",
-            MAX_REGIONS_BYTES,
-        ) {
-            Ok((at, update)) => Ok(Some((update, at))),
+        match decode_regions_file(&bytes) {
+            Ok(loaded) => Ok(Some(loaded)),
             Err(e) => {
                 let _ = durable::remove(&path);
                 Err(e.to_string())
@@ -237,6 +231,67 @@ impl ServiceCache {
     }
 }
 
+/// Why the contents of a cache file (once `durable` verified them) cannot
+/// be served.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheFileError {
+    /// The frame or the snapshot in it does not decode (or its digest does
+    /// not match its records).
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The snapshot decodes but a view refuses it.
+    #[error(transparent)]
+    View(#[from] ViewError),
+}
+
+/// The contents of the service file of `view`, which came from `catalog`
+/// (what `ServiceCache::store` writes inside the durable frame).
+pub fn encode_service_file(view: &ServiceView, catalog: Option<CatalogId>) -> Vec<u8> {
+    let snapshot = codec::encode_service_snapshot(&view.to_snapshot());
+    codec::frame_as(SERVICE_KIND, &(catalog, snapshot))
+}
+
+/// Reads the contents of a service file: the view it holds and the
+/// catalog that view came from (`None` in files written before catalog
+/// identities, which hold the snapshot frame alone). Pure, so the fuzz
+/// target reaches exactly what `ServiceCache::load_all` decodes; checking
+/// that the file name matches the service is the caller's.
+pub fn decode_service_file(
+    bytes: &[u8],
+) -> Result<(ServiceView, Option<CatalogId>), CacheFileError> {
+    let (catalog, snapshot) = match bytes.get(1) {
+        Some(&LEGACY_SERVICE_KIND) => (None, codec::decode_service_snapshot(bytes)?),
+        _ => {
+            let (catalog, inner) = codec::unframe_as::<(Option<CatalogId>, Vec<u8>)>(
+                bytes,
+                SERVICE_KIND,
+                "service cache file",
+                MAX_SERVICE_FILE_BYTES,
+            )?;
+            (catalog, codec::decode_service_snapshot(&inner)?)
+        }
+    };
+    Ok((ServiceView::from_snapshot(&snapshot)?, catalog))
+}
+
+/// The contents of the regions file: the last regions message and when it
+/// arrived (ms since the Unix epoch).
+pub fn encode_regions_file(update: &RegionsUpdate, received_at_ms: u64) -> Vec<u8> {
+    codec::frame_as(REGIONS_KIND, &(received_at_ms, update))
+}
+
+/// Reads the contents of the regions file (once `durable` verified them):
+/// the regions message and when it arrived.
+pub fn decode_regions_file(bytes: &[u8]) -> Result<(RegionsUpdate, u64), CodecError> {
+    let (at, update) = codec::unframe_as::<(u64, RegionsUpdate)>(
+        bytes,
+        REGIONS_KIND,
+        "regions file",
+        MAX_REGIONS_BYTES,
+    )?;
+    Ok((update, at))
+}
+
 /// `<namespace>.<service>.<port_name>.snap`.
 fn file_name(service: &ServiceKey) -> String {
     format!(
@@ -273,19 +328,8 @@ fn load_file(path: &Path) -> Result<(ServiceView, Option<CatalogId>), Unusable> 
         Err(error @ DurableError::Corrupt { .. }) => return Err(Unusable::Corrupt(chain(&error))),
         Err(error @ DurableError::Io { .. }) => return Err(Unusable::Unreadable(chain(&error))),
     };
-    let corrupt = |e: &dyn std::error::Error| Unusable::Corrupt(chain(e));
-    let (catalog, bytes) = match bytes.get(1) {
-        Some(&LEGACY_SERVICE_KIND) => (None, bytes),
-        _ => codec::unframe_as::<(Option<CatalogId>, Vec<u8>)>(
-            &bytes,
-            SERVICE_KIND,
-            "service cache file",
-            MAX_SERVICE_FILE_BYTES,
-        )
-        .map_err(|e| corrupt(&e))?,
-    };
-    let snapshot = codec::decode_service_snapshot(&bytes).map_err(|e| corrupt(&e))?;
-    let view = ServiceView::from_snapshot(&snapshot).map_err(|e| corrupt(&e))?;
+    let (view, catalog) =
+        decode_service_file(&bytes).map_err(|e| Unusable::Corrupt(chain(&e)))?;
     let expected = file_name(view.service());
     if path.file_name().is_none_or(|name| *name != *expected) {
         return Err(Unusable::Corrupt(format!(

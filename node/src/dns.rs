@@ -139,7 +139,7 @@ pub async fn start(views: Views, listen: SocketAddr, ttl_s: u32) -> Result<DnsHa
         addr: listen,
         source,
     })?;
-    let mut server = Server::new(Handler { views, ttl_s });
+    let mut server = Server::new(Handler::new(views, ttl_s));
     server.register_socket(udp);
     server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
     tracing::info!(dns = %local_addr, ttl_s, "DNS server started");
@@ -515,13 +515,20 @@ fn rcode_label(rcode: ResponseCode) -> &'static str {
     }
 }
 
-/// Serves queries from the agent's endpoint view.
-struct Handler {
+/// Serves queries from the agent's endpoint view: what the DNS server
+/// runs for every decoded query (public so the fuzz target feeds queries
+/// through exactly this, as `RequestHandler::handle_request`).
+pub struct Handler {
     views: Views,
     ttl_s: u32,
 }
 
 impl Handler {
+    /// Answers from `views`, valid for `ttl_s` seconds.
+    pub fn new(views: Views, ttl_s: u32) -> Handler {
+        Handler { views, ttl_s }
+    }
+
     /// Everything but the sending. A name of a service not arrived yet
     /// waits for it (up to `first_resolve_wait_ms`); the answer itself is
     /// computed without waiting (the thread RNG never crosses an await).

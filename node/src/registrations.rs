@@ -82,20 +82,13 @@ impl RegistrationsFile {
 
     /// Loads the file (checksummed), or nothing when there is none.
     pub fn load(&self) -> Result<Registrations, RegistrationsError> {
-        let items = match durable::read_verified(&self.path, MAX_FILE_BYTES)? {
-            None => BTreeMap::new(),
-            Some(bytes) => {
-                let list: Vec<LocalInstance> =
-                    serde_json::from_slice(&bytes).map_err(|e| RegistrationsError::Parse {
-                        path: self.path.clone(),
-                        detail: e.to_string(),
-                    })?;
-                list.into_iter()
-                    .map(|i| (i.registration.instance_id.clone(), i))
-                    .collect()
-            }
-        };
-        Ok(Registrations { items })
+        match durable::read_verified(&self.path, MAX_FILE_BYTES)? {
+            None => Ok(Registrations::default()),
+            Some(bytes) => Registrations::decode(&bytes).map_err(|e| RegistrationsError::Parse {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            }),
+        }
     }
 
     /// Writes what `Registrations::encode` gave (temp file, fsync, rename,
@@ -117,6 +110,18 @@ impl Registrations {
     pub fn encode(&self) -> Vec<u8> {
         let list: Vec<&LocalInstance> = self.items.values().collect();
         serde_json::to_vec_pretty(&list).expect("registrations always serialize")
+    }
+
+    /// Reads the file's contents (what `encode` wrote, once `durable`
+    /// verified them). A later entry for an instance id replaces an
+    /// earlier one.
+    pub fn decode(bytes: &[u8]) -> Result<Registrations, serde_json::Error> {
+        let list: Vec<LocalInstance> = serde_json::from_slice(bytes)?;
+        let items = list
+            .into_iter()
+            .map(|i| (i.registration.instance_id.clone(), i))
+            .collect();
+        Ok(Registrations { items })
     }
 
     /// One local instance.
