@@ -25,8 +25,21 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Stack for one replayed input. The parsers bound their own nesting (the
+/// TOML parser refuses about 80 levels), but an unoptimized build spends
+/// far more stack per level than the release build libFuzzer runs, and a
+/// test thread has 2 MiB: 80 levels of TOML overflow it in a debug build
+/// although the release binary refuses 100,000 with a parse error.
+const REPLAY_STACK_BYTES: usize = 64 << 20;
+
 fn run(check: fn(&[u8]), what: &str, data: &[u8]) {
-    if let Err(panic) = std::panic::catch_unwind(|| check(data)) {
+    let data = data.to_vec();
+    let outcome = std::thread::Builder::new()
+        .stack_size(REPLAY_STACK_BYTES)
+        .spawn(move || check(&data))
+        .expect("a replay thread starts")
+        .join();
+    if let Err(panic) = outcome {
         let message = panic
             .downcast_ref::<String>()
             .cloned()
