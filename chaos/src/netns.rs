@@ -64,7 +64,78 @@ pub struct Topology {
     pub host_ip: Ipv4Addr,
     /// The nodes, in the order given.
     pub nodes: Vec<NodeNet>,
+    /// The kernel's neighbour-table limits before `create` raised them, to
+    /// put back at teardown.
+    raised: Option<NeighbourLimits>,
     torn_down: bool,
+}
+
+/// `net.ipv4.neigh.default.gc_thresh2` and `gc_thresh3`: how many
+/// neighbour (ARP) entries the kernel keeps before it garbage-collects
+/// (2) and the hard maximum (3). One table serves every namespace, and
+/// the defaults (512 and 1,024) are sized for one host: 32 nodes that
+/// each talk to every other hold about 32 × 38 entries, so the table is
+/// full, a node whose entries were flushed (its link went down) cannot
+/// resolve its peers until old entries age out, and its arbiter session
+/// and connections stall for seconds (what the 32-agent runs measured as
+/// a restarted agent's 7 s handshake before the harness raised these).
+/// Real hosts each have their own table, so the harness gives the shared
+/// one room for all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NeighbourLimits {
+    gc_thresh2: u64,
+    gc_thresh3: u64,
+}
+
+const NEIGH_DIR: &str = "/proc/sys/net/ipv4/neigh/default";
+
+impl NeighbourLimits {
+    fn read() -> Option<NeighbourLimits> {
+        let get = |name: &str| {
+            std::fs::read_to_string(format!("{NEIGH_DIR}/{name}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some(NeighbourLimits {
+            gc_thresh2: get("gc_thresh2")?,
+            gc_thresh3: get("gc_thresh3")?,
+        })
+    }
+
+    fn write(self) -> Result<(), NetError> {
+        // Raise the maximum first and lower it last, so 2 ≤ 3 throughout.
+        let order = [("gc_thresh3", self.gc_thresh3), ("gc_thresh2", self.gc_thresh2)];
+        for (name, value) in order {
+            let path = format!("{NEIGH_DIR}/{name}");
+            std::fs::write(&path, value.to_string()).map_err(|e| NetError::Failed {
+                args: format!("write {value} to {path}"),
+                stderr: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Room for `nodes` namespaces that each reach every other node and a
+    /// few host addresses, twice over; `None` when the current limits
+    /// already give it (nothing to raise or restore).
+    fn raise_for(nodes: usize) -> Result<Option<NeighbourLimits>, NetError> {
+        let Some(current) = NeighbourLimits::read() else {
+            return Ok(None);
+        };
+        let n = nodes as u64 + 1;
+        let needed = 2 * n * (n + 8);
+        if current.gc_thresh3 >= needed {
+            return Ok(None);
+        }
+        NeighbourLimits {
+            gc_thresh2: current.gc_thresh2.max(needed / 2),
+            gc_thresh3: needed,
+        }
+        .write()?;
+        Ok(Some(current))
+    }
 }
 
 /// Runs `ip` with `args`.
@@ -116,8 +187,10 @@ impl Topology {
             bridge: bridge.clone(),
             host_ip,
             nodes: Vec::new(),
+            raised: None,
             torn_down: false,
         };
+        topology.raised = NeighbourLimits::raise_for(nodes.len())?;
         ip(&["link", "add", &bridge, "type", "bridge"])?;
         ip(&["addr", "add", &format!("{host_ip}/24"), "dev", &bridge])?;
         ip(&["link", "set", &bridge, "up"])?;
@@ -237,6 +310,9 @@ impl Topology {
             let _ = ip(&["link", "del", &node.veth_host]);
         }
         let _ = ip(&["link", "del", &self.bridge]);
+        if let Some(limits) = self.raised.take() {
+            let _ = limits.write();
+        }
     }
 }
 

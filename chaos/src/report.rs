@@ -281,7 +281,8 @@ pub struct Outage {
 /// opening times:
 ///
 /// - A *leave* of an instance starts at its first `LeaveCommitted` and lasts
-///   until its next `Ready` (its return), or the end of the run. A second
+///   until its next `Ready` (its return) or `Restarted` (a new process of
+///   it, which answers as itself), or the end of the run. A second
 ///   commit during a leave (DRAINING, then UNHEALTHY) starts nothing: the
 ///   R5 clock starts at the commit that left READY.
 /// - `leave_ms`: per leave, the time from its start to the last answered
@@ -781,7 +782,10 @@ fn leaves<'a>(events: &[&'a Event]) -> Vec<Leave<'a>> {
                     leaves.len() - 1
                 });
             }
-            Event::Ready { t_ms, instance } => {
+            // READY again, or a new process of it started (the harness
+            // restarted a killed backend): what answers from then on is
+            // not the instance that left, as a crash's window ends there.
+            Event::Ready { t_ms, instance } | Event::Restarted { t_ms, instance } => {
                 if let Some(i) = open.remove(instance.as_str()) {
                     leaves[i].end = Some(*t_ms);
                 }
@@ -1664,6 +1668,24 @@ mod tests {
             10_000,
         );
         assert_eq!(report.leave_ms.max, Some(500.0));
+        assert_eq!(report.new_conns_to_drained, 0);
+    }
+
+    #[test]
+    fn a_leave_ends_when_a_new_process_of_the_instance_starts() {
+        // Killed, UNHEALTHY at 1000, restarted at 5000: answers of the new
+        // process before its READY commit (panic routing to it) are not
+        // answers of the instance that left.
+        let restarted = Event::Restarted {
+            t_ms: 5_000,
+            instance: "c".to_owned(),
+        };
+        let report = run(
+            vec![ok(5_100, "n1", "c"), ok(5_200, "n2", "c")],
+            vec![leave(1_000, "c"), restarted, ready(5_800, "c")],
+            10_000,
+        );
+        assert_eq!(report.leave_ms.max, Some(0.0));
         assert_eq!(report.new_conns_to_drained, 0);
     }
 
