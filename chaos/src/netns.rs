@@ -106,7 +106,10 @@ impl NeighbourLimits {
 
     fn write(self) -> Result<(), NetError> {
         // Raise the maximum first and lower it last, so 2 ≤ 3 throughout.
-        let order = [("gc_thresh3", self.gc_thresh3), ("gc_thresh2", self.gc_thresh2)];
+        let order = [
+            ("gc_thresh3", self.gc_thresh3),
+            ("gc_thresh2", self.gc_thresh2),
+        ];
         for (name, value) in order {
             let path = format!("{NEIGH_DIR}/{name}");
             std::fs::write(&path, value.to_string()).map_err(|e| NetError::Failed {

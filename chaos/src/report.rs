@@ -964,7 +964,11 @@ fn regions(
                     }
                 }
             }
-            for a in timeline.region_answers.iter().filter(|a| within(a.t_ms, true)) {
+            for a in timeline
+                .region_answers
+                .iter()
+                .filter(|a| within(a.t_ms, true))
+            {
                 let refusal = a.refused.clone().unwrap_or_else(|| "none".to_owned());
                 *figures.refusals.entry(refusal).or_default() += 1;
             }
@@ -1569,7 +1573,9 @@ mod tests {
         );
         // A settled refusal other than the rule's fails too.
         let mut other = timeline.clone();
-        other.region_answers.push(answer(1_800, Some("no_capacity")));
+        other
+            .region_answers
+            .push(answer(1_800, Some("no_capacity")));
         let r = compute(&input(), &other, &pass(vec![rule("one", &["r1", "r2"])]));
         assert!(
             r.failures.iter().any(|f| f.contains("1 no_capacity")),

@@ -1043,11 +1043,12 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
             .iter()
             .flatten()
             .map(|i| (i.clone(), "r1".to_owned()))
-            .chain(cluster.regions.iter().flat_map(|r| {
-                r.instances
+            .chain(
+                cluster
+                    .regions
                     .iter()
-                    .map(|(i, _)| (i.clone(), r.name.clone()))
-            }))
+                    .flat_map(|r| r.instances.iter().map(|(i, _)| (i.clone(), r.name.clone()))),
+            )
             .collect()
     };
     let views = std::mem::take(&mut *views.lock().expect("views lock"));

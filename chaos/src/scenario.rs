@@ -791,11 +791,17 @@ impl Scenario {
                     "needs regions = 2 or more",
                 ));
             }
-            if regional && !step.target.is_empty() && (!known_region(&step.target) || step.target == "r1") {
+            if regional
+                && !step.target.is_empty()
+                && (!known_region(&step.target) || step.target == "r1")
+            {
                 return Err(ScenarioError::invalid(
                     format!("steps[{i}].target"),
                     format!("{:?}", step.target),
-                    format!("must be empty (every link of r1) or a region r2…r{}", self.regions),
+                    format!(
+                        "must be empty (every link of r1) or a region r2…r{}",
+                        self.regions
+                    ),
                 ));
             }
         }
@@ -1322,9 +1328,8 @@ max_concurrent_snapshots = 16
             "{message}"
         );
         assert!(
-            message.ends_with(
-                "crash_nodes, cut_bridge, heal_bridge, kill_backends, restart_backends"
-            ),
+            message
+                .ends_with("crash_nodes, cut_bridge, heal_bridge, kill_backends, restart_backends"),
             "{message}"
         );
     }

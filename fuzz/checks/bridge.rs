@@ -81,6 +81,4 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
-    ("bridge_frame", bridge_frame),
-];
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[("bridge_frame", bridge_frame)];

@@ -60,6 +60,4 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
-    ("config_toml", config_toml),
-];
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[("config_toml", config_toml)];

@@ -64,7 +64,10 @@ pub fn gossip_packet(data: &[u8]) {
             let with = [CURRENT, CURRENT, PREVIOUS, UNKNOWN][usize::from(mode)];
             let mut sealer = Sealer::new(key(with), None, 13);
             let Some(packet) = sealer.seal(payload) else {
-                assert!(payload.len() > MAX_PAYLOAD, "the seal refused a payload that fits");
+                assert!(
+                    payload.len() > MAX_PAYLOAD,
+                    "the seal refused a payload that fits"
+                );
                 return;
             };
             if mode != 3 {
@@ -84,8 +87,15 @@ pub fn gossip_packet(data: &[u8]) {
                 "a packet sealed with mode {mode} was refused by the seal: {error}"
             );
             let outputs: Vec<Output> = member.drain_outputs();
-            assert!(outputs.is_empty(), "a packet the seal refused produced {outputs:?}");
-            assert_eq!(members(&member), before, "a refused packet changed the members");
+            assert!(
+                outputs.is_empty(),
+                "a packet the seal refused produced {outputs:?}"
+            );
+            assert_eq!(
+                members(&member),
+                before,
+                "a refused packet changed the members"
+            );
         }
         Err(DropReason::Refused { reason }) => {
             let outputs: Vec<Output> = member.drain_outputs();
@@ -93,7 +103,11 @@ pub fn gossip_packet(data: &[u8]) {
                 outputs.is_empty(),
                 "a packet foca refused ({reason}) produced {outputs:?}"
             );
-            assert_eq!(members(&member), before, "a refused packet changed the members");
+            assert_eq!(
+                members(&member),
+                before,
+                "a refused packet changed the members"
+            );
         }
     }
 }
@@ -137,6 +151,4 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
-    ("gossip_packet", gossip_packet),
-];
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[("gossip_packet", gossip_packet)];

@@ -23,9 +23,8 @@ use rollcall_leases::protocol::{
 };
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogId, CatalogParams, CatalogSnapshot, Command, Digest, Envelope,
-    Generation, Label, LabelValue, LeaseId, NodeId, Principal, PrincipalName, Reason,
-    Registration, Revision, Role, ServiceKey, ServiceSnapshot, ServiceView, ShardId, State,
-    Version, Weight,
+    Generation, Label, LabelValue, LeaseId, NodeId, Principal, PrincipalName, Reason, Registration,
+    Revision, Role, ServiceKey, ServiceSnapshot, ServiceView, ShardId, State, Version, Weight,
 };
 
 /// Decode → encode → decode for a frame type with `PartialEq`: the second
@@ -53,7 +52,11 @@ fn stable_bytes<T: std::fmt::Debug>(
     let value = decode(data).ok()?;
     let bytes = encode(&value);
     let again = decode(&bytes).unwrap_or_else(|e| panic!("re-encoded {value:?} fails: {e}"));
-    assert_eq!(encode(&again), bytes, "decode → encode → decode is not stable");
+    assert_eq!(
+        encode(&again),
+        bytes,
+        "decode → encode → decode is not stable"
+    );
     Some(value)
 }
 
@@ -141,7 +144,11 @@ pub fn service_snapshot(data: &[u8]) {
         .unwrap_or_else(|e| panic!("a decoded snapshot (digest checked) is refused: {e}"));
     assert_eq!(view.digest(), snap.digest);
     assert_view_matches_digest(&view);
-    assert_eq!(view.to_snapshot(), snap, "the view does not hold the snapshot");
+    assert_eq!(
+        view.to_snapshot(),
+        snap,
+        "the view does not hold the snapshot"
+    );
 }
 
 /// `catalog_snapshot`: a whole shard, in every frame kind the decoder
@@ -170,7 +177,11 @@ pub fn catalog_snapshot(data: &[u8]) {
     assert_eq!(decoded, exported);
     let reimported = Catalog::import(params(&decoded), decoded)
         .unwrap_or_else(|e| panic!("an imported catalog's export does not import: {e}"));
-    assert_eq!(reimported.export(), exported, "import → export is not stable");
+    assert_eq!(
+        reimported.export(),
+        exported,
+        "import → export is not stable"
+    );
 }
 
 fn label(s: &str) -> Label {

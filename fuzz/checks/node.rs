@@ -72,7 +72,11 @@ pub fn regions_file(data: &[u8]) {
     let bytes = cache::encode_regions_file(&update, at);
     let again = cache::decode_regions_file(&bytes)
         .unwrap_or_else(|e| panic!("a stored regions message does not read back: {e}"));
-    assert_eq!(again, (update, at), "store → load changed the regions message");
+    assert_eq!(
+        again,
+        (update, at),
+        "store → load changed the regions message"
+    );
     assert_eq!(cache::encode_regions_file(&again.0, again.1), bytes);
 }
 
@@ -262,8 +266,8 @@ pub fn dns_query(data: &[u8]) {
         .unwrap_or_else(|p| p.into_inner())
         .take()
         .expect("every decoded query gets a response");
-    let response = Message::from_vec(&bytes)
-        .unwrap_or_else(|e| panic!("the response does not decode: {e}"));
+    let response =
+        Message::from_vec(&bytes).unwrap_or_else(|e| panic!("the response does not decode: {e}"));
     let Some(asked) = asked else {
         return;
     };
@@ -348,7 +352,10 @@ fn dns_seed(name: &str, qtype: RecordType, id: u16) -> Vec<u8> {
     let mut message = Message::query();
     message.metadata.id = id;
     message.metadata.recursion_desired = true;
-    message.add_query(Query::query(Name::from_ascii(name).expect("seed name"), qtype));
+    message.add_query(Query::query(
+        Name::from_ascii(name).expect("seed name"),
+        qtype,
+    ));
     message.to_vec().expect("a seed query encodes")
 }
 
@@ -356,7 +363,10 @@ fn dns_seed(name: &str, qtype: RecordType, id: u16) -> Vec<u8> {
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut out: Vec<(&'static str, Vec<u8>)> = Vec::new();
     let view = seed_view();
-    out.push(("cache_file", cache::encode_service_file(&view, Some(CatalogId(9)))));
+    out.push((
+        "cache_file",
+        cache::encode_service_file(&view, Some(CatalogId(9))),
+    ));
     out.push(("cache_file", cache::encode_service_file(&view, None)));
     out.push((
         "cache_file",

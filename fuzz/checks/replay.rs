@@ -87,3 +87,28 @@ pub fn write_seeds(seeds: &[(&'static str, Vec<u8>)]) {
         std::fs::write(&path, data).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
 }
+
+/// The replay tests of one crate's `tests/fuzz_corpus.rs`, which declares
+/// `mod checks` (that crate's `fuzz/checks/<crate>.rs`) and this module
+/// with `#[macro_use]` before calling it.
+macro_rules! replay_tests {
+    () => {
+        #[test]
+        fn committed_fuzz_inputs_hold() {
+            assert!(replay::committed(checks::TARGETS) > 0);
+        }
+
+        #[test]
+        fn seed_inputs_hold() {
+            replay::seeds(checks::TARGETS, &checks::seeds());
+        }
+
+        /// Refreshes the seeds in `fuzz/corpus/` after a format change:
+        /// `cargo test -p <crate> --test fuzz_corpus -- --ignored`.
+        #[test]
+        #[ignore = "writes into fuzz/corpus; run by hand to refresh the seeds"]
+        fn write_seed_inputs() {
+            replay::write_seeds(&checks::seeds());
+        }
+    };
+}

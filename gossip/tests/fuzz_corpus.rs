@@ -6,23 +6,8 @@
 
 #[path = "../../fuzz/checks/gossip.rs"]
 mod checks;
+#[macro_use]
 #[path = "../../fuzz/checks/replay.rs"]
 mod replay;
 
-#[test]
-fn committed_fuzz_inputs_hold() {
-    assert!(replay::committed(checks::TARGETS) > 0);
-}
-
-#[test]
-fn seed_inputs_hold() {
-    replay::seeds(checks::TARGETS, &checks::seeds());
-}
-
-/// Refreshes the seeds in `fuzz/corpus/` after a format change:
-/// `cargo test -p <crate> --test fuzz_corpus -- --ignored`.
-#[test]
-#[ignore = "writes into fuzz/corpus; run by hand to refresh the seeds"]
-fn write_seed_inputs() {
-    replay::write_seeds(&checks::seeds());
-}
+replay_tests!();

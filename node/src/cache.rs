@@ -328,8 +328,7 @@ fn load_file(path: &Path) -> Result<(ServiceView, Option<CatalogId>), Unusable> 
         Err(error @ DurableError::Corrupt { .. }) => return Err(Unusable::Corrupt(chain(&error))),
         Err(error @ DurableError::Io { .. }) => return Err(Unusable::Unreadable(chain(&error))),
     };
-    let (view, catalog) =
-        decode_service_file(&bytes).map_err(|e| Unusable::Corrupt(chain(&e)))?;
+    let (view, catalog) = decode_service_file(&bytes).map_err(|e| Unusable::Corrupt(chain(&e)))?;
     let expected = file_name(view.service());
     if path.file_name().is_none_or(|name| *name != *expected) {
         return Err(Unusable::Corrupt(format!(

@@ -934,7 +934,11 @@ mod tests {
         let mut doubted = (*live[0]).clone();
         doubted.state = State::Unhealthy;
         let protected = serve(&web, &[Arc::new(doubted)]);
-        let moved = ask_failover("web.default.svc.rollcall.", RecordType::A, protected.clone());
+        let moved = ask_failover(
+            "web.default.svc.rollcall.",
+            RecordType::A,
+            protected.clone(),
+        );
         assert_eq!(region_txt(&moved), vec!["rollcall-region=r2".to_owned()]);
         let owner = Name::from_ascii("web.default.svc.rollcall.").unwrap();
         let kept = reply(

@@ -152,13 +152,18 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
     for (name, host) in &all {
         let token = token_file(cluster, name);
         cluster
-            .wait(&format!("{name}'s arbiter wrote its operator token"), async || {
-                token.exists()
-            })
+            .wait(
+                &format!("{name}'s arbiter wrote its operator token"),
+                async || token.exists(),
+            )
             .await?;
         let ip = cluster.node_ip(*host);
         let admin: Vec<String> = if name == "r1" {
-            cluster.arbiters.iter().map(|(_, a)| format!("\"{a}\"")).collect()
+            cluster
+                .arbiters
+                .iter()
+                .map(|(_, a)| format!("\"{a}\""))
+                .collect()
         } else {
             vec![format!("\"{ip}:7071\"")]
         };
@@ -191,7 +196,11 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
         cluster.spawn(
             &format!("bridge-{name}"),
             Some(*host),
-            &["bridge".into(), "--config".into(), path.display().to_string()],
+            &[
+                "bridge".into(),
+                "--config".into(),
+                path.display().to_string(),
+            ],
         )?;
     }
     // Each gateway registers its region's backends.
@@ -199,11 +208,14 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
         let ip = cluster.node_ip(region.host);
         let token_path = work.join(&region.name).join("agent").join("agent.token");
         cluster
-            .wait(&format!("{}'s gateway connected", region.name), async || {
-                status(cluster, ip)
-                    .await
-                    .is_some_and(|s| s["arbiter"]["connected"] == true)
-            })
+            .wait(
+                &format!("{}'s gateway connected", region.name),
+                async || {
+                    status(cluster, ip)
+                        .await
+                        .is_some_and(|s| s["arbiter"]["connected"] == true)
+                },
+            )
             .await?;
         let token = std::fs::read_to_string(&token_path)
             .map_err(io(format!("reading {}", token_path.display())))?;
@@ -249,7 +261,11 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
                 &format!(
                     "{} sees every other region fresh with READY backends{}",
                     cluster.nodes[i],
-                    if with_policy { " and holds the policy" } else { "" }
+                    if with_policy {
+                        " and holds the policy"
+                    } else {
+                        ""
+                    }
                 ),
                 async || {
                     let url = format!("http://{ip}:{}/v1/regions", super::HTTP_PORT);
@@ -262,17 +278,17 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
                                 r["region"] == name.as_str()
                                     && r["fresh"] == true
                                     && r["summaries"].as_array().is_some_and(|ss| {
-                                        ss.iter().any(|s| {
-                                            s["ready"].as_u64().is_some_and(|n| n > 0)
-                                        })
+                                        ss.iter()
+                                            .any(|s| s["ready"].as_u64().is_some_and(|n| n > 0))
                                     })
                             })
                         })
                     });
                     let held = !with_policy
-                        || body["policies"]
-                            .as_array()
-                            .is_some_and(|ps| ps.iter().any(|p| p["policy"]["service"] == service.as_str()));
+                        || body["policies"].as_array().is_some_and(|ps| {
+                            ps.iter()
+                                .any(|p| p["policy"]["service"] == service.as_str())
+                        });
                     fresh && held
                 },
             )
@@ -326,12 +342,7 @@ fn links(cluster: &Cluster, target: &str) -> Result<Vec<(usize, Ipv4Addr)>, RunE
     }
     Ok(regions
         .iter()
-        .flat_map(|r| {
-            [
-                (r1, cluster.node_ip(r.host)),
-                (r.host, cluster.node_ip(r1)),
-            ]
-        })
+        .flat_map(|r| [(r1, cluster.node_ip(r.host)), (r.host, cluster.node_ip(r1))])
         .collect())
 }
 
@@ -370,7 +381,11 @@ fn token_file(cluster: &Cluster, region: &str) -> std::path::PathBuf {
     if region == "r1" {
         cluster.work.join("arbiter-1").join("admin.token")
     } else {
-        cluster.work.join(region).join("arbiter").join("admin.token")
+        cluster
+            .work
+            .join(region)
+            .join("arbiter")
+            .join("admin.token")
     }
 }
 
