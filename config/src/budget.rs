@@ -66,6 +66,17 @@ pub struct BudgetEstimates {
     /// Time for an agent to apply a delta to its endpoint view, in ms.
     /// Default 1.
     pub apply_ms: u64,
+    /// Agents that follow a typical service. The arbiter sends each change
+    /// to its followers one after another, so the last one gets it
+    /// (followers − 1) sends after the first. Default 1.
+    pub followers: u32,
+    /// The cost of one of those sends, in µs: on the arbiter, encoding,
+    /// sealing and writing one delta. Default 20. Where the agents share the
+    /// arbiter's cores (the chaos harness runs 20–32 on two), their own
+    /// wake-up and apply queue behind each other too: measure the spread
+    /// between the first and the last agent's view change and write it
+    /// here.
+    pub fanout_us: u64,
 }
 
 impl Default for BudgetEstimates {
@@ -76,6 +87,8 @@ impl Default for BudgetEstimates {
             network_ms: 1,
             network_worst_ms: 50,
             apply_ms: 1,
+            followers: 1,
+            fanout_us: 20,
         }
     }
 }
@@ -92,7 +105,8 @@ impl BudgetEstimates {
             &format!("{prefix}.network_worst_ms"),
             self.network_worst_ms,
             self.network_ms,
-        )
+        )?;
+        rules::at_least(&format!("{prefix}.followers"), self.followers, 1)
     }
 }
 
@@ -412,9 +426,12 @@ fn seconds(ms: f64) -> String {
 /// interval, timeout, failure threshold and jitter:
 ///
 /// - Commit: C = `commit_ms`, worst Cw = `commit_worst_ms`.
-/// - Propagation after a commit: P = coalesce window / 2 + network + apply;
-///   worst Pw = coalesce window + worst network + apply + DNS TTL (a DNS
-///   caller may hold the old answer for the whole TTL).
+/// - Propagation after a commit: P = network + apply + fan-out, with
+///   fan-out = (followers − 1) · `fanout_us` (the last follower's send); a
+///   lone change is not held by the coalescing window. Worst Pw = coalesce
+///   window (a change queued behind a send in flight) + worst network +
+///   apply + fan-out + DNS TTL (a DNS caller may hold the old answer for
+///   the whole TTL).
 /// - (a) readiness failure: (F − ½)·I·(1 + J/2) + T, worst F·I·(1 + J) + T
 ///   (a frozen app fails by timeout; the first failed probe lands on average
 ///   half an interval after the freeze), then + C + P. Held to 15 s, and its
@@ -508,11 +525,15 @@ impl Inputs<'_> {
         let b = &self.agent.budget;
         let window = self.arbiter.distribution.coalesce_window_ms;
         let ttl_ms = 1000.0 * f64::from(self.agent.dns_ttl_s);
+        let fanout = f64::from(b.followers.saturating_sub(1)) * b.fanout_us as f64 / 1000.0;
         vec![
+            // A change on an idle stream goes at once; one that arrives
+            // while a send is in flight waits for the window to pass since
+            // the first change queued behind it.
             Term::new(
-                "coalescing window: ½ | 1 window",
+                "coalescing window: 0 on an idle stream | 1 window behind a send",
                 Phase::Propagation,
-                ms(window) / 2.0,
+                0.0,
                 ms(window),
                 Some(Setting::new(
                     "arbiter.distribution.coalesce_window_ms",
@@ -540,6 +561,20 @@ impl Inputs<'_> {
                     "agent.budget.apply_ms",
                     b.apply_ms,
                     "an estimate: measure how long the agent takes to apply a delta",
+                )),
+            ),
+            Term::new(
+                "fan-out: the last follower's send, (followers − 1) × fanout_us",
+                Phase::Propagation,
+                fanout,
+                fanout,
+                Some(Setting::new(
+                    "agent.budget.fanout_us",
+                    b.fanout_us,
+                    format!(
+                        "an estimate for {} followers: measure the spread between the first and the last agent's view",
+                        b.followers
+                    ),
                 )),
             ),
             Term::new(
@@ -934,7 +969,10 @@ mod tests {
     /// formulas, independently of the calculator's term lists.
     #[test]
     fn default_rows_follow_the_formulas() {
-        let agent = AgentConfig::default();
+        let mut agent = AgentConfig::default();
+        // A fan-out that is not zero, so its term is checked too.
+        agent.budget.followers = 32;
+        agent.budget.fanout_us = 400;
         let arbiter = ArbiterConfig::default();
         let report = Budget::compute(&agent, &arbiter);
 
@@ -948,10 +986,12 @@ mod tests {
         let b = &agent.budget;
         let (c, cw) = (b.commit_ms as f64, b.commit_worst_ms as f64);
         let window = arbiter.distribution.coalesce_window_ms as f64;
-        let p = window / 2.0 + b.network_ms as f64 + b.apply_ms as f64;
+        let fanout = f64::from(b.followers - 1) * b.fanout_us as f64 / 1000.0;
+        let p = b.network_ms as f64 + b.apply_ms as f64 + fanout;
         let pw = window
             + b.network_worst_ms as f64
             + b.apply_ms as f64
+            + fanout
             + f64::from(agent.dns_ttl_s) * 1000.0;
 
         let probes = (f - 0.5) * i * (1.0 + j / 2.0);
