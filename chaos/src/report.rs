@@ -190,6 +190,13 @@ pub struct Report {
     pub failed_conns: u64,
     /// Instances the control plane removed although they were alive.
     pub false_removals: u64,
+    /// Times a live agent's view dropped an instance and later offered it
+    /// again while the scenario caused nothing to it (see [`view_dips`]):
+    /// a local exclusion (a gossip down verdict the arbiter refused), which
+    /// the catalog's `false_removals` cannot see. `null` when no agent's
+    /// view was read (the fleet simulation, or a run that read none).
+    #[serde(default)]
+    pub view_dips: Option<u64>,
     /// Most full snapshots the arbiter served at once.
     pub max_concurrent_snapshots: u64,
     /// Snapshot requests the arbiter told to retry (its bound reached).
@@ -419,6 +426,12 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         conns: conns.len() as u64,
         failed_conns,
         false_removals: input.false_removals,
+        view_dips: (!timeline.views.is_empty()).then(|| {
+            view_dips(
+                &ViewHistory::new(&timeline.views, &events, timeline.duration_ms),
+                &events,
+            )
+        }),
         max_concurrent_snapshots: input.max_concurrent_snapshots,
         snapshots_refused: input.snapshots_refused,
         phases: phases(&events, &conns, timeline.duration_ms),
@@ -656,6 +669,55 @@ impl<'a> ViewHistory<'a> {
         }
         last
     }
+}
+
+/// How far before an instance left a view a fault of the scenario may lie
+/// and still explain it: the hard-failure SLO (a crash is out of the views
+/// within it), ms.
+const DIP_CAUSE_MS: u64 = rollcall_config::HARD_FAILURE_SLO_MS as u64;
+
+/// Counts the dips of every live agent's view: an instance the view held,
+/// then did not, then held again, with no leave commit (DRAINING or
+/// UNHEALTHY), hard failure, restart or first READY of that instance from
+/// [`DIP_CAUSE_MS`] before it left until it came back, and the agent up
+/// throughout. Such a dip is a local exclusion the catalog never recorded:
+/// a gossip down verdict about a live node that the arbiter then refused.
+/// Views are read by blocking resolves, so a dip shorter than one resolve's
+/// round trip can be missed; a dip that never comes back is not counted
+/// here (the catalog's false removals cover a removal that sticks).
+fn view_dips(history: &ViewHistory, events: &[&Event]) -> u64 {
+    let caused = |instance: &str, from: u64, to: u64| {
+        events.iter().any(|e| {
+            let about = match e {
+                Event::LeaveCommitted { instance, .. }
+                | Event::HardFailure { instance, .. }
+                | Event::Ready { instance, .. }
+                | Event::BackendExit { instance, .. }
+                | Event::Restarted { instance, .. } => instance.as_str(),
+                _ => return false,
+            };
+            about == instance && (from..=to).contains(&e.t_ms())
+        })
+    };
+    let mut dips = 0;
+    for (agent, list) in &history.by_agent {
+        let mut gone: HashMap<&str, u64> = HashMap::new();
+        for pair in list.windows(2) {
+            let ((_, before), (t, after)) = (&pair[0], &pair[1]);
+            for instance in before.iter().filter(|i| !after.contains(i)) {
+                gone.entry(instance.as_str()).or_insert(*t);
+            }
+            for instance in after.iter() {
+                if let Some(left) = gone.remove(instance.as_str()) {
+                    let from = left.saturating_sub(DIP_CAUSE_MS);
+                    if !caused(instance, from, *t) && !history.down_within(agent, left, *t) {
+                        dips += 1;
+                    }
+                }
+            }
+        }
+    }
+    dips
 }
 
 /// The `Step` actions the runner records for a recovery from a fault: the
@@ -1178,6 +1240,15 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             ));
         }
     }
+    if let Some(bound) = pass.max_view_dips {
+        match report.view_dips {
+            None => failures.push("no agent's view was read, so view dips were not measured".to_owned()),
+            Some(dips) if dips > bound => failures.push(format!(
+                "{dips} view dips (an instance the scenario left alone dropped from a live agent's view and back) exceed the limit of {bound}"
+            )),
+            Some(_) => {}
+        }
+    }
     let mut count = |measured: u64, bound: u64, what: &str| {
         if measured > bound {
             failures.push(format!("{measured} {what} exceed the limit of {bound}"));
@@ -1292,6 +1363,7 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
         ("conns", report.conns.to_string()),
         ("failed_conns", report.failed_conns.to_string()),
         ("false_removals", report.false_removals.to_string()),
+        ("view_dips", optional(report.view_dips)),
         (
             "max_concurrent_snapshots",
             report.max_concurrent_snapshots.to_string(),
@@ -2000,6 +2072,7 @@ mod tests {
                 "conns",
                 "failed_conns",
                 "false_removals",
+                "view_dips",
                 "max_concurrent_snapshots",
                 "snapshots_refused",
                 "phases",
@@ -2409,6 +2482,49 @@ mod tests {
         assert_eq!(
             compute(&input(), &timeline, &strict).failures,
             ["crash (read from every agent's view) p99 4000 ms exceeds 3000 ms"]
+        );
+    }
+
+    #[test]
+    fn a_view_that_drops_an_instance_nobody_touched_and_offers_it_again_is_a_dip() {
+        let view = |t_ms: u64, agent: &str, ids: &[&str]| Route {
+            t_ms,
+            agent: agent.to_owned(),
+            instances: ids.iter().map(|s| s.to_string()).collect(),
+        };
+        let timeline = Timeline {
+            views: vec![
+                // a: y dropped at 2 s and back at 2.3 s, nothing caused it.
+                view(0, "a", &["x", "y"]),
+                view(2_000, "a", &["x"]),
+                view(2_300, "a", &["x", "y"]),
+                // b: x left on its leave commit and came back READY.
+                view(0, "b", &["x", "y"]),
+                view(1_010, "b", &["y"]),
+                view(4_000, "b", &["x", "y"]),
+                // c: y dropped for good; not a dip (false removals cover it).
+                view(0, "c", &["x", "y"]),
+                view(3_000, "c", &["x"]),
+            ],
+            conns: vec![ok(10, "a", "y")],
+            events: vec![leave(1_000, "x"), ready(3_900, "x")],
+            duration_ms: 9_000,
+            ..Timeline::default()
+        };
+        let report = compute(&input(), &timeline, &neither());
+        assert_eq!(report.view_dips, Some(1));
+        assert!(
+            report.failures.is_empty(),
+            "unjudged: {:?}",
+            report.failures
+        );
+        let judged = Pass {
+            max_view_dips: Some(0),
+            ..neither()
+        };
+        assert_eq!(
+            compute(&input(), &timeline, &judged).failures,
+            ["1 view dips (an instance the scenario left alone dropped from a live agent's view and back) exceed the limit of 0"]
         );
     }
 }

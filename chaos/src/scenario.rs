@@ -504,6 +504,10 @@ pub struct Pass {
     /// Most instances acceptable that the control plane removed although
     /// they were alive. Default 0.
     pub max_false_removals: u64,
+    /// Most view dips acceptable: an instance the scenario left alone that
+    /// a live agent's view dropped and later offered again (a local
+    /// exclusion the catalog never recorded); unset means not checked.
+    pub max_view_dips: Option<u64>,
     /// Most full snapshots the arbiter may serve at once (a reconnect
     /// storm's bound); unset means not checked.
     pub max_concurrent_snapshots: Option<u64>,
@@ -587,6 +591,7 @@ impl Default for Pass {
             max_new_conns_to_drained: 0,
             max_failed_conns_to_live_backends_in_outage: 0,
             max_false_removals: 0,
+            max_view_dips: None,
             max_concurrent_snapshots: None,
             min_concurrent_snapshots: None,
             max_new_conns_to_not_ready: 0,
@@ -1170,6 +1175,7 @@ max_concurrent_snapshots = 16
                 max_new_conns_to_drained: 1,
                 max_failed_conns_to_live_backends_in_outage: 2,
                 max_false_removals: 3,
+                max_view_dips: None,
                 max_concurrent_snapshots: Some(16),
                 min_concurrent_snapshots: None,
                 max_new_conns_to_not_ready: 0,

@@ -92,7 +92,7 @@ pub fn table(runs: &[Run]) -> String {
         _ => "—".to_owned(),
     };
     let mut md = String::from(
-        "| scenario | agents | duration | connections | result | leave ms p50/p99/max | crash ms p50/p99/max | crash → commit ms p50/p99/max | failed conns | converge ms | false removals | writes checked (lost) | max snapshots | built from |\n\
+        "| scenario | agents | duration | connections | result | leave ms p50/p99/max | crash ms p50/p99/max | crash → commit ms p50/p99/max | failed conns | converge ms | false removals (view dips) | writes checked (lost) | max snapshots | built from |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (name, r) in runs {
@@ -128,7 +128,12 @@ pub fn table(runs: &[Run]) -> String {
             r.failed_conns,
             r.converge_ms
                 .map_or_else(|| "—".to_owned(), |c| c.to_string()),
-            r.false_removals,
+            format!(
+                "{} ({})",
+                r.false_removals,
+                r.view_dips
+                    .map_or_else(|| "—".to_owned(), |d| d.to_string())
+            ),
             writes,
             r.max_concurrent_snapshots,
             commit,

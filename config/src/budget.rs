@@ -158,7 +158,7 @@ pub struct Setting {
     /// Full dotted path, e.g. `agent.gossip.suspect_to_down_ms`.
     pub path: String,
     /// The effective value as shown to the operator (gossip values that come
-    /// from a preset say so, e.g. `500 (preset lan)`).
+    /// from a preset say so, e.g. `350 (preset lan)`).
     pub value: String,
     /// What an operator can do when this term is too large.
     pub advice: String,
@@ -334,10 +334,11 @@ pub struct BudgetReport {
 /// worst just as a peer probes it is suspected after one probe period and
 /// declared down `suspect_to_down` later, unless its refutation, sent when
 /// it resumes, reaches the suspecter first, which takes up to a gossip
-/// round. Calibrated in the zone simulator (32 members, 160–240 pauses per
-/// length): `lan` (bound 1.8 s) had no false down at 1 s and 34 % at 2 s;
-/// 500/2000 ms settings (2.3 s) none at 2.3 s and 26 % at 2.6 s; `tolerant`
-/// (2.4 s) none at 2.0, 2.3 and 2.5 s.
+/// round. Calibrated in the zone simulator (32 members, 120–240 pauses per
+/// length): the earlier `lan` of 500/200/1500 ms (bound 1.8 s) had no false
+/// down at 1 s and 34 % at 2 s; today's `lan` of 350/150/1200 ms (bound
+/// 1.35 s) none at 1.0, 1.2 and 1.5 s; 500/2000 ms settings (2.3 s) none at
+/// 2.3 s and 26 % at 2.6 s; `tolerant` (2.4 s) none at 2.0, 2.3 and 2.5 s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PauseTolerance {
     /// The longest pause tolerated, ms: the smaller of the gossip and the
@@ -936,10 +937,10 @@ mod tests {
     #[test]
     fn the_pause_a_preset_tolerates_is_named() {
         let report = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
-        // lan: 500 + 1500 − 200 ms of gossip; the arbiter's own silence
+        // lan: 350 + 1200 − 200 ms of gossip; the arbiter's own silence
         // (2000 − 250) is the later signal.
-        assert_ms(report.pause.gossip_ms, 1_800.0, "lan gossip");
-        assert_ms(report.pause.tolerated_ms, 1_800.0, "lan");
+        assert_ms(report.pause.gossip_ms, 1_350.0, "lan gossip");
+        assert_ms(report.pause.tolerated_ms, 1_750.0, "lan");
         assert_eq!(report.pause.preset, "lan");
         let mut agent = AgentConfig::default();
         agent.gossip.preset = crate::GossipPreset::Tolerant;

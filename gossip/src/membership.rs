@@ -400,9 +400,9 @@ mod tests {
     fn foca_config_follows_the_settings() {
         let settings = GossipPreset::Lan.settings();
         let config = foca_config(&settings);
-        assert_eq!(config.probe_period, Duration::from_millis(500));
-        assert_eq!(config.probe_rtt, Duration::from_millis(200));
-        assert_eq!(config.suspect_to_down_after, Duration::from_millis(1_500));
+        assert_eq!(config.probe_period, Duration::from_millis(350));
+        assert_eq!(config.probe_rtt, Duration::from_millis(150));
+        assert_eq!(config.suspect_to_down_after, Duration::from_millis(1_200));
         assert_eq!(config.max_transmissions.get(), 12);
         assert_eq!(config.max_packet_size.get(), MAX_PAYLOAD);
         let announce = config.periodic_announce.expect("periodic announce on");

@@ -251,12 +251,14 @@ fn slowest_survivor_ms(members: usize, max_transmissions: u8, seed: u64) -> (u64
 
 /// Issue 5 item 3: with foca's `new_lan` default of 6 transmissions some
 /// survivors never hear a Down update and learn it only by probing the dead
-/// member themselves, tens of seconds later. Seeds 0xdead_0004 and 6 show
-/// that tail, seed 5 does not: it is rare per kill, so this test pins a
-/// seed that has it (the simulation is deterministic).
+/// member themselves, tens of seconds later. With the `lan` preset of
+/// 350/150/1200 ms, 11 of the 16 seeds 0xdead_000a–0019 show that tail
+/// (a survivor slower than 14 s or never), and 5 do not; with 12
+/// transmissions none does (slowest 2.4–3.3 s). The test pins seed
+/// 0xdead_000a, which has it (the simulation is deterministic).
 #[test]
 fn max_transmissions_6_leaves_a_tail_that_12_does_not() {
-    let seed = 0xdead_0004;
+    let seed = 0xdead_000a;
     let ((slow_6, never_6), (slow_12, never_12)) = std::thread::scope(|scope| {
         let six = scope.spawn(|| slowest_survivor_ms(200, 6, seed));
         let twelve = slowest_survivor_ms(200, 12, seed);

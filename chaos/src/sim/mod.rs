@@ -446,6 +446,8 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
         conns: c.conns,
         failed_conns: c.failed_conns,
         false_removals: c.false_removals,
+        // The simulated agents' views are not recorded as the real ones are.
+        view_dips: None,
         max_concurrent_snapshots: max_snapshots,
         snapshots_refused,
         phases,
