@@ -26,7 +26,8 @@ pub enum GossipPreset {
     /// real-process `node-crash` scenario measures it end to end. Zero false
     /// downs across 1.0, 1.2 and 1.5-s process pauses (120 each, simulated),
     /// but a 2-s pause (long GC, VM migration) gets a live node declared
-    /// down: use `tolerant` there. `max_transmissions` is 12, not foca's
+    /// down (the real-process `pauses-2s` run on `lan`: 106 of 150 paused
+    /// nodes recorded UNHEALTHY): use `tolerant` there. `max_transmissions` is 12, not foca's
     /// `Config::new_lan` 6: with 6 a tail of survivors never hears the Down
     /// update at all.
     #[default]
