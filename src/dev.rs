@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use rollcall_config::{AgentConfig, ArbiterConfig, ProxyEntry, ReplicaEntry};
+use rollcall_config::{
+    AddressRule, AgentConfig, ArbiterConfig, ProxyEntry, RegistrationConfig, ReplicaEntry,
+};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::server::{ArbiterServer, ServerError};
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
@@ -199,6 +201,11 @@ impl Dev {
                     options.data_dir.join("arbiter")
                 } else {
                     options.data_dir.join(&name)
+                },
+                // Development: every address may be registered, so the
+                // first session needs no declared addresses.
+                registration: RegistrationConfig {
+                    addresses: AddressRule::Any,
                 },
                 ..ArbiterConfig::default()
             };

@@ -14,7 +14,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use rollcall_config::{AgentConfig, ArbiterConfig, BridgeArbiter, BridgeConfig, BridgePeer};
+use rollcall_config::{
+    AddressRule, AgentConfig, ArbiterConfig, BridgeArbiter, BridgeConfig, BridgePeer,
+    RegistrationConfig,
+};
 use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
@@ -145,6 +148,9 @@ impl DevRegions {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 admin: port(base, kk, 1)?,
                 data_dir: dir.join("arbiter"),
+                registration: RegistrationConfig {
+                    addresses: AddressRule::Any,
+                },
                 ..ArbiterConfig::default()
             };
             let arbiter = ArbiterServer::start(

@@ -509,9 +509,12 @@ struct CertsArgs {
     /// Region of the CA and of every identity (a DNS label).
     #[arg(long, value_name = "REGION", value_parser = parse_region)]
     region: Label,
-    /// Node agent identity (its node id); repeatable.
-    #[arg(long, value_name = "NODE", value_parser = parse_principal)]
-    agent: Vec<PrincipalName>,
+    /// Node agent identity (its node id), optionally with the node's
+    /// addresses as IP SANs (`node-17=10.0.0.17,10.0.1.17`): the addresses
+    /// an arbiter with `registration.addresses = "declared"` lets the node
+    /// register; repeatable.
+    #[arg(long, value_name = "NODE[=ADDR,...]", value_parser = parse_agent)]
+    agent: Vec<(PrincipalName, Vec<std::net::IpAddr>)>,
     /// Arbiter replica identity; repeatable. Also valid for localhost,
     /// 127.0.0.1 and ::1.
     #[arg(long, value_name = "NAME", value_parser = parse_principal)]
@@ -540,6 +543,25 @@ struct CertsArgs {
 /// error naming the rule.
 fn parse_region(value: &str) -> Result<Label, String> {
     Label::new(value).map_err(|error| format!("region: {error}"))
+}
+
+/// `NODE` or `NODE=ADDR,ADDR…` for `certs --agent`.
+fn parse_agent(value: &str) -> Result<(PrincipalName, Vec<std::net::IpAddr>), String> {
+    let (name, addresses) = match value.split_once('=') {
+        Some((name, list)) => {
+            let addresses = list
+                .split(',')
+                .map(|a| {
+                    a.trim().parse::<std::net::IpAddr>().map_err(|_| {
+                        format!("{a:?} is not an IP address; write NODE=ADDR[,ADDR...], e.g. node-17=10.0.0.17")
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            (name, addresses)
+        }
+        None => (value, Vec::new()),
+    };
+    Ok((parse_principal(name)?, addresses))
 }
 
 /// Validates an identity's name at the edge, like `parse_region`.
@@ -638,8 +660,9 @@ fn budget(args: &BudgetArgs) -> anyhow::Result<ExitCode> {
 
 /// Issues the requested certificates and lists every file written.
 fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
+    let agents: Vec<PrincipalName> = args.agent.iter().map(|(name, _)| name.clone()).collect();
     let identities: Vec<Identity> = [
-        (Role::Agent, &args.agent),
+        (Role::Agent, &agents),
         (Role::Arbiter, &args.arbiter),
         (Role::Bridge, &args.bridge),
         (Role::Controller, &args.controller),
@@ -656,6 +679,12 @@ fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
     let names = tls::ServerNames {
         dns: args.dns.clone(),
         ips: args.ip.clone(),
+        agent_ips: args
+            .agent
+            .iter()
+            .filter(|(_, ips)| !ips.is_empty())
+            .map(|(name, ips)| (name.as_str().to_owned(), ips.clone()))
+            .collect(),
     };
     let written = tls::write_certs(&args.out, &args.region, &identities, &names)?;
     if written.ca_reused {

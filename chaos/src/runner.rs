@@ -550,8 +550,11 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
             quic.ip().to_string(),
         ]);
     }
-    for node in &cluster.nodes {
-        args.extend(["--agent".into(), node.clone()]);
+    // Each agent's certificate names its node's address as an IP SAN: what
+    // the arbiter (`registration.addresses = "declared"`, the default) lets
+    // the node register, as on a production fleet.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        args.extend(["--agent".into(), format!("{node}={}", cluster.node_ip(i))]);
     }
     for relay in &cluster.relays {
         args.extend(["--ip".into(), relay.addr.ip().to_string()]);

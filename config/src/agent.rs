@@ -62,6 +62,12 @@ pub struct AgentConfig {
     /// Services to follow from start, as `namespace/service/port_name`;
     /// others are followed from their first local resolve. Default none.
     pub services: Vec<String>,
+    /// The addresses this node's instances register, declared to the
+    /// arbiter in Hello (its `registration.addresses = "declared"` allows
+    /// only these). When the agent's certificate carries IP SANs, every one
+    /// listed here must be among them. Default none: the certificate's IP
+    /// SANs, or where it has none, every address of the host's interfaces.
+    pub advertise_addresses: Vec<std::net::IpAddr>,
     /// Shortest wait before reconnecting to the arbiter, in ms; it doubles
     /// after each failure up to `reconnect_max_ms`, and each wait is drawn
     /// uniformly below it (full jitter), so 5,000 agents returning after an
@@ -143,6 +149,7 @@ impl Default for AgentConfig {
             arbiters: Vec::new(),
             keepalive_ms: 500,
             services: Vec::new(),
+            advertise_addresses: Vec::new(),
             reconnect_min_ms: 100,
             reconnect_max_ms: 5_000,
             first_resolve_wait_ms: 500,
@@ -186,6 +193,24 @@ impl ConfigFile for AgentConfig {
         rules::at_least("agent.keepalive_ms", self.keepalive_ms, 1)?;
         for (i, service) in self.services.iter().enumerate() {
             rules::service_key(&format!("agent.services[{i}]"), service)?;
+        }
+        // The arbiter's protocol bound (rollcall_leases MAX_DECLARED_ADDRESSES).
+        const MAX_ADVERTISED: usize = 16;
+        if self.advertise_addresses.len() > MAX_ADVERTISED {
+            return Err(ConfigError::invalid(
+                "agent.advertise_addresses",
+                format!("{} addresses", self.advertise_addresses.len()),
+                format!("lists at most {MAX_ADVERTISED}"),
+            ));
+        }
+        for (i, address) in self.advertise_addresses.iter().enumerate() {
+            if address.is_unspecified() || address.is_multicast() {
+                return Err(ConfigError::invalid(
+                    format!("agent.advertise_addresses[{i}]"),
+                    address,
+                    "must be an address instances can be reached at, not unspecified or multicast",
+                ));
+            }
         }
         rules::at_least("agent.reconnect_min_ms", self.reconnect_min_ms, 1)?;
         rules::at_least(

@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::file::ConfigFile;
-use crate::security::validate_grants;
-use crate::{rules, ConfigError, ControllerGrant, TlsPaths, WatchRule};
+use crate::security::{validate_grants, validate_registration_rules};
+use crate::{
+    rules, ConfigError, ControllerGrant, RegistrationConfig, RegistrationRule, TlsPaths, WatchRule,
+};
 
 /// Renewals per lease TTL: the agent renews its node lease every
 /// `ttl_ms / RENEWALS_PER_TTL`. Fixed rather than configured so that two
@@ -70,6 +72,12 @@ pub struct ArbiterConfig {
     /// `[[watch_rules]]`: nodes restricted to watching some services.
     /// Default none: every node may watch every service.
     pub watch_rules: Vec<WatchRule>,
+    /// `[registration]`: whether agents may register addresses their node
+    /// did not declare. Default: only declared ones.
+    pub registration: RegistrationConfig,
+    /// `[[registration_rules]]`: nodes restricted to registering some
+    /// services. Default none: every node may register every service.
+    pub registration_rules: Vec<RegistrationRule>,
 }
 
 impl Default for ArbiterConfig {
@@ -91,6 +99,8 @@ impl Default for ArbiterConfig {
             tls: None,
             controllers: Vec::new(),
             watch_rules: Vec::new(),
+            registration: RegistrationConfig::default(),
+            registration_rules: Vec::new(),
         }
     }
 }
@@ -415,7 +425,8 @@ impl ConfigFile for ArbiterConfig {
         if let Some(tls) = &self.tls {
             tls.validate("arbiter.tls")?;
         }
-        validate_grants("arbiter", &self.controllers, &self.watch_rules)
+        validate_grants("arbiter", &self.controllers, &self.watch_rules)?;
+        validate_registration_rules("arbiter", &self.registration_rules)
     }
 }
 
@@ -627,6 +638,55 @@ mod tests {
         crate::ServicePattern::try_from(text.to_owned()).expect("valid pattern")
     }
 
+    fn node_pattern(text: &str) -> crate::NodePattern {
+        crate::NodePattern::try_from(text.to_owned()).expect("valid node pattern")
+    }
+
+    #[test]
+    fn registration_rules_name_their_nodes_and_match_by_prefix() {
+        let rule: RegistrationRule =
+            toml::from_str("nodes = [\"edge-*\", \"db-1\"]\nservices = [\"default/web/*\"]\n")
+                .expect("a rule parses");
+        assert!(rule.applies_to("edge-7", None));
+        assert!(rule.applies_to("db-1", Some("z1")));
+        assert!(!rule.applies_to("db-10", Some("z1")));
+        assert!(rule.lists("default", "web", "http"));
+        assert!(!rule.lists("default", "api", "http"));
+        let zoned: RegistrationRule =
+            toml::from_str("zones = [\"dmz\"]\nservices = [\"*\"]\n").expect("a rule parses");
+        assert!(zoned.applies_to("any-node", Some("dmz")));
+        assert!(!zoned.applies_to("any-node", Some("z1")));
+        assert!(!zoned.applies_to("any-node", None));
+
+        for (text, says) in [
+            ("services = [\"*\"]\n", "must name the nodes (or zones)"),
+            (
+                "nodes = [\"a\"]\nservices = []\n",
+                "at least one service pattern",
+            ),
+            (
+                "zones = [\"Bad_Zone\"]\nservices = [\"*\"]\n",
+                "registration_rules[0].zones[0]",
+            ),
+        ] {
+            let config = format!("[[registration_rules]]\n{text}");
+            let err = ArbiterConfig::from_toml_str(&config)
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+        let err = ArbiterConfig::from_toml_str(
+            "[[registration_rules]]\nnodes = [\"Edge*\"]\nservices = [\"*\"]\n",
+        )
+        .expect_err("a bad node pattern is refused")
+        .to_string();
+        assert!(err.contains("node pattern \"Edge*\" is invalid"), "{err}");
+        let err = ArbiterConfig::from_toml_str("[registration]\naddresses = \"some\"\n")
+            .expect_err("an unknown address rule is refused")
+            .to_string();
+        assert!(err.contains("addresses"), "{err}");
+    }
+
     /// The example shows the optional `[tls]`, `[[controllers]]` and
     /// `[[watch_rules]]` tables commented out; uncommented they must parse,
     /// validate and change nothing else.
@@ -642,6 +702,9 @@ mod tests {
             "services = ",
             "[[watch_rules]]",
             "nodes = ",
+            "[[registration_rules]]",
+            "zones = ",
+            "any_address = ",
         ]);
         let mut config =
             ArbiterConfig::from_toml_str(&text).expect("uncommented example must load");
@@ -667,6 +730,15 @@ mod tests {
                 services: vec![pattern("default/web/*"), pattern("shop/cart/http")],
             }]
         );
+        assert_eq!(
+            std::mem::take(&mut config.registration_rules),
+            vec![RegistrationRule {
+                nodes: vec![node_pattern("edge-*")],
+                zones: vec!["dmz".to_owned()],
+                services: vec![pattern("default/web/*")],
+                any_address: false,
+            }]
+        );
         assert_eq!(config, ArbiterConfig::default());
     }
 
@@ -688,6 +760,12 @@ mod tests {
             watch_rules: vec![WatchRule {
                 nodes: vec!["n".to_owned()],
                 services: vec![pattern("*")],
+            }],
+            registration_rules: vec![RegistrationRule {
+                nodes: vec![node_pattern("n")],
+                zones: vec!["z".to_owned()],
+                services: vec![pattern("*")],
+                any_address: true,
             }],
             ..ArbiterConfig::default()
         };

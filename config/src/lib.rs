@@ -54,4 +54,7 @@ pub use policy::{
     PolicyFile, ServicePolicy, SingleWriter, TrafficClass, DEFAULT_CAPACITY_LIMIT,
     MAX_POLICIES_PER_FILE, MAX_POLICY_REGIONS,
 };
-pub use security::{ControllerGrant, ServicePattern, TlsPaths, WatchRule};
+pub use security::{
+    AddressRule, ControllerGrant, NodePattern, RegistrationConfig, RegistrationRule,
+    ServicePattern, TlsPaths, WatchRule,
+};

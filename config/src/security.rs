@@ -109,6 +109,158 @@ pub struct WatchRule {
     pub services: Vec<ServicePattern>,
 }
 
+/// `[[registration_rules]]`: which services the agents of some nodes may
+/// register, and whether those registrations may name an address the node
+/// did not declare (R10). A rule applies to a node its `nodes` name (a
+/// name, or a prefix ending in `*`) or whose lease is in one of its
+/// `zones`. A node no rule applies to may register every service; a node
+/// some rules apply to may register only the services those rules list.
+/// Controllers are not bound by these rules (their `[[controllers]]` grant
+/// is what they may write).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrationRule {
+    /// Node names, or name prefixes ending in `*` (`edge-*`). Default none.
+    #[serde(default)]
+    pub nodes: Vec<NodePattern>,
+    /// Zones whose nodes the rule applies to. Default none.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// The services those nodes may register.
+    pub services: Vec<ServicePattern>,
+    /// Registrations of these services (from these nodes) may name any
+    /// address, not only one the node declared. Default false.
+    #[serde(default)]
+    pub any_address: bool,
+}
+
+impl RegistrationRule {
+    /// Whether the rule applies to `node`, whose lease is in `zone`.
+    pub fn applies_to(&self, node: &str, zone: Option<&str>) -> bool {
+        self.nodes.iter().any(|p| p.matches(node))
+            || zone.is_some_and(|z| self.zones.iter().any(|r| r == z))
+    }
+
+    /// Whether the rule lists the service `namespace/service/port_name`.
+    pub fn lists(&self, namespace: &str, service: &str, port_name: &str) -> bool {
+        self.services
+            .iter()
+            .any(|p| p.matches(namespace, service, port_name))
+    }
+}
+
+/// A node name, or a prefix of node names ending in `*` (`edge-*`; `*`
+/// alone is every node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct NodePattern {
+    text: String,
+}
+
+impl NodePattern {
+    /// Whether `node` is named by the pattern.
+    pub fn matches(&self, node: &str) -> bool {
+        match self.text.strip_suffix('*') {
+            Some(prefix) => node.starts_with(prefix),
+            None => node == self.text,
+        }
+    }
+}
+
+impl TryFrom<String> for NodePattern {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let allowed =
+            |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+        let (name, wildcard) = match text.strip_suffix('*') {
+            Some(prefix) => (prefix, true),
+            None => (text.as_str(), false),
+        };
+        let ok = name.len() <= 253
+            && name.chars().all(allowed)
+            && !name.starts_with(['-', '.'])
+            && (wildcard || !(name.is_empty() || name.ends_with(['-', '.'])));
+        if ok {
+            Ok(NodePattern { text })
+        } else {
+            Err(format!(
+                "node pattern {text:?} is invalid: write a node name (a-z, 0-9, '-', '.') or a prefix ending in * (e.g. edge-1, edge-*, *)"
+            ))
+        }
+    }
+}
+
+impl From<NodePattern> for String {
+    fn from(p: NodePattern) -> String {
+        p.text
+    }
+}
+
+impl fmt::Display for NodePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// `[registration]`: what an agent's registration must satisfy beyond its
+/// node (R10).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistrationConfig {
+    /// `"declared"` (default): an agent may register only an address its
+    /// node declared (its certificate's IP SANs, or the addresses its Hello
+    /// states when the certificate has none), unless a rule that lists the
+    /// service sets `any_address`. `"any"`: any address (`rollcall dev`
+    /// writes this).
+    pub addresses: AddressRule,
+}
+
+impl Default for RegistrationConfig {
+    fn default() -> Self {
+        Self {
+            addresses: AddressRule::Declared,
+        }
+    }
+}
+
+/// `registration.addresses`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressRule {
+    /// Only the node's declared addresses.
+    Declared,
+    /// Any address.
+    Any,
+}
+
+/// Checks registration rules; errors name `prefix.registration_rules[i]…`.
+pub(crate) fn validate_registration_rules(
+    prefix: &str,
+    registration_rules: &[RegistrationRule],
+) -> Result<(), ConfigError> {
+    for (i, r) in registration_rules.iter().enumerate() {
+        let field = format!("{prefix}.registration_rules[{i}]");
+        if r.nodes.is_empty() && r.zones.is_empty() {
+            return Err(ConfigError::invalid(
+                field,
+                "no nodes and no zones",
+                "must name the nodes (or zones) it applies to: nodes = [\"edge-*\"] or zones = [\"z1\"]",
+            ));
+        }
+        for (j, zone) in r.zones.iter().enumerate() {
+            rules::dns_label(&format!("{field}.zones[{j}]"), zone)?;
+        }
+        if r.services.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{field}.services"),
+                "[]",
+                "must list at least one service pattern; a node that may register nothing needs no agent",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks controller grants and watch rules; errors name `prefix.field[i]`.
 pub(crate) fn validate_grants(
     prefix: &str,

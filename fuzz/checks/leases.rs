@@ -326,6 +326,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             node: node("node-1"),
             epoch: AgentEpoch(3),
             zone: label("z1"),
+            addresses: Vec::new(),
         },
         SessionUp::Subscribe {
             service: key("web"),

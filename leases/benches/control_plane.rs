@@ -392,6 +392,10 @@ async fn run(sizes: Sizes) -> usize {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.path().join("arbiter"),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     let server = ArbiterServer::start(config, &material(&ca, Role::Arbiter, "arbiter-1"))
@@ -407,6 +411,7 @@ async fn run(sizes: Sizes) -> usize {
         node: NodeId::new("writer").unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (writer_session, mut writer_reader) = conn.open_session(&hello).await.unwrap();
     assert!(matches!(
@@ -466,6 +471,7 @@ async fn run(sizes: Sizes) -> usize {
             node: NodeId::new(&node).unwrap(),
             epoch: AgentEpoch(1),
             zone: Label::new("z1").unwrap(),
+            addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
         };
         let (mut w, mut r) = conn.open_session(&hello).await.unwrap();
         assert!(matches!(

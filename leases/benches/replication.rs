@@ -85,6 +85,10 @@ impl Group {
                     listen: SocketAddr::from(([127, 0, 0, 1], *p)),
                     admin: SocketAddr::from(([127, 0, 0, 1], 0)),
                     data_dir: dir.path().join(format!("arbiter-{}", i + 1)),
+                    // Tests register addresses no node declared.
+                    registration: rollcall_config::RegistrationConfig {
+                        addresses: rollcall_config::AddressRule::Any,
+                    },
                     ..ArbiterConfig::default()
                 };
                 c.raft.id = i as u64 + 1;
@@ -162,6 +166,7 @@ async fn session(ca: &Ca, node: &str, addr: &str) -> (ArbiterConn, ArbiterClient
         node: NodeId::new(node).unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (writer, mut reader) = conn.open_session(&hello).await.unwrap();
     match reader.next().await.unwrap() {

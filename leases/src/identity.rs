@@ -211,6 +211,37 @@ pub fn identity_from_cert_der(der: &[u8]) -> Result<Identity, IdentityError> {
     }
 }
 
+/// The IP SANs of a certificate: the addresses its holder's node declared
+/// when the certificate was issued (`rollcall certs --ip`). Like
+/// [`identity_from_cert_der`], only for a certificate the TLS layer has
+/// already verified; an unparsable one has none.
+pub fn ip_sans_from_cert_der(der: &[u8]) -> Vec<std::net::IpAddr> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(sans)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    let mut addresses: Vec<std::net::IpAddr> = sans
+        .value
+        .general_names
+        .iter()
+        .filter_map(|general| match general {
+            x509_parser::extensions::GeneralName::IPAddress(bytes) => match bytes.len() {
+                4 => <[u8; 4]>::try_from(*bytes).ok().map(std::net::IpAddr::from),
+                16 => <[u8; 16]>::try_from(*bytes)
+                    .ok()
+                    .map(std::net::IpAddr::from),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    addresses
+}
+
 /// Whether a URI's scheme is `rollcall` in any case, so a miscased rollcall
 /// URI is reported rather than silently ignored.
 fn has_our_scheme(uri: &str) -> bool {

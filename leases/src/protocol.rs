@@ -37,6 +37,12 @@ pub enum SessionUp {
         epoch: AgentEpoch,
         /// The node's zone.
         zone: Label,
+        /// The addresses the node's instances may register (the agent's
+        /// `advertise_addresses`, else its certificate's IP SANs, else
+        /// the host's interface addresses); at most [`MAX_DECLARED_ADDRESSES`].
+        /// When the certificate carries IP SANs, every address here must
+        /// be one of them.
+        addresses: Vec<std::net::IpAddr>,
     },
     /// Follow a service of a shard. `have` is the revision of the service's
     /// last change the agent holds; `None` asks for a full snapshot.
@@ -83,6 +89,9 @@ pub enum SessionUp {
         reachable: Option<bool>,
     },
 }
+
+/// Most addresses one `Hello` declares.
+pub const MAX_DECLARED_ADDRESSES: usize = 16;
 
 /// Most addresses one `SessionDown::Witness` names.
 pub const MAX_WITNESS_ADDRESSES: usize = 4;

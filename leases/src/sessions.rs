@@ -11,8 +11,11 @@
 //! a clock or a socket.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
-use rollcall_config::{ArbiterConfig, ControllerGrant, WatchRule};
+use rollcall_config::{
+    AddressRule, ArbiterConfig, ControllerGrant, RegistrationConfig, RegistrationRule, WatchRule,
+};
 
 use crate::catalog::Catalog;
 use crate::command::{Command, Envelope};
@@ -21,7 +24,7 @@ use crate::identity::Identity;
 use crate::ids::{AgentEpoch, AgentId, Revision, ShardId};
 use crate::leader::Verdict;
 use crate::name::{InstanceId, Label, NodeId, PrincipalName, ServiceKey};
-use crate::protocol::{RejectKind, Request, Response, SessionUp};
+use crate::protocol::{RejectKind, Request, Response, SessionUp, MAX_DECLARED_ADDRESSES};
 
 /// What the rules read of the arbiter's config.
 #[derive(Clone, Debug)]
@@ -32,6 +35,10 @@ pub struct Rules {
     pub controllers: Vec<ControllerGrant>,
     /// `[[watch_rules]]`.
     pub watch_rules: Vec<WatchRule>,
+    /// `[registration]`.
+    pub registration: RegistrationConfig,
+    /// `[[registration_rules]]`.
+    pub registration_rules: Vec<RegistrationRule>,
 }
 
 impl Rules {
@@ -41,6 +48,8 @@ impl Rules {
             region,
             controllers: config.controllers.clone(),
             watch_rules: config.watch_rules.clone(),
+            registration: config.registration.clone(),
+            registration_rules: config.registration_rules.clone(),
         }
     }
 }
@@ -128,6 +137,61 @@ impl Rules {
         }
     }
 
+    /// Whether `node`'s agent (the node's lease in `zone`, its declared
+    /// addresses `declared`) may register an instance of `service` at
+    /// `address` (`[[registration_rules]]` and `[registration]`).
+    pub fn may_register(
+        &self,
+        node: &NodeId,
+        zone: Option<&str>,
+        service: &ServiceKey,
+        address: IpAddr,
+        declared: &[IpAddr],
+    ) -> Result<(), String> {
+        let (namespace, name, port) = (
+            service.namespace.as_str(),
+            service.service.as_str(),
+            service.port_name.as_str(),
+        );
+        let applying: Vec<&RegistrationRule> = self
+            .registration_rules
+            .iter()
+            .filter(|r| r.applies_to(node.as_str(), zone))
+            .collect();
+        let listing: Vec<&RegistrationRule> = applying
+            .iter()
+            .copied()
+            .filter(|r| r.lists(namespace, name, port))
+            .collect();
+        if !applying.is_empty() && listing.is_empty() {
+            let allowed: Vec<String> = applying
+                .iter()
+                .flat_map(|r| &r.services)
+                .map(ToString::to_string)
+                .collect();
+            return Err(format!(
+                "node {node} may not register {service} (arbiter registration_rules allow it only {})",
+                clip_list(&allowed)
+            ));
+        }
+        let any = self.registration.addresses == AddressRule::Any
+            || listing.iter().any(|r| r.any_address);
+        if any || declared.contains(&address) {
+            return Ok(());
+        }
+        Err(if declared.is_empty() {
+            format!(
+                "address {address} is not an address of node {node}: the node declared none; issue its certificate with `rollcall certs --agent {node}=ADDR`, set the agent's advertise_addresses, or let the arbiter allow any (registration.addresses = \"any\")"
+            )
+        } else {
+            let list: Vec<String> = declared.iter().map(ToString::to_string).collect();
+            format!(
+                "address {address} is not one of node {node}'s declared addresses ({}); register one of them, or let the arbiter allow any (registration.addresses = \"any\", or any_address in a registration rule)",
+                clip_list(&list)
+            )
+        })
+    }
+
     fn controller_may_write(&self, name: &PrincipalName, service: &ServiceKey) -> bool {
         self.controllers
             .iter()
@@ -147,10 +211,13 @@ impl Rules {
     /// their own node's instances; controllers only the services their
     /// grant names; only an agent with a session may list its node's
     /// records, report a down verdict or leave.
+    /// `declared` are the addresses the agent's node declared (its
+    /// session's); registration rules bind agents only.
     pub fn authorize(
         &self,
         identity: &Identity,
         session: Option<&(NodeId, AgentEpoch)>,
+        declared: &[IpAddr],
         request: Request,
         catalog: &Catalog,
     ) -> Result<Authorized, Response> {
@@ -187,6 +254,11 @@ impl Rules {
         match request {
             Request::Register(reg) => {
                 owner_check(&reg.node, &reg.service)?;
+                if role == Role::Agent {
+                    let zone = catalog.leases().get(&reg.node).map(|l| l.zone.as_str());
+                    self.may_register(&reg.node, zone, &reg.service, reg.address, declared)
+                        .map_err(forbidden)?;
+                }
                 // An instance id never moves between services: a live
                 // record under another service must be deregistered (or
                 // expire) first. Checked here, against what is applied,
@@ -277,6 +349,41 @@ impl Rules {
     }
 }
 
+/// Checks the addresses a Hello declares: at most
+/// [`MAX_DECLARED_ADDRESSES`], and each one of the certificate's IP SANs
+/// when it has any (the certificate is what the CA vouched for).
+fn declared_addresses(certified: &[IpAddr], hello: &[IpAddr]) -> Result<(), String> {
+    if hello.len() > MAX_DECLARED_ADDRESSES {
+        return Err(format!(
+            "Hello declares {} addresses; at most {MAX_DECLARED_ADDRESSES} (set the agent's advertise_addresses)",
+            hello.len()
+        ));
+    }
+    if certified.is_empty() {
+        return Ok(());
+    }
+    match hello.iter().find(|a| !certified.contains(a)) {
+        Some(stray) => {
+            let list: Vec<String> = certified.iter().map(ToString::to_string).collect();
+            Err(format!(
+                "Hello declares address {stray}, which the certificate does not name (its IP SANs: {}); reissue the certificate with `rollcall certs --agent NODE=ADDR,...` or correct advertise_addresses",
+                clip_list(&list)
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
+/// A list for an error message: comma-separated, the first eight.
+fn clip_list(items: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = items[..items.len().min(SHOWN)].join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    text
+}
+
 /// What the driver does for one session message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -338,6 +445,11 @@ pub enum Step {
 #[derive(Clone, Debug)]
 struct Session {
     identity: Identity,
+    /// Its certificate's IP SANs.
+    certified: Vec<IpAddr>,
+    /// The addresses its node declared: the certificate's IP SANs, or
+    /// where it has none, those its Hello named.
+    declared: Vec<IpAddr>,
     /// The lease it holds, once its Hello was accepted.
     held: Option<(NodeId, AgentEpoch)>,
 }
@@ -368,13 +480,15 @@ impl Sessions {
         &self.rules
     }
 
-    /// A connection whose certificate names `identity` completed its
-    /// handshake.
-    pub fn connect(&mut self, agent: AgentId, identity: Identity) {
+    /// A connection whose certificate names `identity` (and carries the IP
+    /// SANs `certified`) completed its handshake.
+    pub fn connect(&mut self, agent: AgentId, identity: Identity, certified: Vec<IpAddr>) {
         self.sessions.insert(
             agent,
             Session {
                 identity,
+                declared: certified.clone(),
+                certified,
                 held: None,
             },
         );
@@ -418,9 +532,23 @@ impl Sessions {
             .as_ref()
             .map(|(node, epoch)| (node.clone(), *epoch, renewed));
         let step = match (message, session.held.clone()) {
-            (SessionUp::Hello { node, epoch, zone }, None) => {
+            (
+                SessionUp::Hello {
+                    node,
+                    epoch,
+                    zone,
+                    addresses,
+                },
+                None,
+            ) => {
                 if let Err(reason) = self.rules.may_hold_lease(&session.identity, &node) {
                     return (None, Step::Refuse(reason));
+                }
+                if let Err(reason) = declared_addresses(&session.certified, &addresses) {
+                    return (None, Step::Refuse(reason));
+                }
+                if session.certified.is_empty() {
+                    session.declared = addresses;
                 }
                 session.held = Some((node.clone(), epoch));
                 let envelope = Envelope {
@@ -498,9 +626,13 @@ impl Sessions {
         let Some(session) = self.sessions.get(&agent) else {
             return Err(forbidden("the connection is gone".into()));
         };
-        let authorized =
-            self.rules
-                .authorize(&session.identity, session.held.as_ref(), request, catalog)?;
+        let authorized = self.rules.authorize(
+            &session.identity,
+            session.held.as_ref(),
+            &session.declared,
+            request,
+            catalog,
+        )?;
         Ok(match authorized {
             Authorized::Command(command) => Accepted::Propose(Envelope {
                 at_ms: now_ms,
@@ -715,6 +847,7 @@ mod tests {
         let (kind, message) = refusal(r.authorize(
             &identity(Role::Agent, "n1"),
             None,
+            &LOOPBACK,
             Request::Register(moved),
             &cat,
         ));
@@ -725,6 +858,7 @@ mod tests {
             .authorize(
                 &identity(Role::Agent, "n1"),
                 None,
+                &LOOPBACK,
                 Request::Register(registration("n1", "web")),
                 &cat,
             )
@@ -772,6 +906,7 @@ mod tests {
         let (kind, message) = refusal(r.authorize(
             &identity(Role::Agent, "n1"),
             Some(&session),
+            &LOOPBACK,
             Request::Register(registration("n2", "web")),
             &cat,
         ));
@@ -784,6 +919,7 @@ mod tests {
         let (kind, message) = refusal(r.authorize(
             &identity(Role::Controller, "deployer"),
             None,
+            &LOOPBACK,
             Request::Register(registration("n1", "web")),
             &cat,
         ));
@@ -793,6 +929,7 @@ mod tests {
             r.authorize(
                 &identity(Role::Controller, "deployer"),
                 None,
+                &LOOPBACK,
                 Request::Register(registration("n1", "api")),
                 &cat
             ),
@@ -802,6 +939,7 @@ mod tests {
         let (kind, _) = refusal(r.authorize(
             &identity(Role::Bridge, "b"),
             None,
+            &LOOPBACK,
             Request::Register(registration("n1", "web")),
             &cat,
         ));
@@ -810,6 +948,7 @@ mod tests {
         let (kind, _) = refusal(r.authorize(
             &identity(Role::Agent, "n1"),
             Some(&session),
+            &LOOPBACK,
             Request::Deregister {
                 instance_id: InstanceId::new("ghost").unwrap(),
                 generation: Generation(1),
@@ -822,6 +961,7 @@ mod tests {
         let (kind, _) = refusal(r.authorize(
             &identity(Role::Agent, "n2"),
             Some(&n2),
+            &LOOPBACK,
             Request::Transition {
                 instance_id: InstanceId::new("web-1").unwrap(),
                 generation: Generation(1),
@@ -843,7 +983,7 @@ mod tests {
             },
         ] {
             let (kind, message) =
-                refusal(r.authorize(&identity(Role::Agent, "n1"), None, request, &cat));
+                refusal(r.authorize(&identity(Role::Agent, "n1"), None, &LOOPBACK, request, &cat));
             assert_eq!(kind, RejectKind::Forbidden);
             assert!(
                 message.contains("only an agent with a session"),
@@ -856,7 +996,13 @@ mod tests {
             Role::Agent,
             PrincipalName::new("n1").unwrap(),
         );
-        let (kind, _) = refusal(r.authorize(&other, Some(&session), Request::NodeInstances, &cat));
+        let (kind, _) = refusal(r.authorize(
+            &other,
+            Some(&session),
+            &LOOPBACK,
+            Request::NodeInstances,
+            &cat,
+        ));
         assert_eq!(kind, RejectKind::Forbidden);
     }
 
@@ -867,13 +1013,14 @@ mod tests {
         let session = (NodeId::new("n1").unwrap(), AgentEpoch(1));
         let me = identity(Role::Agent, "n1");
         assert_eq!(
-            r.authorize(&me, Some(&session), Request::NodeInstances, &cat),
+            r.authorize(&me, Some(&session), &LOOPBACK, Request::NodeInstances, &cat),
             Ok(Authorized::List(NodeId::new("n1").unwrap()))
         );
         assert_eq!(
             r.authorize(
                 &me,
                 Some(&session),
+                &LOOPBACK,
                 Request::AwaitPropagation {
                     service: svc("web"),
                     revision: Revision(3),
@@ -889,6 +1036,9 @@ mod tests {
         );
     }
 
+    /// The addresses a test session declared: its registrations' address.
+    const LOOPBACK: [IpAddr; 1] = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+
     fn sessions() -> Sessions {
         Sessions::new(rules(), ShardId(0), 10_000)
     }
@@ -898,13 +1048,14 @@ mod tests {
             node: NodeId::new(node).unwrap(),
             epoch: AgentEpoch(4),
             zone: Label::new("z1").unwrap(),
+            addresses: LOOPBACK.to_vec(),
         }
     }
 
     #[test]
     fn a_session_starts_with_an_accepted_hello_and_nothing_else() {
         let mut s = sessions();
-        s.connect(1, identity(Role::Agent, "n1"));
+        s.connect(1, identity(Role::Agent, "n1"), Vec::new());
         // Anything before Hello closes the connection.
         let (heard, step) = s.message(1, SessionUp::Keepalive, 5);
         assert_eq!(heard, None);
@@ -954,7 +1105,7 @@ mod tests {
     #[test]
     fn a_controller_certificate_holds_no_lease() {
         let mut s = sessions();
-        s.connect(2, identity(Role::Controller, "deployer"));
+        s.connect(2, identity(Role::Controller, "deployer"), Vec::new());
         let (_, step) = s.message(2, hello("deployer"), 1);
         assert!(matches!(step, Step::Refuse(r) if r.contains("cannot hold a node lease")));
     }
@@ -962,7 +1113,7 @@ mod tests {
     #[test]
     fn watches_outside_the_rules_or_the_shard_are_denied() {
         let mut s = sessions();
-        s.connect(3, identity(Role::Agent, "n2"));
+        s.connect(3, identity(Role::Agent, "n2"), Vec::new());
         s.message(3, hello("n2"), 1);
         let subscribe = |service: &str, shard: u16| SessionUp::Subscribe {
             shard: ShardId(shard),
@@ -990,7 +1141,7 @@ mod tests {
     fn requests_are_stamped_with_who_and_when_or_refused() {
         let mut s = sessions();
         let cat = catalog();
-        s.connect(1, identity(Role::Agent, "n1"));
+        s.connect(1, identity(Role::Agent, "n1"), Vec::new());
         // No session yet: listing is refused.
         assert!(s.request(1, Request::NodeInstances, &cat, 5).is_err());
         s.message(1, hello("n1"), 5);
@@ -1093,5 +1244,185 @@ mod tests {
             }
             other => panic!("a silent node is proposed down: {other:?}"),
         }
+    }
+
+    fn rules_with(registration_rules: Vec<RegistrationRule>) -> Rules {
+        let config = ArbiterConfig {
+            registration_rules,
+            ..ArbiterConfig::default()
+        };
+        Rules::new(&config, Label::new("r1").unwrap())
+    }
+
+    fn rule(
+        nodes: &[&str],
+        zones: &[&str],
+        services: &[&str],
+        any_address: bool,
+    ) -> RegistrationRule {
+        RegistrationRule {
+            nodes: nodes
+                .iter()
+                .map(|n| rollcall_config::NodePattern::try_from((*n).to_owned()).unwrap())
+                .collect(),
+            zones: zones.iter().map(|z| (*z).to_owned()).collect(),
+            services: services
+                .iter()
+                .map(|p| ServicePattern::try_from((*p).to_owned()).unwrap())
+                .collect(),
+            any_address,
+        }
+    }
+
+    #[test]
+    fn registration_rules_bind_the_nodes_and_zones_they_name() {
+        let r = rules_with(vec![
+            rule(&["edge-*"], &[], &["default/web/*"], false),
+            rule(&[], &["z1"], &["default/api/*"], false),
+        ]);
+        let at = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        // n1's lease is in z1: it may register only api.
+        let n1 = NodeId::new("n1").unwrap();
+        let e = r
+            .may_register(&n1, Some("z1"), &svc("web"), at, &LOOPBACK)
+            .unwrap_err();
+        assert!(
+            e.contains("node n1 may not register default/web/default")
+                && e.contains("default/api/*"),
+            "{e}"
+        );
+        assert!(r
+            .may_register(&n1, Some("z1"), &svc("api"), at, &LOOPBACK)
+            .is_ok());
+        // edge-3 is named by prefix.
+        let edge = NodeId::new("edge-3").unwrap();
+        assert!(r
+            .may_register(&edge, Some("z2"), &svc("web"), at, &LOOPBACK)
+            .is_ok());
+        assert!(r
+            .may_register(&edge, Some("z2"), &svc("db"), at, &LOOPBACK)
+            .is_err());
+        // A node no rule applies to registers every service.
+        let other = NodeId::new("db-1").unwrap();
+        assert!(r
+            .may_register(&other, Some("z2"), &svc("db"), at, &LOOPBACK)
+            .is_ok());
+        // Through authorize, with the zone of the node's lease in the
+        // catalog: refused as forbidden, so nothing is proposed.
+        let cat = catalog();
+        let session = (n1.clone(), AgentEpoch(1));
+        let (kind, message) = refusal(r.authorize(
+            &identity(Role::Agent, "n1"),
+            Some(&session),
+            &LOOPBACK,
+            Request::Register(registration("n1", "web")),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        assert!(message.contains("registration_rules"), "{message}");
+        // Controllers keep their grants: the rules and the address check
+        // bind agents only.
+        let granted = Rules::new(
+            &ArbiterConfig {
+                controllers: vec![ControllerGrant {
+                    name: "deployer".into(),
+                    services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],
+                }],
+                registration_rules: vec![rule(&[], &["z1"], &["default/api/*"], false)],
+                ..ArbiterConfig::default()
+            },
+            Label::new("r1").unwrap(),
+        );
+        assert!(granted
+            .authorize(
+                &identity(Role::Controller, "deployer"),
+                None,
+                &[],
+                Request::Register(registration("n1", "web")),
+                &cat,
+            )
+            .is_ok());
+    }
+
+    #[test]
+    fn an_agent_registers_only_addresses_its_node_declared() {
+        let r = rules_with(Vec::new());
+        let n1 = NodeId::new("n1").unwrap();
+        let here = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let there = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        assert!(r
+            .may_register(&n1, None, &svc("web"), here, &[here])
+            .is_ok());
+        let e = r
+            .may_register(&n1, None, &svc("web"), there, &[here])
+            .unwrap_err();
+        assert!(
+            e.contains("address 10.0.0.2 is not one of node n1's declared addresses (10.0.0.1)"),
+            "{e}"
+        );
+        let e = r
+            .may_register(&n1, None, &svc("web"), there, &[])
+            .unwrap_err();
+        assert!(e.contains("declared none"), "{e}");
+        // A rule's any_address, or registration.addresses = "any".
+        let lenient = rules_with(vec![rule(&["n1"], &[], &["default/web/*"], true)]);
+        assert!(lenient
+            .may_register(&n1, None, &svc("web"), there, &[here])
+            .is_ok());
+        let mut config = ArbiterConfig::default();
+        config.registration.addresses = AddressRule::Any;
+        let any = Rules::new(&config, Label::new("r1").unwrap());
+        assert!(any.may_register(&n1, None, &svc("web"), there, &[]).is_ok());
+    }
+
+    #[test]
+    fn a_hello_declares_addresses_within_the_certificate() {
+        let here = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let there = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let hello_at = |addresses: Vec<IpAddr>| SessionUp::Hello {
+            node: NodeId::new("n1").unwrap(),
+            epoch: AgentEpoch(4),
+            zone: Label::new("z1").unwrap(),
+            addresses,
+        };
+        let register_at = |address: IpAddr| {
+            let mut reg = registration("n1", "web");
+            reg.address = address;
+            Request::Register(reg)
+        };
+        let cat = catalog();
+        let mut s = Sessions::new(rules_with(Vec::new()), ShardId(0), 10_000);
+        // The certificate names 10.0.0.1: a Hello naming 10.0.0.2 is refused.
+        s.connect(1, identity(Role::Agent, "n1"), vec![here]);
+        let (_, step) = s.message(1, hello_at(vec![there]), 1);
+        assert!(
+            matches!(&step, Step::Refuse(r) if r.contains("which the certificate does not name")),
+            "{step:?}"
+        );
+        // A Hello that names none: the certificate's addresses are the node's.
+        s.connect(2, identity(Role::Agent, "n1"), vec![here]);
+        assert!(matches!(
+            s.message(2, hello_at(Vec::new()), 1).1,
+            Step::Grant(_)
+        ));
+        assert!(s.request(2, register_at(here), &cat, 2).is_ok());
+        assert!(s.request(2, register_at(there), &cat, 2).is_err());
+        // A certificate without IP SANs: the Hello's addresses are the node's.
+        s.connect(3, identity(Role::Agent, "n1"), Vec::new());
+        assert!(matches!(
+            s.message(3, hello_at(vec![there]), 1).1,
+            Step::Grant(_)
+        ));
+        assert!(s.request(3, register_at(there), &cat, 2).is_ok());
+        assert!(s.request(3, register_at(here), &cat, 2).is_err());
+        // Too many addresses.
+        s.connect(4, identity(Role::Agent, "n1"), Vec::new());
+        let many: Vec<IpAddr> = (0..=MAX_DECLARED_ADDRESSES)
+            .map(|i| IpAddr::V4(Ipv4Addr::new(10, 1, 0, i as u8)))
+            .collect();
+        assert!(matches!(
+            s.message(4, hello_at(many), 1).1,
+            Step::Refuse(r) if r.contains("at most")
+        ));
     }
 }

@@ -565,6 +565,10 @@ pub struct ServerNames {
     pub dns: Vec<String>,
     /// IP addresses.
     pub ips: Vec<IpAddr>,
+    /// Each agent's node addresses, by node name, put in its certificate as
+    /// IP SANs: what the arbiter lets that node register
+    /// (`registration.addresses = "declared"`).
+    pub agent_ips: std::collections::BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// Issues a bundle for each identity into `out` (created if missing), named
@@ -630,6 +634,13 @@ pub fn write_certs(
             let issued = match identity.principal.role {
                 Role::Arbiter | Role::Bridge => {
                     ca.issue(identity, &server_names.dns, &server_names.ips)?
+                }
+                Role::Agent => {
+                    let ips = server_names
+                        .agent_ips
+                        .get(identity.principal.name.as_str())
+                        .map_or(&[][..], Vec::as_slice);
+                    ca.issue(identity, &[], ips)?
                 }
                 _ => ca.issue(identity, &[], &[])?,
             };
@@ -791,6 +802,19 @@ pub fn peer_identity(conn: &quinn::Connection) -> Result<Identity, TlsError> {
         .ok_or(TlsError::NoPeerCertificate)?;
     let leaf = chain.first().ok_or(TlsError::NoPeerCertificate)?;
     Ok(identity_from_cert_der(leaf)?)
+}
+
+/// The IP SANs of the certificate a verified QUIC peer presented (none
+/// when it presented none).
+pub fn peer_ip_sans(conn: &quinn::Connection) -> Vec<std::net::IpAddr> {
+    conn.peer_identity()
+        .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|chain| {
+            chain
+                .first()
+                .map(|leaf| crate::identity::ip_sans_from_cert_der(leaf))
+        })
+        .unwrap_or_default()
 }
 
 /// The trust store: the region's CA and nothing else.
@@ -1127,13 +1151,15 @@ mod tests {
         let names = ServerNames {
             dns: vec!["arb-1.r1.example".to_owned()],
             ips: vec!["10.0.0.5".parse().expect("ip")],
+            agent_ips: [("node-2".to_owned(), vec!["10.0.0.12".parse().expect("ip")])].into(),
         };
         let arbiter = id("r1", Role::Arbiter, "arb-1");
         let agent = id("r1", Role::Agent, "node-1");
+        let addressed = id("r1", Role::Agent, "node-2");
         write_certs(
             dir.path(),
             &region("r1"),
-            &[arbiter.clone(), agent.clone()],
+            &[arbiter.clone(), agent.clone(), addressed.clone()],
             &names,
         )
         .expect("write");
@@ -1156,6 +1182,16 @@ mod tests {
                 .iter()
                 .any(|s| s.contains("arb-1.r1.example") || s.contains("10.0.0.5")),
             "{agent_sans:?}"
+        );
+        // An agent given addresses gets them, and only its own.
+        assert!(
+            !agent_sans.iter().any(|s| s.contains("10.0.0.12")),
+            "{agent_sans:?}"
+        );
+        let leaf = der(&addressed);
+        assert_eq!(
+            crate::identity::ip_sans_from_cert_der(&leaf),
+            vec!["10.0.0.12".parse::<IpAddr>().expect("ip")]
         );
     }
 

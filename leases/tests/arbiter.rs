@@ -41,6 +41,10 @@ async fn arbiter(
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.join("arbiter"),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     tune(&mut config);
@@ -91,6 +95,7 @@ async fn seed_session(
         node: NodeId::new("seed").unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (w, mut r) = conn.open_session(&hello).await.unwrap();
     assert!(matches!(
@@ -167,6 +172,7 @@ async fn a_reconnect_storm_never_exceeds_the_snapshot_bound_and_everyone_converg
             node: NodeId::new(&node).unwrap(),
             epoch: AgentEpoch(1),
             zone: Label::new("z1").unwrap(),
+            addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
         };
         let (w, mut r) = conn.open_session(&hello).await.unwrap();
         assert!(matches!(
@@ -330,6 +336,7 @@ async fn a_session_must_start_with_hello_for_the_certificates_node() {
         node: NodeId::new("node-b").unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (_w, mut r) = conn.open_session(&hello).await.unwrap();
     match r.next().await.unwrap() {
@@ -347,6 +354,7 @@ async fn a_session_must_start_with_hello_for_the_certificates_node() {
         node: NodeId::new("ops").unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (_w, mut r) = conn.open_session(&hello).await.unwrap();
     assert!(matches!(
@@ -372,6 +380,7 @@ async fn a_certificate_from_another_ca_gets_nothing() {
             node: NodeId::new("node-a").unwrap(),
             epoch: AgentEpoch(1),
             zone: Label::new("z1").unwrap(),
+            addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
         };
         let (_w, mut r) = conn.open_session(&hello).await.ok()?;
         r.next().await.ok()
@@ -400,6 +409,7 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
                 node: NodeId::new(node).unwrap(),
                 epoch: AgentEpoch(7),
                 zone: Label::new("z1").unwrap(),
+                addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
             };
             let (w, mut r) = conn.open_session(&hello).await.unwrap();
             assert!(matches!(

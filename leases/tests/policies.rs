@@ -31,6 +31,10 @@ async fn arbiter(ca: &Ca, dir: &std::path::Path) -> ArbiterServer {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.join("arbiter"),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     common::start_when_released(config, &material(ca, "arbiter-1")).await
@@ -262,6 +266,10 @@ async fn a_policy_sent_to_a_follower_is_committed_by_the_leader() {
             listen: SocketAddr::from(([127, 0, 0, 1], *port)),
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_dir: dir.path().join(&name),
+            // Tests register addresses no node declared.
+            registration: rollcall_config::RegistrationConfig {
+                addresses: rollcall_config::AddressRule::Any,
+            },
             ..ArbiterConfig::default()
         };
         config.raft.id = i as u64 + 1;

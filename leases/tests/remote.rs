@@ -21,6 +21,10 @@ async fn arbiter(ca: &Ca, dir: &std::path::Path) -> ArbiterServer {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.join("arbiter"),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     let identity = Identity::new(

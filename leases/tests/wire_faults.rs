@@ -42,6 +42,10 @@ async fn a_corrupted_snapshot_does_not_check_and_is_counted() {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.path().join("arbiter"),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     let server = ArbiterServer::start(config, &material(&ca, Role::Arbiter, "arbiter-1"))
@@ -55,6 +59,7 @@ async fn a_corrupted_snapshot_does_not_check_and_is_counted() {
         node: NodeId::new("node-1").unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (mut w, mut r) = conn.open_session(&hello).await.unwrap();
     // Only deltas and snapshots are corrupted.

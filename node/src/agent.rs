@@ -154,6 +154,43 @@ impl AgentHandle {
     }
 }
 
+/// The addresses this node declares in Hello: `advertise_addresses` when
+/// set; none when the certificate carries IP SANs (the arbiter takes those);
+/// else every address of the host's interfaces, at most
+/// `MAX_DECLARED_ADDRESSES` of them.
+fn declared_addresses(config: &AgentConfig, tls: Option<&TlsMaterial>) -> Vec<std::net::IpAddr> {
+    if !config.advertise_addresses.is_empty() {
+        return config.advertise_addresses.clone();
+    }
+    let certified = tls
+        .and_then(|t| t.cert_chain.first())
+        .map(|leaf| rollcall_leases::identity::ip_sans_from_cert_der(leaf))
+        .unwrap_or_default();
+    if !certified.is_empty() {
+        return Vec::new();
+    }
+    let mut found: Vec<std::net::IpAddr> = match if_addrs::get_if_addrs() {
+        Ok(interfaces) => interfaces.iter().map(if_addrs::Interface::ip).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the host's interface addresses: this node declares none, so an arbiter with registration.addresses = \"declared\" refuses its registrations; set advertise_addresses");
+            Vec::new()
+        }
+    };
+    found.retain(|a| !a.is_unspecified() && !a.is_multicast());
+    found.sort();
+    found.dedup();
+    let max = rollcall_leases::protocol::MAX_DECLARED_ADDRESSES;
+    if found.len() > max {
+        tracing::warn!(
+            found = found.len(),
+            max,
+            "the host has more interface addresses than a Hello declares; the first {max} are declared, set advertise_addresses to choose"
+        );
+        found.truncate(max);
+    }
+    found
+}
+
 impl Agent {
     /// Starts the agent: loads its files, serves the cache at once (stale),
     /// connects to the arbiter (when `arbiters` is set) and serves the local
@@ -209,6 +246,7 @@ impl Agent {
             (false, Some(tls)) => Some(ArbiterClient::new(tls)?),
             (false, None) => return Err(AgentError::Config("agent.tls is required when agent.arbiters is set; generate certificates with `rollcall certs`".into())),
         };
+        let declared = declared_addresses(&config, tls);
         let prober = Prober::new(config.probes.max_concurrent as usize)
             .map_err(|e| AgentError::Config(e.to_string()))?;
         let config = Arc::new(config);
@@ -289,6 +327,7 @@ impl Agent {
                 node: node.clone(),
                 epoch,
                 zone: zone.clone(),
+                addresses: declared.clone(),
             },
             client,
             session: None,

@@ -535,6 +535,7 @@ async fn a_certificate_for_another_node_gets_no_lease_and_writes_nothing() {
         node: NodeId::new("node-a").unwrap(),
         epoch,
         zone: Label::new("z1").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (_writer, mut reader) = conn.open_session(&hello).await.unwrap();
     let welcome = reader.next().await.unwrap();
@@ -925,4 +926,68 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
         .await;
         assert!(status == 200 || status == 401, "{addr}: {status}");
     }
+}
+
+/// Issue 20 item 2, through real agents' HTTP API against a real arbiter:
+/// `[[registration_rules]]` bind the nodes they name to the services they
+/// list, and `registration.addresses = "declared"` (the default) to the
+/// addresses the node declared in its Hello. A refusal is 403 with the
+/// reason and changes nothing; a node no rule names registers as before.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn registration_rules_refuse_unlisted_services_and_undeclared_addresses() {
+    let cluster = Cluster::start_with(|c| {
+        c.registration_rules = vec![rollcall_config::RegistrationRule {
+            nodes: vec![rollcall_config::NodePattern::try_from("edge-*".to_owned()).unwrap()],
+            zones: Vec::new(),
+            services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],
+            any_address: false,
+        }];
+    })
+    .await;
+    let admin = cluster.admin();
+    let mut edge = cluster.agent_config("edge-1");
+    edge.advertise_addresses = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let edge = cluster.agent_with(edge).await;
+    let http = Http::of(&edge);
+    http.wait_connected().await;
+
+    let (status, body) = http.register("web", "web-1", 8080).await;
+    assert_eq!(
+        status, 200,
+        "a listed service at a declared address: {body}"
+    );
+    let before = admin.revision().await;
+
+    let (status, body) = http.register("api", "api-1", 8081).await;
+    assert_eq!(status, 403, "{body}");
+    let message = body.to_string();
+    assert!(
+        message.contains("may not register") && message.contains("default/web/*"),
+        "the refusal names the rule's services: {message}"
+    );
+
+    let (status, body) = http
+        .register_at("web", "web-2", "127.0.0.9", 8082, 100)
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let message = body.to_string();
+    assert!(
+        message.contains("127.0.0.9") && message.contains("declared addresses"),
+        "the refusal names the address: {message}"
+    );
+    assert_eq!(admin.revision().await, before, "a refusal commits nothing");
+    assert_eq!(http.ready_ids("web").await.unwrap(), vec!["web-1"]);
+    let refused = admin
+        .metric("rollcall_arbiter_refusals_total{kind=\"forbidden\"}")
+        .await;
+    assert!(refused >= 2.0, "refusals counted: {refused}");
+
+    // A node no rule names may register any service at its own address.
+    let core = cluster.agent("core-1").await;
+    let core_http = Http::of(&core);
+    core_http.wait_connected().await;
+    let (status, body) = core_http.register("api", "api-2", 8083).await;
+    assert_eq!(status, 200, "{body}");
+    edge.shutdown().await;
+    core.shutdown().await;
 }

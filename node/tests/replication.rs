@@ -139,6 +139,10 @@ impl Group {
                 listen: SocketAddr::from(([127, 0, 0, 1], *port)),
                 admin: SocketAddr::from(([127, 0, 0, 1], 0)),
                 data_dir: dir.path().join(format!("arbiter-{}", i + 1)),
+                // Tests register addresses no node declared.
+                registration: rollcall_config::RegistrationConfig {
+                    addresses: rollcall_config::AddressRule::Any,
+                },
                 ..ArbiterConfig::default()
             };
             config.raft.id = i as u64 + 1;
@@ -522,6 +526,7 @@ async fn report_down(group: &Group, on: usize, node: &str, epoch: AgentEpoch) ->
         node: NodeId::new(reporter).unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("default").unwrap(),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (_writer, mut reader) = conn.open_session(&hello).await.unwrap();
     let welcome = reader.next().await.unwrap();

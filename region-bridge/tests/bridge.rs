@@ -48,6 +48,10 @@ async fn arbiter(ca: &Ca, region: &str, dir: &Path) -> ArbiterServer {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: dir.join(format!("arbiter-{region}")),
+        // Tests register addresses no node declared.
+        registration: rollcall_config::RegistrationConfig {
+            addresses: rollcall_config::AddressRule::Any,
+        },
         ..ArbiterConfig::default()
     };
     // The test's agent never renews: its lease outlives the test.
@@ -132,6 +136,7 @@ async fn register_web(
         node: NodeId::new("n1").unwrap(),
         epoch: AgentEpoch(1),
         zone: label("z1"),
+        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (writer, mut reader) = conn.open_session(&hello).await.unwrap();
     assert!(matches!(

@@ -93,7 +93,7 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
             .args(["certs", "--out"])
             .arg(&certs)
             .args(["--region", &region.name, "--arbiter", "arbiter-1"])
-            .args(["--agent", &gateway(&region.name)])
+            .args(["--agent", &format!("{}={ip}", gateway(&region.name))])
             .args(["--bridge", &format!("bridge-{}", region.name)])
             .args(["--ip", &ip.to_string()])
             .stdout(Stdio::null())

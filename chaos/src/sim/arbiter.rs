@@ -49,7 +49,9 @@ impl World {
             self.after(latency, Ev::Closed { agent: a, session });
             return;
         }
-        self.arb.sessions.connect(session, self.identity(a));
+        self.arb
+            .sessions
+            .connect(session, self.identity(a), Vec::new());
         self.arb.conns.insert(session, a);
         self.arb.dist.connect(session);
         let agent = &self.agents[a as usize];
@@ -57,6 +59,7 @@ impl World {
             node: agent.node.clone(),
             epoch: agent.epoch,
             zone: self.zone_labels[agent.zone as usize].clone(),
+            addresses: vec![agent_ip(a)],
         };
         self.session_message(a, session, hello);
     }

@@ -89,11 +89,13 @@ async fn serve(
         .await;
         return;
     }
+    let certified = tls::peer_ip_sans(&conn);
     let (tx, rx) = mpsc::unbounded_channel();
     if core
         .send(CoreMsg::Connected {
             agent,
             identity,
+            certified,
             tx,
         })
         .await

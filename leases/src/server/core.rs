@@ -40,7 +40,7 @@ use crate::ids::{AgentEpoch, AgentId, CatalogId, Revision};
 use crate::leader::{agent_principal, LeaderMemory, LeaderParams, Verdict};
 use crate::name::{NodeId, PrincipalName, ServiceKey};
 use crate::peer_protocol::{Heard, PeerRequest, PeerResponse};
-use crate::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
+use crate::protocol::{RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp};
 use crate::raft::{AppliedCatalog, AppliedMark, CatalogRaftNode, Proposal, ReplicaId};
 use crate::regions::{regions_update, RegionsEpoch, RegionsFeed};
 use crate::remote::RemoteViews;
@@ -391,10 +391,11 @@ impl Core {
             CoreMsg::Connected {
                 agent,
                 identity,
+                certified,
                 tx,
             } => {
                 self.dist.connect(agent);
-                self.sessions.connect(agent, identity);
+                self.sessions.connect(agent, identity, certified);
                 self.conns.insert(agent, tx);
             }
             CoreMsg::Session { agent, msg } => self.session(agent, msg, now, proposals),
@@ -683,13 +684,24 @@ impl Core {
             }
             Err(response) => {
                 self.metrics.rejections.inc();
-                if let Response::Rejected { kind, .. } = &response {
+                if let Response::Rejected { kind, message } = &response {
                     self.metrics
                         .refusals
                         .get_or_create(&KindLabel {
                             kind: kind.as_str(),
                         })
                         .inc();
+                    // A refused write (another node's instance, a service
+                    // or an address the registration rules do not allow)
+                    // is recorded with who asked: it changed nothing, so
+                    // the catalog's audit log holds no entry of it.
+                    if *kind == RejectKind::Forbidden {
+                        let who = self
+                            .sessions
+                            .identity(agent)
+                            .map_or_else(|| "a closed connection".to_owned(), ToString::to_string);
+                        tracing::warn!(target: "rollcall::audit", identity = %who, reason = %message, "request refused");
+                    }
                 }
                 let _ = reply.send(response);
             }

@@ -81,6 +81,9 @@ pub enum CoreMsg {
         agent: AgentId,
         /// The identity its certificate names.
         identity: Identity,
+        /// Its certificate's IP SANs: the addresses its node may register
+        /// (`[registration]`).
+        certified: Vec<std::net::IpAddr>,
         /// Where to send its messages.
         tx: mpsc::UnboundedSender<Outbound>,
     },
