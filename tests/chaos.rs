@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 27] = [
+const REPORT_KEYS: [&str; 28] = [
     "scenario",
     "git_commit",
     "git_dirty",
@@ -26,6 +26,7 @@ const REPORT_KEYS: [&str; 27] = [
     "conns",
     "failed_conns",
     "false_removals",
+    "view_dips",
     "max_concurrent_snapshots",
     "snapshots_refused",
     "phases",

@@ -148,3 +148,51 @@ fn a_ca_of_another_region_is_not_reused() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("region r1"), "{stderr}");
 }
+
+#[test]
+fn an_agent_given_addresses_gets_them_as_ip_sans_and_a_bad_one_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("certs");
+    let output = rollcall_certs(
+        &out,
+        &[
+            "--region",
+            "r1",
+            "--agent",
+            "node-17=10.0.0.17,fd00::17",
+            "--agent",
+            "node-18",
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let sans = |name: &str| {
+        let pem = fs::read(out.join(name)).expect("certificate file exists");
+        let der = CertificateDer::from_pem_slice(&pem).expect("certificate file holds PEM");
+        rollcall_leases::identity::ip_sans_from_cert_der(&der)
+    };
+    assert_eq!(
+        sans("agent-node-17.crt"),
+        vec![
+            "10.0.0.17".parse::<std::net::IpAddr>().unwrap(),
+            "fd00::17".parse().unwrap()
+        ]
+    );
+    assert_eq!(
+        identity_in(&out.join("agent-node-17.crt")).to_string(),
+        "rollcall://r1/agent/node-17"
+    );
+    assert!(sans("agent-node-18.crt").is_empty());
+
+    let bad = dir.path().join("bad");
+    let output = rollcall_certs(&bad, &["--region", "r1", "--agent", "node-17=10.0.0.x"]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("\"10.0.0.x\" is not an IP address"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(
+        !bad.join("ca.crt").exists(),
+        "a refused command writes nothing"
+    );
+}
