@@ -74,8 +74,13 @@ async fn agent_with_dns(cluster: &Cluster) -> (AgentHandle, Http, DnsHandle) {
 /// [`agent_with_dns`] for an agent with `config`.
 async fn agent_with_dns_config(
     cluster: &Cluster,
-    config: rollcall_config::AgentConfig,
+    mut config: rollcall_config::AgentConfig,
 ) -> (AgentHandle, Http, DnsHandle) {
+    // The tests register instances at 127.0.0.1–4: the node declares them
+    // (the arbiter accepts only a node's declared addresses by default).
+    if config.advertise_addresses.is_empty() {
+        config.advertise_addresses = (1..=4).map(v4).collect();
+    }
     let handle = cluster.agent_with(config).await;
     let http = Http::of(&handle);
     http.wait_connected().await;
@@ -290,7 +295,9 @@ async fn a_first_query_waits_for_the_arbiter_instead_of_servfail() {
     let (_handle, _http, dns) = agent_with_dns(&cluster).await;
     // A service registered through another node's agent: this agent has
     // never followed it.
-    let other = cluster.agent("node-b").await;
+    let mut config_b = cluster.agent_config("node-b");
+    config_b.advertise_addresses = vec![v4(3)];
+    let other = cluster.agent_with(config_b).await;
     let http_b = Http::of(&other);
     http_b.wait_connected().await;
     let (status, body) = http_b

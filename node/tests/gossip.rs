@@ -62,9 +62,21 @@ async fn a_killed_agent_leaves_every_answer_through_a_gossip_verdict() {
         })
         .await;
     }
-    // It left through a down verdict, not a lease expiry.
+    // It left through a down verdict, not a lease expiry. The answers drop
+    // it as soon as gossip does (the agents hold a gossip-down node out
+    // locally); the arbiter commits once its own session has been silent
+    // for `silence_ms` too, which can be later: wait for the first removal
+    // the audit log records, then check which one it was.
     let admin = cluster.admin();
-    let (_, audit) = admin.get("/v1/audit?limit=1000").await;
+    let audit = eventually("a node-down or lease expiry in the audit log", || async {
+        let (_, audit) = admin.get("/v1/audit?limit=1000").await;
+        audit
+            .as_array()?
+            .iter()
+            .any(|e| e["command"] == "node-down" || e["command"] == "expire-lease")
+            .then_some(audit)
+    })
+    .await;
     let verdicts: Vec<_> = audit
         .as_array()
         .unwrap()
