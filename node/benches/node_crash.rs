@@ -203,26 +203,39 @@ async fn run() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let audit: serde_json::Value = client
-            .get(format!("{admin}/v1/audit?limit=10000"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if let Some(at) = audit
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| {
-                e["command"] == "node-down" && e["detail"].as_str().unwrap_or("").contains(&node)
-            })
-            .filter_map(|e| e["at_ms"].as_u64())
-            .find(|t| *t >= crash_ms)
-        {
-            to_commit.push((at - crash_ms) as f64);
+        // The views may drop the node before the arbiter commits: agents
+        // hold a gossip-down node out locally until the arbiter, which
+        // waits for its own session's silence, settles the report. Poll the
+        // audit log for the commit, within the same deadline.
+        loop {
+            let audit: serde_json::Value = client
+                .get(format!("{admin}/v1/audit?limit=10000"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let committed = audit
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| {
+                    e["command"] == "node-down"
+                        && e["detail"].as_str().unwrap_or("").contains(&node)
+                })
+                .filter_map(|e| e["at_ms"].as_u64())
+                .find(|t| *t >= crash_ms);
+            if let Some(at) = committed {
+                to_commit.push((at - crash_ms) as f64);
+                break;
+            }
+            if t0.elapsed() > deadline {
+                println!("crash {k}: no down verdict for {node} after {deadline:?}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Restart it: a new agent run with the same data directory.
         agents[i] = Some(fleet.start(i, seed, gossip_addr).await);
