@@ -208,15 +208,7 @@ async fn run() {
         // waits for its own session's silence, settles the report. Poll the
         // audit log for the commit, within the same deadline.
         loop {
-            let audit: serde_json::Value = client
-                .get(format!("{admin}/v1/audit?limit=10000"))
-                .bearer_auth(&token)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let audit = audit_log(&client, &admin, &token).await;
             let committed = audit
                 .as_array()
                 .unwrap()
@@ -244,15 +236,7 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let audit: serde_json::Value = client
-        .get(format!("{admin}/v1/audit?limit=10000"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = audit_log(&client, &admin, &token).await;
     let verdicts = audit
         .as_array()
         .unwrap()
@@ -278,4 +262,17 @@ async fn run() {
     );
     support::expect_samples("(a) crashes committed as down", seen_at_arbiter, crashes);
     support::expect_samples("(b) crashes out of every view", seen_everywhere, crashes);
+}
+
+/// The arbiter's audit log (its last 10,000 entries) from the admin API.
+async fn audit_log(client: &reqwest::Client, admin: &str, token: &str) -> serde_json::Value {
+    client
+        .get(format!("{admin}/v1/audit?limit=10000"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
