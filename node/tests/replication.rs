@@ -557,11 +557,10 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
 {
     let mut group = Group::start(|c| {
         c.lease.ttl_ms = 3_000;
-        // The down report below comes "right after the election": within
-        // silence_ms of the new leader taking office, or the two-signal
-        // rule rightly accepts it. 2 s leaves room for a loaded machine
-        // (with 1 s, one full `cargo test --workspace` run of seven here
-        // saw the report accepted); the 4 s sleep is still past a TTL.
+        // The down report below is held until a2's session is heard
+        // again (refused: a partition) or silent for silence_ms (accepted,
+        // rightly). 2 s of keepalives every 200 ms leaves room for a
+        // loaded machine; the 4 s sleep is still past a TTL.
         c.lease.silence_ms = 2_000;
         c.lease.sweep_interval_ms = 100;
     })
@@ -594,8 +593,26 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
             (seen != leader).then_some(seen)
         })
         .await;
-        // Right after the election, a down report about a live agent (as
-        // a gossip peer that lost sight of it would send).
+        // Every agent's session is back, on a replica that runs: until
+        // then the new leader rightly counts a2 as silent from the moment
+        // it took office, and on a loaded machine a reconnect can take
+        // longer than `silence_ms` (a CI run of the whole workspace saw the
+        // report below accepted while a2 was still reconnecting).
+        let stopped = group.quic_addrs()[leader].clone();
+        for agent in &agents {
+            let http = Http::of(agent);
+            eventually(
+                "the agent's session is back on a running replica",
+                || async {
+                    let arbiter = &http.status().await["arbiter"];
+                    (arbiter["connected"] == true && arbiter["address"] != stopped.as_str())
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+        // Soon after the election, a down report about a live agent (as a
+        // gossip peer that lost sight of it would send).
         let answer = report_down(&group, survivor, "a2", agents[1].agent.epoch()).await;
         assert!(
             matches!(
