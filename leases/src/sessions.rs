@@ -452,6 +452,10 @@ struct Session {
     declared: Vec<IpAddr>,
     /// The lease it holds, once its Hello was accepted.
     held: Option<(NodeId, AgentEpoch)>,
+    /// Whether its `Welcome` went out: nothing else may go down the
+    /// session stream before it (the agent's handshake reads the Welcome
+    /// first and ends the session on anything else).
+    welcomed: bool,
 }
 
 /// Every connection's session on one replica, and the rules.
@@ -490,6 +494,7 @@ impl Sessions {
                 declared: certified.clone(),
                 certified,
                 held: None,
+                welcomed: false,
             },
         );
     }
@@ -499,9 +504,27 @@ impl Sessions {
         self.sessions.remove(&agent).and_then(|s| s.held)
     }
 
-    /// The lease `agent`'s session holds.
+    /// The lease `agent`'s session holds (from its accepted Hello on,
+    /// the Welcome sent or not).
     pub fn held(&self, agent: AgentId) -> Option<&(NodeId, AgentEpoch)> {
         self.sessions.get(&agent).and_then(|s| s.held.as_ref())
+    }
+
+    /// The driver sent `agent` its `Welcome`: the session may now be sent
+    /// anything (witness questions, regions updates).
+    pub fn welcomed(&mut self, agent: AgentId) {
+        if let Some(session) = self.sessions.get_mut(&agent) {
+            session.welcomed = session.held.is_some();
+        }
+    }
+
+    /// The lease `agent`'s session holds, once its Welcome went out: the
+    /// sessions a driver may send unasked messages to.
+    pub fn live(&self, agent: AgentId) -> Option<&(NodeId, AgentEpoch)> {
+        self.sessions
+            .get(&agent)
+            .filter(|s| s.welcomed)
+            .and_then(|s| s.held.as_ref())
     }
 
     /// The identity `agent`'s certificate names.
@@ -1100,6 +1123,27 @@ mod tests {
             s.disconnect(1),
             Some((NodeId::new("n1").unwrap(), AgentEpoch(4)))
         );
+    }
+
+    #[test]
+    fn a_session_is_live_only_once_its_welcome_went_out() {
+        let mut s = sessions();
+        s.connect(1, identity(Role::Agent, "n1"), Vec::new());
+        s.welcomed(1);
+        assert!(s.live(1).is_none(), "no Hello yet: nothing to welcome");
+        let (_, step) = s.message(1, hello("n1"), 7);
+        assert!(matches!(step, Step::Grant(_)));
+        // The grant is proposed, not committed: the session holds the
+        // lease, but nothing may go down its stream before the Welcome.
+        assert!(s.held(1).is_some());
+        assert!(s.live(1).is_none());
+        s.welcomed(1);
+        assert_eq!(
+            s.live(1),
+            Some(&(NodeId::new("n1").unwrap(), AgentEpoch(4)))
+        );
+        s.disconnect(1);
+        assert!(s.live(1).is_none());
     }
 
     #[test]

@@ -282,7 +282,7 @@ impl World {
                 .conns
                 .keys()
                 .filter_map(|session| {
-                    let (node, _) = self.arb.sessions.held(*session)?;
+                    let (node, _) = self.arb.sessions.live(*session)?;
                     let heard = self.arb.leader.last_heard(node)?;
                     if now_ms.saturating_sub(heard) > silence {
                         return None;
@@ -355,6 +355,7 @@ impl World {
                         .and_then(|_| self.arb.catalog.leases().get(node))
                         .map(|l| l.id);
                     if let (Some(lease), true) = (lease, self.link_up(agent)) {
+                        self.arb.sessions.welcomed(session);
                         let at = self.down_arrival(agent, latency);
                         self.at(
                             at,

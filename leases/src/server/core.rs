@@ -595,7 +595,7 @@ impl Core {
                 .conns
                 .keys()
                 .filter_map(|agent| {
-                    let (node, _) = self.sessions.held(*agent)?;
+                    let (node, _) = self.sessions.live(*agent)?;
                     let heard = self.leader.last_heard(node)?;
                     if now.saturating_sub(heard) > silence {
                         return None;
@@ -992,7 +992,7 @@ impl Core {
         let epoch = RegionsEpoch::of(&cat, remote);
         let mut due = Vec::new();
         for &agent in agents {
-            if self.sessions.held(agent).is_none() || self.regions.unchanged(agent, epoch, now) {
+            if self.sessions.live(agent).is_none() || self.regions.unchanged(agent, epoch, now) {
                 continue;
             }
             let update = regions_update(self.dist.subscriptions(agent), &cat, remote, now);

@@ -249,6 +249,7 @@ impl Core {
                 drop(cat);
                 tracing::info!(node = %node, lease = %lease, "agent session started");
                 self.send(agent, welcome);
+                self.sessions.welcomed(agent);
             }
         }
     }
