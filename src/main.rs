@@ -100,6 +100,9 @@ enum Command {
     /// traffic timelines and reports (needs root).
     #[command(subcommand)]
     Chaos(ChaosCommand),
+    /// Benchmarks that size a region on this machine.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// A test backend for the chaos harness: a TCP server that answers
     /// every connection with one line, its instance id, then holds the
     /// connection until the client closes it.
@@ -127,6 +130,89 @@ enum ChaosCommand {
     /// `<!-- rollcall chaos summary: end -->`. Exits 2 when a report cannot
     /// be read.
     Summary(ChaosSummaryArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Load a real arbiter (or Raft group) with thousands of real agent
+    /// sessions: each simulated agent is the agent's own state machine on
+    /// its own QUIC/mTLS session. Runs the setup (connect, register,
+    /// follow), then the scenarios, and writes report.json, report.md and
+    /// SVG plots. Exits 0 when every figure has its samples, 1 when the
+    /// run measured less than it claims (undelivered changes, a phase cut
+    /// short, no convergence), 2 when it cannot run. Targets missed are
+    /// reported, not failed.
+    Fleet(BenchFleetArgs),
+    /// One worker process of `bench fleet` (started by it, not by hand).
+    #[command(hide = true)]
+    Worker(BenchWorkerArgs),
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BenchScenario {
+    Steady,
+    Deploy,
+    Storm,
+    All,
+}
+
+#[derive(Debug, Args)]
+struct BenchFleetArgs {
+    /// An arbiter replica's QUIC address to load (repeatable); without it
+    /// the bench starts its own group (--spawn).
+    #[arg(long = "arbiter", value_name = "ADDR")]
+    arbiters: Vec<String>,
+    /// Start an arbiter group of N replicas (1 or 3) on loopback as real
+    /// processes, and stop it at the end (the default: 1).
+    #[arg(long, value_name = "N", conflicts_with = "arbiters")]
+    spawn: Option<usize>,
+    /// With --arbiter: the directory holding the region's ca.crt and
+    /// ca.key (as `rollcall certs` writes them), from which each agent's
+    /// certificate is issued.
+    #[arg(long, value_name = "DIR", requires = "arbiters")]
+    certs: Option<PathBuf>,
+    /// With --arbiter: a replica's admin address, for its /metrics
+    /// (repeatable, in the order of --arbiter).
+    #[arg(long, value_name = "ADDR", requires = "arbiters")]
+    admin: Vec<SocketAddr>,
+    /// Simulated agents, one session each.
+    #[arg(long, value_name = "N", default_value_t = 5_000)]
+    agents: u32,
+    /// Instances, spread over the agents.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    instances: u32,
+    /// Services, sized by a Zipf-like law as in the fleet simulation.
+    #[arg(long, value_name = "N", default_value_t = 2_000)]
+    services: u32,
+    /// Services each agent follows, skewed towards the popular ones.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    follow: u32,
+    /// What to run after the setup.
+    #[arg(long, value_enum, default_value = "all")]
+    scenario: BenchScenario,
+    /// Length of steady, and the window the deploy's replacements are
+    /// spread over, s.
+    #[arg(long, value_name = "S", default_value_t = 120.0)]
+    duration_s: f64,
+    /// Report directory (its work/ holds configs and logs of the run).
+    #[arg(long, value_name = "DIR", default_value = "bench-reports/fleet")]
+    report: PathBuf,
+    /// Seed of the plan (who runs and follows what, what is replaced).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Worker processes that share the agents (the load generator's cores).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    procs: u32,
+}
+
+#[derive(Debug, Args)]
+struct BenchWorkerArgs {
+    /// The settings file the coordinator wrote.
+    #[arg(long, value_name = "FILE")]
+    settings: PathBuf,
+    /// Which worker this is.
+    #[arg(long, value_name = "K")]
+    index: u32,
 }
 
 #[derive(Debug, Args)]
@@ -585,6 +671,13 @@ fn main() -> ExitCode {
         Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos_sim(args),
         Command::Chaos(ChaosCommand::Summary(args)) => chaos_summary(&args),
+        Command::Bench(BenchCommand::Fleet(args)) => serve(bench_fleet(args)),
+        Command::Bench(BenchCommand::Worker(args)) => {
+            init_process();
+            rollcall_chaos::bench::worker::run(&args.settings, args.index)
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
         Command::Echo(args) => serve(async move {
             let data = rollcall_chaos::echo::serve(args.listen, args.id, !args.no_hold);
             match args.health {
@@ -715,6 +808,14 @@ fn load<T: Default>(
 fn serve(
     command: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> anyhow::Result<ExitCode> {
+    init_process();
+    // An actix System over one multi-thread tokio runtime: the agent's
+    // actors need the System, and everything else shares the runtime.
+    rollcall_node::runtime::block_on(None, command)
+}
+
+/// Logs on stderr and the one TLS crypto provider, once per process.
+fn init_process() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -726,9 +827,6 @@ fn serve(
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     tls::install_crypto_provider();
-    // An actix System over one multi-thread tokio runtime: the agent's
-    // actors need the System, and everything else shares the runtime.
-    rollcall_node::runtime::block_on(None, command)
 }
 
 /// Waits for Ctrl-C or SIGTERM.
@@ -959,6 +1057,65 @@ async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+async fn bench_fleet(args: BenchFleetArgs) -> anyhow::Result<ExitCode> {
+    use rollcall_chaos::bench;
+    let binary = std::env::current_exe().context("finding the rollcall binary")?;
+    let fleet = bench::FleetArgs {
+        spawn: args.spawn.unwrap_or(1),
+        arbiters: args.arbiters,
+        admin: args.admin,
+        certs: args.certs,
+        shape: bench::plan::Shape {
+            agents: args.agents,
+            instances: args.instances,
+            services: args.services,
+            follow: args.follow,
+            zones: 3.min(args.agents.max(1)),
+            deploy_share: 0.1,
+            storm_share: 0.02,
+            wipe_share: 0.1,
+            seed: args.seed,
+        },
+        scenario: match args.scenario {
+            BenchScenario::Steady => bench::Scenario::Steady,
+            BenchScenario::Deploy => bench::Scenario::Deploy,
+            BenchScenario::Storm => bench::Scenario::Storm,
+            BenchScenario::All => bench::Scenario::All,
+        },
+        duration_s: args.duration_s,
+        report: args.report.clone(),
+        procs: args.procs,
+        binary,
+        build: build_info(),
+    };
+    // Ctrl-C or SIGTERM drops the run, which stops every process it started.
+    let report = tokio::select! {
+        report = bench::run(&fleet) => report?,
+        _ = stop_signal() => anyhow::bail!("stopped; every process the bench started was stopped"),
+    };
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
+    println!(
+        "fleet bench: {} — deploy leave p99 {}, commit → applied p99 {}, storm converged in {}; report in {}",
+        if report.failures.is_empty() { "measured" } else { "INCOMPLETE" },
+        ms(report.deploy.as_ref().and_then(|d| d.leave.p99_ms)),
+        ms(report.deploy.as_ref().and_then(|d| d.applied.p99_ms)),
+        report
+            .storm
+            .as_ref()
+            .and_then(|s| s.converge_s)
+            .map_or("-".into(), |s| format!("{s:.1} s")),
+        args.report.display()
+    );
+    for failure in &report.failures {
+        eprintln!("  {failure}");
+    }
+    Ok(if report.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VIOLATIONS)
     })
 }
 

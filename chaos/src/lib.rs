@@ -16,6 +16,7 @@
 //! deterministic process driving the real state machines of a whole region
 //! on a virtual clock, with its scenarios in `chaos/scenarios/sim/`.
 
+pub mod bench;
 pub mod echo;
 pub mod history;
 pub mod netns;
@@ -24,6 +25,7 @@ pub mod relay;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod shape;
 pub mod sim;
 pub mod summary;
 pub mod timeline;

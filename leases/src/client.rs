@@ -50,8 +50,17 @@ pub struct ArbiterClient {
 }
 
 impl ArbiterClient {
-    /// A client presenting `material`'s certificate.
+    /// A client presenting `material`'s certificate, from a socket on any
+    /// address.
     pub fn new(material: &TlsMaterial) -> Result<Self, ClientError> {
+        Self::bound(material, ([0, 0, 0, 0], 0).into())
+    }
+
+    /// A client presenting `material`'s certificate, from a socket bound to
+    /// `bind`: a load generator gives each simulated agent its own loopback
+    /// address (127.0.0.0/8), so the arbiter sees as many sources as a
+    /// fleet has hosts.
+    pub fn bound(material: &TlsMaterial, bind: SocketAddr) -> Result<Self, ClientError> {
         let mut config = tls::client_config(material)?;
         let mut transport = quinn::TransportConfig::default();
         transport.keep_alive_interval(Some(Duration::from_secs(1)));
@@ -61,9 +70,8 @@ impl ArbiterClient {
                 .expect("10 s fits a QUIC idle timeout"),
         ));
         config.transport_config(std::sync::Arc::new(transport));
-        let bind: SocketAddr = ([0, 0, 0, 0], 0).into();
         let mut endpoint = quinn::Endpoint::client(bind).map_err(|source| ClientError::Io {
-            what: "binding a QUIC client socket".into(),
+            what: format!("binding a QUIC client socket on {bind}"),
             source,
         })?;
         endpoint.set_default_client_config(config);

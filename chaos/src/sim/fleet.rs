@@ -33,6 +33,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::scenario::SimScenario;
 use super::world::*;
+use crate::shape::{service_sizes, Zipf};
 
 impl World {
     /// Builds the region at time 0: the catalog with every lease and
@@ -231,15 +232,7 @@ impl World {
             restored.health.insert(inst.id.clone(), health);
         }
         // Who follows what: 20–50 services per agent, skewed to popular ones.
-        let weights: Vec<f64> = (1..=sc.services)
-            .map(|k| f64::from(k).powf(-sc.follow_skew))
-            .collect();
-        let mut cumulative = Vec::with_capacity(weights.len());
-        let mut total = 0.0;
-        for w in &weights {
-            total += w;
-            cumulative.push(total);
-        }
+        let popularity = Zipf::new(sc.services, sc.follow_skew);
         let mut followers: Vec<Vec<u32>> = vec![Vec::new(); sc.services as usize];
         let views: Vec<ServiceView> = services
             .iter()
@@ -254,9 +247,7 @@ impl World {
             let mut tries = 0;
             while chosen.len() < count && tries < count * 50 {
                 tries += 1;
-                let x = rng.random_range(0.0..total);
-                let k = cumulative.partition_point(|c| *c <= x);
-                chosen.insert(k.min(weights.len() - 1) as u32);
+                chosen.insert(popularity.pick(&mut rng));
             }
             let restored = agent.restored.as_mut().expect("not started");
             for &s in &chosen {
@@ -390,23 +381,4 @@ impl World {
 
 fn key(ns: &str, s: String, p: &str) -> ServiceKey {
     ServiceKey::new(ns, &s, p).expect("simulated names are valid")
-}
-
-fn service_sizes(services: u32, instances: u32, skew: f64) -> Vec<u32> {
-    let weights: Vec<f64> = (1..=services).map(|k| (f64::from(k)).powf(-skew)).collect();
-    let total: f64 = weights.iter().sum();
-    let spare = f64::from(instances - services);
-    let mut sizes: Vec<u32> = weights
-        .iter()
-        .map(|w| 1 + (spare * w / total).floor() as u32)
-        .collect();
-    let mut left = instances - sizes.iter().sum::<u32>();
-    let mut k = 0;
-    let len = sizes.len();
-    while left > 0 {
-        sizes[k % len] += 1;
-        left -= 1;
-        k += 1;
-    }
-    sizes
 }

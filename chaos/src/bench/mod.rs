@@ -1,0 +1,1034 @@
+//! `rollcall bench fleet`: a real arbiter (or Raft group) loaded with
+//! thousands of real agent sessions, to size a region on real hardware —
+//! what the fleet simulation cannot say, because it charges the arbiter
+//! no CPU, no NIC and no fsync.
+//!
+//! Every simulated agent is the agent binary's own state machine and its
+//! own session actor over a real QUIC connection with mutual TLS, with a
+//! certificate issued by the region's CA (`agent`). The coordinator (this
+//! module) starts the arbiters (`--spawn N`: real processes, real redb
+//! with fsync) or dials the ones it is given, starts `--procs` worker
+//! processes that each run a share of the agents (`worker`), and drives
+//! them through the phases in lock step:
+//!
+//! 1. `connect`: every agent opens its session (100 per 100 ms per
+//!    worker);
+//! 2. `register`: every agent registers its instances through its own
+//!    machine's local API path;
+//! 3. `follow`: every agent follows its services and fetches their views;
+//! 4. `steady` (scenario `steady`): nothing but keep-alives and renewals,
+//!    for `--duration-s`;
+//! 5. `deploy` (scenario `deploy`): the planned share of the instances
+//!    replaced over `--duration-s` (register new → READY, drain old →
+//!    deregister 5 s later), as in the problem statement;
+//! 6. `cut`, `churn`, `heal` (scenario `storm`): every session cut at
+//!    once (wiped agents restart with an empty cache), the churn node
+//!    replaces its instances while nobody listens, then the cut lifts and
+//!    every agent comes back on its own backoff.
+//!
+//! It samples every process's CPU time and resident memory from `/proc`
+//! and the arbiter's own counters from its `/metrics`, merges the
+//! workers' records, and writes `report.json`, `report.md` and the plots
+//! (`report`, `plot`). The plan — who runs and follows what — is a
+//! function of the flags and the seed (`plan`).
+
+pub mod agent;
+pub mod arbiters;
+pub mod plan;
+pub mod plot;
+pub mod records;
+pub mod report;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rollcall_config::ArbiterConfig;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::report::Build;
+use arbiters::{Replica, Sampler};
+use plan::{Plan, Shape};
+use records::{now_us, Answer, Order, Records};
+use report::{ArbiterCounters, Report, Span, Target};
+use worker::WorkerSettings;
+
+/// Why a bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A flag is unusable.
+    #[error("{0}")]
+    Args(String),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Certificates could not be made or read.
+    #[error("certificates: {0}")]
+    Tls(String),
+    /// The arbiters did not come up.
+    #[error("{0}")]
+    Arbiter(String),
+    /// A worker failed.
+    #[error("worker: {0}")]
+    Worker(String),
+}
+
+/// Which scenarios to run after the setup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scenario {
+    /// Keep-alives and renewals only.
+    Steady,
+    /// The deploy.
+    Deploy,
+    /// The reconnect storm.
+    Storm,
+    /// All three, in that order.
+    All,
+}
+
+impl Scenario {
+    fn runs(self, which: Scenario) -> bool {
+        self == which || self == Scenario::All
+    }
+}
+
+/// `rollcall bench fleet`'s arguments.
+#[derive(Clone, Debug)]
+pub struct FleetArgs {
+    /// Arbiter replicas to load (QUIC `host:port`); empty: spawn.
+    pub arbiters: Vec<String>,
+    /// Their admin endpoints, for `/metrics` (optional).
+    pub admin: Vec<SocketAddr>,
+    /// With `arbiters`: the directory with the region's `ca.crt` and
+    /// `ca.key` (as `rollcall certs` writes), to issue agent certificates.
+    pub certs: Option<PathBuf>,
+    /// Replicas to start when `arbiters` is empty: 1 or 3.
+    pub spawn: usize,
+    /// The fleet.
+    pub shape: Shape,
+    /// What to run after the setup.
+    pub scenario: Scenario,
+    /// Length of `steady` and of the deploy's window, s.
+    pub duration_s: f64,
+    /// Where the report goes (its `work/` holds the run's files).
+    pub report: PathBuf,
+    /// Worker processes.
+    pub procs: u32,
+    /// The `rollcall` binary (arbiters and workers run it).
+    pub binary: PathBuf,
+    /// The commit it was built from.
+    pub build: Build,
+}
+
+/// The drain window of a deploy replacement, ms (the fleet simulation's
+/// big-deploy uses the same), shortened for a deploy shorter than it.
+const DRAIN_MS: u64 = 5_000;
+/// The shortest cut of the storm, ms: longer than the agents' largest
+/// reconnect backoff (`reconnect_max_ms`, 5 s by default) by 2 s, so that
+/// every agent's backoff has reached its cap and the fleet comes back
+/// spread over one full backoff window, as after a long outage; shorter
+/// than a lease (10 s), so no lease expires only because of the cut.
+const MIN_CUT_MS: u64 = 7_000;
+/// Replacements the churn node keeps in flight.
+const CHURN_CONCURRENCY: u32 = 64;
+/// The marker of a work directory this bench made (and may replace).
+const WORK_MARKER: &str = ".rollcall-bench";
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    let what = what.into();
+    move |source| BenchError::Io { what, source }
+}
+
+/// The worker processes and what they say.
+struct Workers {
+    children: Vec<Child>,
+    stdins: Vec<ChildStdin>,
+    answers: mpsc::UnboundedReceiver<(usize, Option<Answer>)>,
+    work: PathBuf,
+}
+
+impl Workers {
+    async fn start(
+        binary: &Path,
+        work: &Path,
+        settings: &WorkerSettings,
+    ) -> Result<Workers, BenchError> {
+        let file = work.join("workers.json");
+        let json = serde_json::to_vec_pretty(settings).expect("settings serialize");
+        std::fs::write(&file, json).map_err(io(format!("writing {}", file.display())))?;
+        let (tx, answers) = mpsc::unbounded_channel();
+        let mut children = Vec::new();
+        let mut stdins = Vec::new();
+        for k in 0..settings.procs as usize {
+            let log = std::fs::File::create(work.join(format!("worker-{k}.log")))
+                .map_err(io(format!("creating worker-{k}.log")))?;
+            let mut child = Command::new(binary)
+                .args(["bench", "worker", "--settings"])
+                .arg(&file)
+                .args(["--index", &k.to_string()])
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                )
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(io(format!("starting worker {k}")))?;
+            stdins.push(child.stdin.take().expect("piped"));
+            let stdout = child.stdout.take().expect("piped");
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(answer) = serde_json::from_str::<Answer>(&line) {
+                        let _ = tx.send((k, Some(answer)));
+                    }
+                }
+                let _ = tx.send((k, None));
+            });
+            children.push(child);
+        }
+        Ok(Workers {
+            children,
+            stdins,
+            answers,
+            work: work.to_owned(),
+        })
+    }
+
+    fn pids(&self) -> Vec<(String, u32)> {
+        self.children
+            .iter()
+            .enumerate()
+            .filter_map(|(k, c)| c.id().map(|pid| (format!("worker-{k}"), pid)))
+            .collect()
+    }
+
+    /// Sends `order` to every worker and waits until each says `Done`,
+    /// showing the summed progress on a bar.
+    async fn phase(
+        &mut self,
+        name: &str,
+        order: &Order,
+    ) -> Result<(Span, Vec<Answer>), BenchError> {
+        let start_us = now_us();
+        let line = serde_json::to_string(order).expect("orders serialize") + "\n";
+        for (k, stdin) in self.stdins.iter_mut().enumerate() {
+            stdin
+                .write_all(line.as_bytes())
+                .await
+                .map_err(io(format!("ordering worker {k}")))?;
+        }
+        let n = self.stdins.len();
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} ({elapsed})")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(name.to_owned());
+        let mut progress = vec![(0u64, 0u64); n];
+        let mut done: Vec<Option<Answer>> = vec![None; n];
+        while done.iter().any(Option::is_none) {
+            let Some((k, answer)) = self.answers.recv().await else {
+                break;
+            };
+            match answer {
+                Some(Answer::Progress { done: d, total }) => progress[k] = (d, total),
+                Some(a @ Answer::Done { .. }) => {
+                    if let Answer::Done { done: d, total, .. } = &a {
+                        progress[k] = (*d, *total);
+                    }
+                    done[k] = Some(a);
+                }
+                None => {
+                    bar.abandon();
+                    return Err(BenchError::Worker(format!(
+                        "worker {k} exited during {name}; see {}",
+                        self.work.join(format!("worker-{k}.log")).display()
+                    )));
+                }
+            }
+            bar.set_length(progress.iter().map(|p| p.1).sum());
+            bar.set_position(progress.iter().map(|p| p.0).sum());
+        }
+        bar.finish_and_clear();
+        let answers: Vec<Answer> = done.into_iter().flatten().collect();
+        let mut span = Span {
+            name: name.to_owned(),
+            start_us,
+            end_us: now_us(),
+            ..Span::default()
+        };
+        for a in &answers {
+            if let Answer::Done {
+                done,
+                total,
+                at_us,
+                short,
+                ..
+            } = a
+            {
+                span.done += done;
+                span.total += total;
+                span.done_at_us = span.done_at_us.max(*at_us);
+                span.short.extend(short.clone());
+            }
+        }
+        eprintln!(
+            "{name}: {} of {} in {:.1} s{}",
+            span.done,
+            span.total,
+            span.seconds(),
+            if span.short.is_empty() {
+                String::new()
+            } else {
+                format!(" (short: {})", span.short.join("; "))
+            }
+        );
+        Ok((span, answers))
+    }
+
+    /// Waits for every worker to exit.
+    async fn wait(&mut self) {
+        for child in &mut self.children {
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+        }
+    }
+}
+
+/// Prepares `DIR/work`: made fresh, or replaced when an earlier bench made
+/// it; anything else there is refused (never deleted).
+fn prepare_work(report: &Path) -> Result<PathBuf, BenchError> {
+    let work = report.join("work");
+    if work.exists() {
+        if !work.join(WORK_MARKER).exists() {
+            return Err(BenchError::Args(format!(
+                "{} exists and was not made by rollcall bench; remove it or choose another --report",
+                work.display()
+            )));
+        }
+        std::fs::remove_dir_all(&work).map_err(io(format!("removing {}", work.display())))?;
+    }
+    std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
+    std::fs::write(work.join(WORK_MARKER), b"made by rollcall bench fleet\n")
+        .map_err(io("writing the work marker"))?;
+    Ok(work)
+}
+
+/// The arbiter counters of interest from one `/metrics` text.
+fn counters(text: &str) -> ArbiterCounters {
+    let m = |name: &str| arbiters::metric(text, &format!("rollcall_arbiter_{name}"));
+    let mean = |name: &str| {
+        let sum = m(&format!("{name}_sum"))?;
+        let count = m(&format!("{name}_count"))?;
+        (count > 0.0).then(|| sum / count)
+    };
+    ArbiterCounters {
+        commits: m("commits_total"),
+        connected_agents: m("connected_agents"),
+        snapshots_sent: m("snapshots_sent"),
+        snapshots_refused: m("snapshots_refused"),
+        snapshots_in_flight_max: m("snapshots_in_flight_max"),
+        held_leases: m("held_leases"),
+        commit_mean_ms: mean("commit_latency_seconds").map(|s| s * 1e3),
+        batch_mean: mean("batch_size"),
+    }
+}
+
+/// Runs the bench; the report is written to `args.report` and returned.
+pub async fn run(args: &FleetArgs) -> Result<Report, BenchError> {
+    args.shape
+        .validate()
+        .map_err(|e| BenchError::Args(e.to_string()))?;
+    if args.procs == 0 || args.procs > 64 {
+        return Err(BenchError::Args(format!(
+            "--procs = {}: must be 1 to 64",
+            args.procs
+        )));
+    }
+    if !(args.duration_s > 0.0 && args.duration_s <= 86_400.0) {
+        return Err(BenchError::Args(format!(
+            "--duration-s = {}: must be above 0 and at most 86400",
+            args.duration_s
+        )));
+    }
+    if args.arbiters.is_empty() && ![1, 3].contains(&args.spawn) {
+        return Err(BenchError::Args(format!(
+            "--spawn = {}: must be 1 or 3",
+            args.spawn
+        )));
+    }
+    std::fs::create_dir_all(&args.report)
+        .map_err(io(format!("creating {}", args.report.display())))?;
+    let work = prepare_work(&args.report)?;
+    let http = reqwest::Client::new();
+
+    // The arbiters and the CA the agents' certificates come from.
+    let mut started = Vec::new();
+    let (replicas, ca_dir, bound) = if args.arbiters.is_empty() {
+        let certs = arbiters::certs_dir(&work);
+        arbiters::make_certs(&certs, args.spawn)?;
+        let (replicas, procs) = arbiters::spawn(&args.binary, &work, &certs, args.spawn)?;
+        started = procs;
+        arbiters::wait_ready(&http, &replicas, &work).await?;
+        let bound = ArbiterConfig::default()
+            .distribution
+            .max_concurrent_snapshots;
+        (replicas, certs, Some(u64::from(bound)))
+    } else {
+        let certs = args.certs.clone().ok_or_else(|| {
+            BenchError::Args(
+                "--arbiter needs --certs DIR: the region's ca.crt and ca.key, to issue the agents' certificates".into(),
+            )
+        })?;
+        let replicas: Vec<Replica> = args
+            .arbiters
+            .iter()
+            .enumerate()
+            .map(|(k, quic)| Replica {
+                quic: quic.clone(),
+                admin: args.admin.get(k).copied(),
+                pid: quic
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse().ok())
+                    .and_then(arbiters::pid_of_udp_port),
+            })
+            .collect();
+        if replicas.iter().any(|r| r.admin.is_some()) {
+            arbiters::wait_ready(&http, &replicas, &work).await?;
+        }
+        (replicas, certs, None)
+    };
+    let sampler = Sampler::start(Duration::from_millis(500));
+    for (k, r) in replicas.iter().enumerate() {
+        if let Some(pid) = r.pid {
+            sampler.watch(&format!("arbiter-{}", k + 1), pid);
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let settings = WorkerSettings {
+        shape: args.shape.clone(),
+        procs: args.procs,
+        arbiters: replicas.iter().map(|r| r.quic.clone()).collect(),
+        ca_dir,
+        threads: (cores / args.procs as usize).max(1),
+    };
+    let plan = Plan::new(&args.shape);
+    eprintln!(
+        "fleet bench: {} agents, {} instances in {} services, {} followed per agent; {} worker(s); arbiters {}",
+        args.shape.agents,
+        args.shape.instances,
+        args.shape.services,
+        args.shape.follow,
+        args.procs,
+        settings.arbiters.join(", ")
+    );
+    let mut workers = Workers::start(&args.binary, &work, &settings).await?;
+    for (name, pid) in workers.pids() {
+        sampler.watch(&name, pid);
+    }
+    let admins: Vec<(String, SocketAddr)> = replicas
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| Some((format!("arbiter-{}", k + 1), r.admin?)))
+        .collect();
+    // Every replica's counters at a phase's end.
+    let scrape = |phase: &str| {
+        let (http, admins, phase) = (http.clone(), admins.clone(), phase.to_owned());
+        async move {
+            let mut out = Vec::new();
+            for (name, admin) in admins {
+                let text = arbiters::metrics_text(&http, admin)
+                    .await
+                    .unwrap_or_default();
+                out.push((phase.clone(), name, counters(&text)));
+            }
+            out
+        }
+    };
+    let mut spans = Vec::new();
+    let mut scraped = Vec::new();
+    let mut storm_samples = Vec::new();
+    let phase = async |workers: &mut Workers, name: &str, order: Order| {
+        sampler.mark();
+        let (span, answers) = workers.phase(name, &order).await?;
+        sampler.mark();
+        Ok::<_, BenchError>((span, answers))
+    };
+    for (name, order) in [
+        ("connect", Order::Connect),
+        ("register", Order::Register),
+        ("follow", Order::Follow),
+    ] {
+        let (span, _) = phase(&mut workers, name, order).await?;
+        spans.push(span);
+        scraped.extend(scrape(name).await);
+    }
+    if args.scenario.runs(Scenario::Steady) {
+        sampler.mark();
+        let start_us = now_us();
+        let bar = indicatif::ProgressBar::new(args.duration_s.ceil() as u64);
+        bar.set_message("steady");
+        let until = tokio::time::Instant::now() + Duration::from_secs_f64(args.duration_s);
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep_until(
+                until.min(tokio::time::Instant::now() + Duration::from_secs(1)),
+            )
+            .await;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        sampler.mark();
+        let span = Span {
+            name: "steady".into(),
+            start_us,
+            end_us: now_us(),
+            done: 1,
+            total: 1,
+            done_at_us: now_us(),
+            short: Vec::new(),
+        };
+        eprintln!("steady: {:.1} s", span.seconds());
+        spans.push(span);
+        scraped.extend(scrape("steady").await);
+    }
+    let window_us = (args.duration_s * 1e6) as u64;
+    let drain_ms = DRAIN_MS.min(window_us / 1_000);
+    if args.scenario.runs(Scenario::Deploy) {
+        let order = Order::Deploy {
+            start_us: now_us() + 1_000_000,
+            window_us,
+            drain_ms,
+        };
+        let (span, _) = phase(&mut workers, "deploy", order).await?;
+        spans.push(span);
+        scraped.extend(scrape("deploy").await);
+    }
+    if args.scenario.runs(Scenario::Storm) {
+        let (span, _) = phase(&mut workers, "cut", Order::Cut).await?;
+        spans.push(span);
+        let order = Order::Churn {
+            concurrency: CHURN_CONCURRENCY,
+        };
+        let (span, answers) = phase(&mut workers, "churn", order).await?;
+        let cut_for = Duration::from_micros(
+            now_us().saturating_sub(spans.last().map_or(0, |s: &Span| s.start_us)),
+        );
+        spans.push(span);
+        tokio::time::sleep(Duration::from_millis(MIN_CUT_MS).saturating_sub(cut_for)).await;
+        let required: Vec<(u32, u64)> = answers
+            .into_iter()
+            .flat_map(|a| match a {
+                Answer::Done { required, .. } => required,
+                Answer::Progress { .. } => Vec::new(),
+            })
+            .collect();
+        // The arbiter's snapshots in flight and held leases, sampled
+        // through the heal.
+        let samples: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
+        let sampling = {
+            let (http, admins, samples) = (http.clone(), admins.clone(), samples.clone());
+            tokio::spawn(async move {
+                if admins.is_empty() {
+                    return;
+                }
+                loop {
+                    // The most of any replica: each bounds its own.
+                    let mut most = (0.0f64, 0.0f64);
+                    for (_, admin) in &admins {
+                        if let Ok(text) = arbiters::metrics_text(&http, *admin).await {
+                            let m = |name| arbiters::metric(&text, name).unwrap_or(0.0);
+                            most.0 = most.0.max(m("rollcall_arbiter_snapshots_in_flight"));
+                            most.1 = most.1.max(m("rollcall_arbiter_held_leases"));
+                        }
+                    }
+                    samples.lock().expect("samples lock").push(most);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            })
+        };
+        let deadline_ms = 120_000 + u64::from(args.shape.agents) * 20;
+        let order = Order::Heal {
+            required,
+            deadline_ms,
+        };
+        let result = phase(&mut workers, "heal", order).await;
+        sampling.abort();
+        let (span, _) = result?;
+        spans.push(span);
+        storm_samples = std::mem::take(&mut *samples.lock().expect("samples lock"));
+        scraped.extend(scrape("storm").await);
+    }
+    let mut record_files = Vec::new();
+    for k in 0..args.procs {
+        record_files.push(work.join(format!("records-{k}.json")));
+    }
+    for (k, stdin) in workers.stdins.iter_mut().enumerate() {
+        let order = Order::Finish {
+            records: record_files[k].clone(),
+        };
+        let line = serde_json::to_string(&order).expect("orders serialize") + "\n";
+        stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(io(format!("ordering worker {k}")))?;
+    }
+    workers.wait().await;
+    sampler.mark();
+    arbiters::stop(&mut started).await;
+    let processes = sampler.finish();
+    let mut records = Vec::new();
+    for file in &record_files {
+        let bytes = std::fs::read(file).map_err(io(format!("reading {}", file.display())))?;
+        let r: Records = serde_json::from_slice(&bytes)
+            .map_err(|e| BenchError::Worker(format!("{}: {e}", file.display())))?;
+        records.push(r);
+    }
+    // The arbiters' data (large) and the CA key go; configs and logs stay.
+    for k in 1..=started.len() {
+        let _ = std::fs::remove_dir_all(work.join(format!("arbiter-{k}")));
+    }
+    let _ = std::fs::remove_dir_all(arbiters::certs_dir(&work));
+
+    let report = compute(
+        args,
+        &plan,
+        Computed {
+            spans,
+            scraped,
+            storm_samples,
+            records,
+            processes,
+            bound,
+            cores,
+        },
+    );
+    let plots =
+        plot::write_all(&args.report, &report.0, &report.1).map_err(io("writing the plots"))?;
+    report::write(&args.report, &report.0, &plots).map_err(io("writing the report"))?;
+    Ok(report.0)
+}
+
+/// What `run` gathered, for `compute`.
+struct Computed {
+    spans: Vec<Span>,
+    scraped: Vec<(String, String, ArbiterCounters)>,
+    storm_samples: Vec<(f64, f64)>,
+    records: Vec<Records>,
+    processes: Vec<arbiters::Watched>,
+    bound: Option<u64>,
+    cores: usize,
+}
+
+/// The last reading of `name` at or before `at_us`, KiB.
+fn rss_at(processes: &[arbiters::Watched], name: &str, at_us: u64) -> Option<f64> {
+    processes
+        .iter()
+        .find(|p| p.name == name)?
+        .readings
+        .iter()
+        .rfind(|r| r.at_us <= at_us)
+        .map(|r| r.rss_kib as f64)
+}
+
+fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series) {
+    let span = |name: &str| c.spans.iter().find(|s| s.name == name);
+    let commits: Vec<&records::Commit> = c.records.iter().flat_map(|r| &r.commits).collect();
+    let applies = report::Applies::new(&c.records);
+    let mut load: HashMap<u64, records::Load> = HashMap::new();
+    for r in &c.records {
+        for (s, l) in &r.load {
+            load.entry(*s).or_default().add(l);
+        }
+    }
+    let mut load: Vec<(u64, records::Load)> = load.into_iter().collect();
+    load.sort_unstable_by_key(|(s, _)| *s);
+    let mut failures = Vec::new();
+    let mut series = plot::Series::default();
+
+    for s in &c.spans {
+        if !s.short.is_empty() {
+            failures.push(format!("{} ended short: {}", s.name, s.short.join("; ")));
+        }
+    }
+    // Setup.
+    let mut setup = report::Setup::default();
+    if let (Some(connect), Some(register), Some(follow)) =
+        (span("connect"), span("register"), span("follow"))
+    {
+        setup.sessions = connect.done;
+        setup.endpoints = register.done;
+        setup.subscriptions = follow.done;
+        setup.connect_s = connect.seconds();
+        setup.register_s = register.seconds();
+        setup.follow_s = follow.seconds();
+        let registered = commits
+            .iter()
+            .filter(|c| c.kind == records::Kind::Register)
+            .filter(|c| c.answered_us >= register.start_us && c.answered_us <= register.end_us)
+            .count();
+        setup.register_commits_per_s =
+            (register.seconds() > 0.0).then(|| (registered as f64 / register.seconds()).round());
+        let first = "arbiter-1";
+        let idle = rss_at(&c.processes, first, connect.start_us);
+        let after = |s: &Span| rss_at(&c.processes, first, s.end_us);
+        setup.rss_idle_mib = idle.map(|k| (k / 102.4).round() / 10.0);
+        let per = |from: Option<f64>, to: Option<f64>, n: u64| match (from, to) {
+            (Some(a), Some(b)) if n > 0 => Some(((b - a) / n as f64 * 100.0).round() / 100.0),
+            _ => None,
+        };
+        setup.rss_per_session_kib = per(idle, after(connect), connect.done);
+        setup.rss_per_endpoint_kib = per(after(connect), after(register), register.done);
+        setup.rss_per_subscription_kib = per(after(register), after(follow), follow.done);
+    }
+    let steady = span("steady").map(|s| report::Steady {
+        seconds: s.seconds(),
+        usage: report::usage(&c.processes, s.start_us, s.end_us),
+        deliveries_per_s: report::rate(&load, s.start_us, s.end_us, |l| l.deltas),
+    });
+    if let Some(st) = &steady {
+        for u in st.usage.iter().filter(|u| u.name.starts_with("arbiter")) {
+            if u.cpu_percent.is_none() {
+                failures.push(format!("steady: no CPU samples of {}", u.name));
+            }
+        }
+    }
+    let deploy = span("deploy").map(|s| {
+        let (mut d, applied, leave) = report::deploy(plan, &commits, &applies, s, &load);
+        series.applied = applied;
+        series.leave = leave;
+        d.replacements = plan.deploy.len() as u64;
+        d.replaced = s.done;
+        d.window_s = args.duration_s;
+        d.drain_ms = DRAIN_MS.min((args.duration_s * 1e3) as u64);
+        d.usage = report::usage(&c.processes, s.start_us, s.end_us);
+        if d.replacements > 0 {
+            if d.applied.count == 0 {
+                failures.push("deploy: no commit → applied sample".into());
+            }
+            if d.leave.count == 0 {
+                failures.push("deploy: no leave sample".into());
+            }
+        }
+        if d.undelivered > 0 {
+            failures.push(format!(
+                "deploy: {} (change, follower) pairs never applied the change",
+                d.undelivered
+            ));
+        }
+        d
+    });
+    let storm = match (span("cut"), span("churn"), span("heal")) {
+        (Some(cut), Some(churn), Some(heal)) => {
+            let (samples, all, last) =
+                report::convergence(plan, &commits, &applies, cut.start_us, heal.start_us);
+            series.converge = samples.clone();
+            let (reconnect, resumed, by_delta, snapshots, retries) =
+                report::returns(&c.records, heal.start_us);
+            let churn_commits = commits
+                .iter()
+                .filter(|c| c.agent == plan.churn_node())
+                .filter(|c| c.answered_us >= churn.start_us && c.answered_us <= churn.end_us)
+                .count() as u64;
+            let sampled_max = |i: usize| {
+                c.storm_samples
+                    .iter()
+                    .map(|s| if i == 0 { s.0 } else { s.1 })
+                    .reduce(f64::max)
+            };
+            let run_max = c
+                .scraped
+                .iter()
+                .filter(|(p, _, _)| p == "storm")
+                .filter_map(|(_, _, k)| k.snapshots_in_flight_max)
+                .reduce(f64::max);
+            let st = report::Storm {
+                agents: u64::from(plan.shape.agents),
+                wiped: plan.wiped.iter().filter(|w| **w).count() as u64,
+                churn_commits,
+                churn_commits_per_s: (churn.seconds() > 0.0)
+                    .then(|| (churn_commits as f64 / churn.seconds()).round()),
+                cut_s: heal.start_us.saturating_sub(cut.start_us) as f64 / 1e6,
+                converge_s: all.then(|| (last - heal.start_us) as f64 / 1e6),
+                agent_converge: report::Latency::from_us(samples),
+                reconnect: report::Latency::from_us(reconnect),
+                snapshots_in_flight_sampled_max: sampled_max(0),
+                snapshots_in_flight_max: run_max,
+                max_concurrent_snapshots: c.bound,
+                snapshots,
+                retries,
+                resumed_agents: resumed,
+                resumed_by_delta: by_delta,
+                resumed_by_delta_share: (resumed > 0)
+                    .then(|| (by_delta as f64 / resumed as f64 * 1000.0).round() / 1000.0),
+                held_leases_max: sampled_max(1),
+                usage: report::usage(&c.processes, heal.start_us, heal.end_us),
+            };
+            if !all {
+                failures.push("storm: some agent never held every view it needed".into());
+            }
+            if st.agent_converge.count == 0 {
+                failures.push("storm: no convergence sample".into());
+            }
+            if let (Some(max), Some(bound)) = (st.snapshots_in_flight_max, c.bound) {
+                if max > bound as f64 {
+                    failures.push(format!(
+                        "storm: {max} snapshots in flight at once, above the bound {bound}"
+                    ));
+                }
+            }
+            Some(st)
+        }
+        _ => None,
+    };
+    for p in c.processes.iter().filter(|p| p.name.starts_with("arbiter")) {
+        if p.readings.len() < 2 {
+            failures.push(format!("no CPU and memory samples of {}", p.name));
+        }
+    }
+    let targets = targets(&deploy, &storm, &c.processes);
+    let mut notes = Vec::new();
+    if let Some(st) = &steady {
+        notes.extend(report::saturated("steady", &st.usage));
+    }
+    if let Some(d) = &deploy {
+        notes.extend(report::saturated("deploy", &d.usage));
+    }
+    if let Some(st) = &storm {
+        notes.extend(report::saturated("storm", &st.usage));
+    }
+    let mut errors: HashMap<String, u64> = HashMap::new();
+    for r in &c.records {
+        for (e, n) in &r.errors {
+            *errors.entry(e.clone()).or_default() += n;
+        }
+    }
+    let mut errors: Vec<(String, u64)> = errors.into_iter().collect();
+    errors.sort();
+    let settings = serde_json::json!({
+        "arbiters": args.arbiters,
+        "spawn": if args.arbiters.is_empty() { Some(args.spawn) } else { None },
+        "agents": args.shape.agents,
+        "instances": args.shape.instances,
+        "services": args.shape.services,
+        "follow": args.shape.follow,
+        "zones": args.shape.zones,
+        "deploy_share": args.shape.deploy_share,
+        "storm_share": args.shape.storm_share,
+        "wipe_share": args.shape.wipe_share,
+        "scenario": args.scenario,
+        "duration_s": args.duration_s,
+        "procs": args.procs,
+        "seed": args.shape.seed,
+    });
+    let report = Report {
+        bench: "fleet".into(),
+        build: args.build.clone(),
+        settings,
+        cores: c.cores,
+        phases: c.spans,
+        setup,
+        steady,
+        deploy,
+        storm,
+        counters: c.scraped,
+        targets,
+        errors,
+        failures,
+        notes,
+        processes: c.processes,
+        load,
+    };
+    (report, series)
+}
+
+/// The issue's targets for this machine, against what was measured.
+fn targets(
+    deploy: &Option<report::Deploy>,
+    storm: &Option<report::Storm>,
+    processes: &[arbiters::Watched],
+) -> Vec<Target> {
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
+    let mut out = Vec::new();
+    let leave = deploy.as_ref().and_then(|d| d.leave.p99_ms);
+    out.push(Target {
+        name: "deploy: leave p99".into(),
+        target: "≤ 1000 ms".into(),
+        measured: ms(leave),
+        met: leave.map(|v| v <= 1_000.0),
+    });
+    let applied = deploy.as_ref().and_then(|d| d.applied.p99_ms);
+    out.push(Target {
+        name: "deploy: commit → applied p99".into(),
+        target: "≤ 250 ms".into(),
+        measured: ms(applied),
+        met: applied.map(|v| v <= 250.0),
+    });
+    let rss = processes
+        .iter()
+        .filter(|p| p.name.starts_with("arbiter"))
+        .flat_map(|p| p.readings.iter().map(|r| r.rss_kib))
+        .max()
+        .map(|k| k as f64 / 1024.0);
+    out.push(Target {
+        name: "arbiter RSS, max over the run".into(),
+        target: "≤ 512 MiB".into(),
+        measured: rss.map_or("-".into(), |v| format!("{v:.0} MiB")),
+        met: rss.map(|v| v <= 512.0),
+    });
+    let converge = storm.as_ref().and_then(|s| s.converge_s);
+    out.push(Target {
+        name: "storm: converged".into(),
+        target: "≤ 60 s".into(),
+        measured: converge.map_or("-".into(), |v| format!("{v:.1} s")),
+        met: storm.as_ref().map(|_| converge.is_some_and(|v| v <= 60.0)),
+    });
+    let snapshots = storm
+        .as_ref()
+        .and_then(|s| Some((s.snapshots_in_flight_max?, s.max_concurrent_snapshots?)));
+    out.push(Target {
+        name: "snapshots in flight (run max)".into(),
+        target: "≤ the bound".into(),
+        measured: snapshots.map_or("-".into(), |(m, b)| format!("{m} (bound {b})")),
+        met: snapshots.map(|(m, b)| m <= b as f64),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> FleetArgs {
+        FleetArgs {
+            arbiters: Vec::new(),
+            admin: Vec::new(),
+            certs: None,
+            spawn: 1,
+            shape: Shape {
+                agents: 20,
+                instances: 200,
+                services: 10,
+                follow: 3,
+                zones: 2,
+                deploy_share: 0.1,
+                storm_share: 0.02,
+                wipe_share: 0.1,
+                seed: 5,
+            },
+            scenario: Scenario::Deploy,
+            duration_s: 3.0,
+            report: PathBuf::from("unused"),
+            procs: 1,
+            binary: PathBuf::from("unused"),
+            build: Build::default(),
+        }
+    }
+
+    fn span(name: &str, start_us: u64, end_us: u64) -> Span {
+        Span {
+            name: name.into(),
+            start_us,
+            end_us,
+            done: 1,
+            total: 1,
+            done_at_us: end_us,
+            short: Vec::new(),
+        }
+    }
+
+    fn computed(records: Vec<Records>) -> Computed {
+        Computed {
+            spans: vec![
+                span("connect", 0, 10),
+                span("register", 10, 20),
+                span("follow", 20, 30),
+                span("deploy", 1_000_000, 5_000_000),
+            ],
+            scraped: Vec::new(),
+            storm_samples: Vec::new(),
+            records,
+            processes: Vec::new(),
+            bound: Some(64),
+            cores: 2,
+        }
+    }
+
+    #[test]
+    fn a_deploy_that_recorded_nothing_is_a_failure_not_a_figure() {
+        let args = args();
+        let plan = Plan::new(&args.shape);
+        let (report, _) = compute(&args, &plan, computed(vec![Records::default()]));
+        let failures = report.failures.join("\n");
+        assert!(
+            failures.contains("deploy: no commit → applied sample"),
+            "{failures}"
+        );
+        assert!(failures.contains("deploy: no leave sample"), "{failures}");
+        assert_eq!(report.deploy.unwrap().applied.p99_ms, None);
+    }
+
+    #[test]
+    fn a_change_a_follower_never_applied_is_counted_and_fails_the_run() {
+        let args = args();
+        let plan = Plan::new(&args.shape);
+        let service = (0..10u32)
+            .find(|s| plan.followers[*s as usize].len() >= 2)
+            .expect("a service with two followers");
+        let (first, second) = (
+            plan.followers[service as usize][0],
+            plan.followers[service as usize][1],
+        );
+        let commit = records::Commit {
+            agent: first,
+            kind: records::Kind::Drain,
+            service,
+            revision: 40,
+            sent_us: 2_000_000,
+            answered_us: 2_001_000,
+        };
+        // Every follower but `second` applied revision 40.
+        let applies = plan.followers[service as usize]
+            .iter()
+            .filter(|&&a| a != second)
+            .map(|&a| records::Apply(a, service, 40, 2_003_000))
+            .collect();
+        let records = Records {
+            commits: vec![commit],
+            applies,
+            ..Records::default()
+        };
+        let (report, series) = compute(&args, &plan, computed(vec![records]));
+        let deploy = report.deploy.unwrap();
+        assert_eq!(deploy.undelivered, 1);
+        assert_eq!(
+            deploy.leave.count, 0,
+            "a leave some follower never saw has no time"
+        );
+        assert_eq!(
+            deploy.applied.count as usize,
+            plan.followers[service as usize].len() - 1
+        );
+        assert_eq!(deploy.applied.p50_ms, Some(2.0));
+        assert_eq!(series.applied.len(), deploy.applied.count as usize);
+        assert!(report
+            .failures
+            .iter()
+            .any(|f| f.contains("1 (change, follower) pairs never applied")));
+    }
+}
