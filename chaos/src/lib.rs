@@ -15,6 +15,10 @@
 //! The fleet-scale simulation (issue 9, `rollcall chaos sim`): `sim`, one
 //! deterministic process driving the real state machines of a whole region
 //! on a virtual clock, with its scenarios in `chaos/scenarios/sim/`.
+//!
+//! The fleet bench (issue 19, `rollcall bench fleet`): `bench`, a real
+//! arbiter (or Raft group) loaded with thousands of real agent sessions,
+//! measured from outside; its fleet has the simulation's shape (`shape`).
 
 pub mod bench;
 pub mod echo;

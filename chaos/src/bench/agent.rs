@@ -113,7 +113,7 @@ pub struct Query(pub Want);
 pub enum Want {
     /// A session holds the lease.
     Connected,
-    /// Cut off (every agent but the churn node).
+    /// Cut off (every agent; churn nodes never are).
     Cut,
     /// Every instance of the agent is registered (committed).
     Registered,
@@ -490,6 +490,7 @@ impl FleetAgent {
         };
         let mut load = Load {
             messages: 1,
+            updates: items.len() as u64,
             bytes: encode_session_down(message).len() as u64 + FRAME_PREFIX_BYTES,
             ..Load::default()
         };
@@ -517,7 +518,7 @@ impl FleetAgent {
         let (done, total) = match want {
             Want::Connected => (u64::from(connected), 1),
             Want::Cut => {
-                let due = self.index != plan.churn_node();
+                let due = !plan.is_churn(self.index);
                 (u64::from(due && self.cut), u64::from(due))
             }
             Want::Registered => (

@@ -22,8 +22,8 @@
 //!    replaced over `--duration-s` (register new → READY, drain old →
 //!    deregister 5 s later), as in the problem statement;
 //! 6. `cut`, `churn`, `heal` (scenario `storm`): every session cut at
-//!    once (wiped agents restart with an empty cache), the churn node
-//!    replaces its instances while nobody listens, then the cut lifts and
+//!    once (wiped agents restart with an empty cache), the churn nodes
+//!    replace their instances while nobody listens, then the cut lifts and
 //!    every agent comes back on its own backoff.
 //!
 //! It samples every process's CPU time and resident memory from `/proc`
@@ -141,7 +141,7 @@ const DRAIN_MS: u64 = 5_000;
 /// spread over one full backoff window, as after a long outage; shorter
 /// than a lease (10 s), so no lease expires only because of the cut.
 const MIN_CUT_MS: u64 = 7_000;
-/// Replacements the churn node keeps in flight.
+/// Replacements each churn node keeps in flight.
 const CHURN_CONCURRENCY: u32 = 64;
 /// The marker of a work directory this bench made (and may replace).
 const WORK_MARKER: &str = ".rollcall-bench";
@@ -699,7 +699,7 @@ fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series)
     let steady = span("steady").map(|s| report::Steady {
         seconds: s.seconds(),
         usage: report::usage(&c.processes, s.start_us, s.end_us),
-        deliveries_per_s: report::rate(&load, s.start_us, s.end_us, |l| l.deltas),
+        deliveries_per_s: report::rate(&load, s.start_us, s.end_us, |l| l.updates),
     });
     if let Some(st) = &steady {
         for u in st.usage.iter().filter(|u| u.name.starts_with("arbiter")) {
@@ -742,7 +742,7 @@ fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series)
                 report::returns(&c.records, heal.start_us);
             let churn_commits = commits
                 .iter()
-                .filter(|c| c.agent == plan.churn_node())
+                .filter(|c| plan.is_churn(c.agent))
                 .filter(|c| c.answered_us >= churn.start_us && c.answered_us <= churn.end_us)
                 .count() as u64;
             let sampled_max = |i: usize| {

@@ -3,7 +3,7 @@
 //! without exchanging it: each service's instances and the agent that
 //! runs each one, the services each agent follows, the instances the
 //! deploy replaces and in which order, the agents whose state the storm
-//! wipes, and the instances of the churn node that writes the storm's
+//! wipes, and the instances of the churn nodes that write the storm's
 //! deltas while every agent is cut off.
 //!
 //! The fleet has the fleet simulation's shape (`crate::shape`): services
@@ -37,7 +37,7 @@ pub struct Shape {
     /// Share of the instances the deploy replaces (0.1: the problem
     /// statement's 10,000 of 100,000).
     pub deploy_share: f64,
-    /// Share of the instances the churn node runs, each replaced once
+    /// Share of the instances the churn nodes run, each replaced once
     /// while the agents are cut off (the simulation's outage-and-storm
     /// replaces 2 % over its 10-minute outage).
     pub storm_share: f64,
@@ -60,6 +60,13 @@ pub struct ShapeError {
 /// The most agents one bench drives: their addresses come from one /14
 /// (10.64.0.0 to 10.67.255.255, as the fleet simulation's).
 pub const MAX_AGENTS: u32 = 1 << 18;
+
+/// Instances per churn node: a node writes three times that in the storm
+/// (register, drain, deregister each), within what the arbiter lets one
+/// connection send at once (`limits.request_burst`, 500), so the storm's
+/// deltas arrive as fast as the arbiter commits, as a fleet's many
+/// writers would send them.
+pub const CHURN_PER_NODE: u32 = 100;
 
 impl Shape {
     /// Checks the sizes before anything starts; the error names the flag.
@@ -112,8 +119,8 @@ pub struct Instance {
     pub replacement: InstanceId,
     /// Index of its service.
     pub service: u32,
-    /// Index of the agent that runs it; `Plan::churn_node` for the churn
-    /// node's.
+    /// Index of the agent that runs it (a churn node's index, from
+    /// `shape.agents` on, for the churn's).
     pub agent: u32,
     /// Its port (its agent's address is the instance's).
     pub port: u16,
@@ -128,18 +135,25 @@ pub struct Plan {
     pub services: Vec<ServiceKey>,
     /// Every instance, by index.
     pub instances: Vec<Instance>,
-    /// Each agent's instances (and, last, the churn node's).
+    /// Each agent's instances (and, last, each churn node's).
     pub by_agent: Vec<Vec<u32>>,
     /// Each agent's followed services, ascending (none for the churn
-    /// node, last).
+    /// nodes, last).
     pub follows: Vec<Vec<u32>>,
     /// Each service's followers, ascending.
     pub followers: Vec<Vec<u32>>,
     /// The instances the deploy replaces, in the order it does.
     pub deploy: Vec<u32>,
-    /// Whether the storm wipes each agent's cache (never the churn
-    /// node's, last).
+    /// Whether the storm wipes each agent's cache (never a churn node's,
+    /// last).
     pub wiped: Vec<bool>,
+}
+
+/// How many churn nodes a shape has: one per `CHURN_PER_NODE` of the
+/// churn's expected instances, at least one.
+fn churn_nodes(shape: &Shape) -> u32 {
+    let expected = (f64::from(shape.instances) * shape.storm_share).ceil() as u32;
+    expected.div_ceil(CHURN_PER_NODE).max(1)
 }
 
 impl Plan {
@@ -152,15 +166,17 @@ impl Plan {
                     .expect("bench service names are valid")
             })
             .collect();
-        let churn_node = shape.agents;
-        let mut by_agent: Vec<Vec<u32>> = vec![Vec::new(); shape.agents as usize + 1];
+        let churn_nodes = churn_nodes(shape);
+        let mut by_agent: Vec<Vec<u32>> = vec![Vec::new(); (shape.agents + churn_nodes) as usize];
+        let mut churned = 0;
         let mut instances = Vec::with_capacity(shape.instances as usize);
         let sizes = service_sizes(shape.services, shape.instances, 0.8);
         for (s, &size) in sizes.iter().enumerate() {
             for _ in 0..size {
                 let k = instances.len() as u32;
                 let agent = if rng.random_range(0.0..1.0) < shape.storm_share {
-                    churn_node
+                    churned += 1;
+                    shape.agents + churned % churn_nodes
                 } else {
                     rng.random_range(0..shape.agents)
                 };
@@ -200,16 +216,18 @@ impl Plan {
             follows.push(chosen.into_iter().collect());
         }
         let mut candidates: Vec<u32> = (0..shape.instances)
-            .filter(|&k| instances[k as usize].agent != churn_node)
+            .filter(|&k| instances[k as usize].agent < shape.agents)
             .collect();
         candidates.shuffle(&mut rng);
         candidates.truncate((f64::from(shape.instances) * shape.deploy_share).round() as usize);
         let mut wiped: Vec<bool> = (0..shape.agents)
             .map(|_| rng.random_range(0.0..1.0) < shape.wipe_share)
             .collect();
-        // The churn node follows nothing and is never cut.
-        follows.push(Vec::new());
-        wiped.push(false);
+        // Churn nodes follow nothing and are never cut.
+        for _ in 0..churn_nodes {
+            follows.push(Vec::new());
+            wiped.push(false);
+        }
         Plan {
             shape: shape.clone(),
             services,
@@ -222,25 +240,35 @@ impl Plan {
         }
     }
 
-    /// The churn node's index (after the last agent).
-    pub fn churn_node(&self) -> u32 {
-        self.shape.agents
+    /// The churn nodes' indices (after the last agent).
+    pub fn churn_nodes(&self) -> std::ops::Range<u32> {
+        self.shape.agents..self.by_agent.len() as u32
     }
 
-    /// Agent `a`'s node name (`b00042`; the churn node is `bench-churn`).
+    /// Whether `a` is a churn node.
+    pub fn is_churn(&self, a: u32) -> bool {
+        a >= self.shape.agents
+    }
+
+    /// Every node: the agents, then the churn nodes.
+    pub fn nodes(&self) -> std::ops::Range<u32> {
+        0..self.by_agent.len() as u32
+    }
+
+    /// Node `a`'s name (`b00042`; churn nodes `churn-000`).
     pub fn node(&self, a: u32) -> NodeId {
-        let name = if a == self.churn_node() {
-            "bench-churn".to_owned()
+        let name = if self.is_churn(a) {
+            format!("churn-{:03}", a - self.shape.agents)
         } else {
             format!("b{a:05}")
         };
         NodeId::new(&name).expect("bench node names are valid")
     }
 
-    /// Agent `a`'s zone: agents in equal blocks over the zones; the churn
-    /// node in the first.
+    /// Node `a`'s zone: agents in equal blocks over the zones; churn nodes
+    /// in the first.
     pub fn zone(&self, a: u32) -> Label {
-        let z = if a == self.churn_node() {
+        let z = if self.is_churn(a) {
             0
         } else {
             u64::from(a) * u64::from(self.shape.zones) / u64::from(self.shape.agents)
@@ -309,19 +337,41 @@ mod tests {
         let owned: usize = plan.by_agent.iter().map(Vec::len).sum();
         assert_eq!(owned, 1_000);
         assert!(plan.follows[..50].iter().all(|f| f.len() == 5));
+        assert_eq!(plan.churn_nodes(), 50..51);
         assert!(plan.follows[50].is_empty());
         assert_eq!(plan.subscriptions(), 250);
         assert_eq!(plan.deploy.len(), 100);
         assert!(plan
             .deploy
             .iter()
-            .all(|&k| plan.instances[k as usize].agent != plan.churn_node()));
+            .all(|&k| !plan.is_churn(plan.instances[k as usize].agent)));
         assert_eq!(plan.sizes().iter().sum::<usize>(), 1_000);
         for (s, followers) in plan.followers.iter().enumerate() {
             for a in followers {
                 assert!(plan.follows[*a as usize].contains(&(s as u32)));
             }
         }
+    }
+
+    #[test]
+    fn the_churn_is_spread_over_nodes_of_about_a_hundred_instances() {
+        let plan = Plan::new(&Shape {
+            agents: 200,
+            instances: 20_000,
+            services: 100,
+            storm_share: 0.05,
+            ..shape()
+        });
+        assert_eq!(plan.churn_nodes(), 200..210);
+        let churn: Vec<usize> = plan
+            .churn_nodes()
+            .map(|n| plan.by_agent[n as usize].len())
+            .collect();
+        assert!(churn.iter().all(|&n| n > 50 && n < 150), "{churn:?}");
+        assert_eq!(plan.node(203).as_str(), "churn-003");
+        assert!(plan
+            .churn_nodes()
+            .all(|n| plan.follows[n as usize].is_empty()));
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub enum Kind {
 /// One write the arbiter committed with a revision.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Commit {
-    /// The writing agent (the churn node's index for its writes).
+    /// The writing agent (a churn node's index for its writes).
     pub agent: u32,
     /// What it was.
     pub kind: Kind,
@@ -79,6 +79,9 @@ impl Apply {
 pub struct Load {
     /// Update messages (each carries one or more services' updates).
     pub messages: u64,
+    /// Service updates (a service's deltas, snapshot or answer): what the
+    /// fleet simulation counts as deliveries.
+    pub updates: u64,
     /// Deltas (one per changed record).
     pub deltas: u64,
     /// Full service snapshots.
@@ -94,6 +97,7 @@ impl Load {
     /// Adds `other`.
     pub fn add(&mut self, other: &Load) {
         self.messages += other.messages;
+        self.updates += other.updates;
         self.deltas += other.deltas;
         self.snapshots += other.snapshots;
         self.retries += other.retries;
@@ -175,8 +179,8 @@ pub enum Order {
     /// Cut every agent off the arbiters (its session ends; no new one can
     /// start); agents planned as wiped restart with an empty cache.
     Cut,
-    /// The churn node replaces each of its instances (`concurrency` at a
-    /// time); other workers answer at once.
+    /// Each churn node replaces each of its instances (`concurrency` at a
+    /// time per node); workers without one answer at once.
     Churn {
         /// Replacements in flight at once.
         concurrency: u32,
@@ -219,7 +223,7 @@ pub enum Answer {
         at_us: u64,
         /// Why it ended short, if it did.
         short: Option<String>,
-        /// After `Churn`: the last revision the churn committed in each
+        /// After `Churn`: the last revision the churn nodes committed in each
         /// service it changed (what `Heal` then waits for).
         #[serde(default)]
         required: Vec<(u32, u64)>,

@@ -154,8 +154,8 @@ pub struct Steady {
     pub seconds: f64,
     /// Every process's CPU and memory over it.
     pub usage: Vec<Usage>,
-    /// What reached the agents meanwhile (expected: nothing but what a
-    /// lease renewal or re-send brings).
+    /// Service updates that reached the agents meanwhile (expected:
+    /// nothing but re-sends).
     pub deliveries_per_s: Rate,
 }
 
@@ -190,8 +190,12 @@ pub struct Deploy {
     pub undelivered: u64,
     /// Changes committed per second during the window.
     pub commits_per_s: Rate,
-    /// Deltas delivered per second (summed over the agents).
+    /// Service updates delivered per second, summed over the agents (a
+    /// service's deltas in one message count one, as the fleet simulation
+    /// counts deliveries).
     pub deliveries_per_s: Rate,
+    /// Deltas (changed records) delivered per second.
+    pub deltas_per_s: Rate,
     /// Update messages per second to the agents (a message carries the
     /// deltas of one or more services, coalesced).
     pub messages_per_s: Rate,
@@ -201,7 +205,7 @@ pub struct Deploy {
     pub usage: Vec<Usage>,
 }
 
-/// `storm`: every session cut at once, the churn node's deltas committed
+/// `storm`: every session cut at once, the churn nodes' deltas committed
 /// meanwhile, then every agent back on its own backoff.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Storm {
@@ -209,7 +213,7 @@ pub struct Storm {
     pub agents: u64,
     /// Of those, restarted with their cache wiped.
     pub wiped: u64,
-    /// Changes the churn node committed while they were cut off.
+    /// Changes the churn nodes committed while they were cut off.
     pub churn_commits: u64,
     /// Their rate, per second (no agent to fan them out to).
     pub churn_commits_per_s: Option<f64>,
@@ -454,7 +458,7 @@ pub fn deploy(
     let within: Vec<&&Commit> = commits
         .iter()
         .filter(|c| c.answered_us >= span.start_us && c.answered_us <= span.end_us)
-        .filter(|c| c.agent != plan.churn_node())
+        .filter(|c| !plan.is_churn(c.agent))
         .collect();
     let latency = |kind: Option<Kind>| {
         Latency::from_us(
@@ -516,7 +520,8 @@ pub fn deploy(
         leave: Latency::from_us(leave.clone()),
         undelivered,
         commits_per_s: rate(&commit_seconds, span.start_us, span.end_us, |l| l.deltas),
-        deliveries_per_s: rate(load, span.start_us, span.end_us, |l| l.deltas),
+        deliveries_per_s: rate(load, span.start_us, span.end_us, |l| l.updates),
+        deltas_per_s: rate(load, span.start_us, span.end_us, |l| l.deltas),
         messages_per_s: rate(load, span.start_us, span.end_us, |l| l.messages),
         bytes_per_s: rate(load, span.start_us, span.end_us, |l| l.bytes),
         ..Deploy::default()
@@ -535,7 +540,7 @@ pub fn convergence(
 ) -> (Vec<u64>, bool, u64) {
     let mut required: HashMap<u32, u64> = HashMap::new();
     for c in commits {
-        if c.agent == plan.churn_node() && c.answered_us >= cut_us {
+        if plan.is_churn(c.agent) && c.answered_us >= cut_us {
             let r = required.entry(c.service).or_default();
             *r = (*r).max(c.revision);
         }

@@ -1,6 +1,6 @@
 //! A fleet bench worker process (`rollcall bench worker`, started by the
 //! coordinator, never by hand): it runs its share of the plan's agents
-//! (agent `a` when `a % procs == index`; the churn node in worker 0) as
+//! (agent `a` when `a % procs == index`; the churn nodes in worker 0) as
 //! [`FleetAgent`] actors in one actix System, carries out the
 //! coordinator's orders one phase at a time from standard input, reports
 //! progress on standard output, and writes its records at the end.
@@ -72,9 +72,10 @@ pub fn run(file: &Path, index: u32) -> Result<(), BenchError> {
     }
     let plan = Arc::new(Plan::new(&settings.shape));
     let ca = Ca::read(&settings.ca_dir).map_err(|e| BenchError::Worker(e.to_string()))?;
-    let mine: Vec<u32> = (0..=plan.churn_node())
+    let mine: Vec<u32> = plan
+        .nodes()
         .filter(|&a| {
-            if a == plan.churn_node() {
+            if plan.is_churn(a) {
                 index == 0
             } else {
                 a % settings.procs == index
@@ -158,15 +159,12 @@ async fn drive(shared: Arc<Shared>, clients: Vec<(u32, TlsMaterial)>) -> Result<
                 wait(&agents, Want::Connected, None, deadline).await;
             }
             Order::Register => {
-                for (_, addr) in &agents {
-                    addr.do_send(RegisterAll);
-                }
                 let due: usize = agents
                     .iter()
                     .map(|(a, _)| plan.by_agent[*a as usize].len())
                     .sum();
                 let deadline = Duration::from_secs(120 + due as u64 / 200);
-                wait(&agents, Want::Registered, None, deadline).await;
+                in_waves(&agents, Step::Register, due as u64, deadline).await;
             }
             Order::Follow => {
                 let due: usize = agents
@@ -174,7 +172,7 @@ async fn drive(shared: Arc<Shared>, clients: Vec<(u32, TlsMaterial)>) -> Result<
                     .map(|(a, _)| plan.follows[*a as usize].len())
                     .sum();
                 let deadline = Duration::from_secs(120 + due as u64 / 500);
-                follow(&agents, due as u64, deadline).await;
+                in_waves(&agents, Step::Follow, due as u64, deadline).await;
             }
             Order::Deploy {
                 start_us,
@@ -204,7 +202,7 @@ async fn drive(shared: Arc<Shared>, clients: Vec<(u32, TlsMaterial)>) -> Result<
             }
             Order::Cut => {
                 for (a, addr) in &agents {
-                    if *a != plan.churn_node() {
+                    if !plan.is_churn(*a) {
                         addr.do_send(Cut {
                             wipe: plan.wiped[*a as usize],
                         });
@@ -220,7 +218,7 @@ async fn drive(shared: Arc<Shared>, clients: Vec<(u32, TlsMaterial)>) -> Result<
                 deadline_ms,
             } => {
                 for (a, addr) in &agents {
-                    if *a != plan.churn_node() {
+                    if !plan.is_churn(*a) {
                         addr.do_send(Heal);
                     }
                 }
@@ -317,24 +315,40 @@ async fn ask(agents: &[(u32, Addr<FleetAgent>)], want: &Want) -> Progress {
     sum
 }
 
-/// Agents that fetch their followed views at once, per worker: a region's
-/// agents come up over minutes, not in one instant, and a worker that
-/// verifies a hundred thousand snapshots at once falls behind on every
-/// agent's keep-alives (the arbiter would see silent sessions). The
-/// setup is not what the bench measures; its phases are.
-const FOLLOW_WAVE: usize = 250;
+/// Agents that register their instances, or fetch their followed
+/// views, at once per worker: a region's agents come up over minutes,
+/// not in one instant. A worker that verifies a hundred thousand
+/// snapshots at once, or an arbiter handed a hundred thousand
+/// registrations in one go, falls behind on every session's keep-alives,
+/// and silent sessions are what the arbiter acts on. The setup is not
+/// what the bench measures; its phases are.
+const WAVE: usize = 250;
 
-/// Every agent follows its services, a wave of `FOLLOW_WAVE` agents at a
-/// time, each wave until its views are complete.
-async fn follow(agents: &[(u32, Addr<FleetAgent>)], due: u64, deadline: Duration) {
+/// A setup step done a wave at a time.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Register,
+    Follow,
+}
+
+/// Every agent does `step`, a wave of `WAVE` agents at a time, each wave
+/// until it is done.
+async fn in_waves(agents: &[(u32, Addr<FleetAgent>)], step: Step, due: u64, deadline: Duration) {
     let until = tokio::time::Instant::now() + deadline;
+    let want = match step {
+        Step::Register => Want::Registered,
+        Step::Follow => Want::Complete,
+    };
     let mut finished = 0;
-    for wave in agents.chunks(FOLLOW_WAVE) {
+    for wave in agents.chunks(WAVE) {
         for (_, addr) in wave {
-            addr.do_send(FollowAll);
+            match step {
+                Step::Register => addr.do_send(RegisterAll),
+                Step::Follow => addr.do_send(FollowAll),
+            }
         }
         loop {
-            let progress = ask(wave, &Want::Complete).await;
+            let progress = ask(wave, &want).await;
             if progress.done >= progress.total {
                 finished += progress.done;
                 break;
@@ -345,7 +359,7 @@ async fn follow(agents: &[(u32, Addr<FleetAgent>)], due: u64, deadline: Duration
                     total: due,
                     at_us: now_us(),
                     short: Some(format!(
-                        "Complete: {} of {due} after {:.0} s",
+                        "{want:?}: {} of {due} after {:.0} s",
                         finished + progress.done,
                         deadline.as_secs_f64()
                     )),
@@ -368,12 +382,12 @@ async fn follow(agents: &[(u32, Addr<FleetAgent>)], due: u64, deadline: Duration
     });
 }
 
-/// The last revision the churn node committed in each service.
+/// The last revision the churn nodes committed in each service.
 fn churned(shared: &Shared) -> Vec<(u32, u64)> {
-    let churn = shared.plan.churn_node();
+    let plan = &shared.plan;
     let mut last: HashMap<u32, u64> = HashMap::new();
     for c in &shared.records.lock().expect("records lock").commits {
-        if c.agent == churn {
+        if plan.is_churn(c.agent) {
             let rev = last.entry(c.service).or_default();
             *rev = (*rev).max(c.revision);
         }
@@ -383,36 +397,35 @@ fn churned(shared: &Shared) -> Vec<(u32, u64)> {
     required
 }
 
-/// The churn node replaces every one of its instances, `concurrency` at a
-/// time, as fast as the arbiter commits.
+/// Every churn node of this worker replaces each of its instances,
+/// `concurrency` at a time per node, as fast as the arbiter commits.
 async fn churn(shared: &Shared, agents: &[(u32, Addr<FleetAgent>)], concurrency: u32) {
     let plan = &shared.plan;
-    let Some((_, node)) = agents.iter().find(|(a, _)| *a == plan.churn_node()) else {
-        return say(&Answer::Done {
-            done: 0,
-            total: 0,
-            at_us: now_us(),
-            short: None,
-            required: Vec::new(),
-        });
-    };
-    let mine = &plan.by_agent[plan.churn_node() as usize];
-    let total = mine.len() as u64;
+    let nodes: Vec<(&Addr<FleetAgent>, &Vec<u32>)> = agents
+        .iter()
+        .filter(|(a, _)| plan.is_churn(*a))
+        .map(|(a, addr)| (addr, &plan.by_agent[*a as usize]))
+        .collect();
+    let total: u64 = nodes.iter().map(|(_, mine)| mine.len() as u64).sum();
     let until = tokio::time::Instant::now() + Duration::from_secs(120 + total / 50);
-    let mut sent = 0u64;
+    let mut sent = vec![0usize; nodes.len()];
     let mut told = tokio::time::Instant::now();
     loop {
-        let done = node
-            .send(Query(Want::Replaced))
-            .await
-            .unwrap_or_default()
-            .done;
-        while sent < total && sent - done.min(sent) < u64::from(concurrency) {
-            node.do_send(Replace {
-                k: mine[sent as usize],
-                drain_ms: 0,
-            });
-            sent += 1;
+        let mut done = 0;
+        for (n, (node, mine)) in nodes.iter().enumerate() {
+            let replaced = node
+                .send(Query(Want::Replaced))
+                .await
+                .unwrap_or_default()
+                .done as usize;
+            done += replaced as u64;
+            while sent[n] < mine.len() && sent[n] - replaced.min(sent[n]) < concurrency as usize {
+                node.do_send(Replace {
+                    k: mine[sent[n]],
+                    drain_ms: 0,
+                });
+                sent[n] += 1;
+            }
         }
         let late = tokio::time::Instant::now() >= until;
         if done >= total || late {
