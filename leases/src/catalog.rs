@@ -1178,16 +1178,7 @@ impl Catalog {
             emptied_at_ms: None,
             log_last: self.log.unpark(key),
         };
-        let ix = match self.free_services.pop() {
-            Some(ix) => {
-                self.services[ix as usize] = Some(state);
-                ix
-            }
-            None => {
-                self.services.push(Some(state));
-                (self.services.len() - 1) as u32
-            }
-        };
+        let ix = place(&mut self.services, &mut self.free_services, state);
         self.service_index.insert(key.clone(), ix);
         ix
     }
@@ -1222,16 +1213,7 @@ impl Catalog {
             service: ix,
             member: svc.members.len() as u32,
         };
-        let s = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(slot);
-                s
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let s = place(&mut self.slots, &mut self.free_slots, slot);
         svc.members.push(s);
         self.nodes
             .entry(fixed.node_id.clone())
@@ -1664,6 +1646,21 @@ fn restamp(live: &Live, env: &Envelope, rev: Revision) -> Live {
         revision: rev,
         changed_at_ms: env.at_ms,
         ..live.clone()
+    }
+}
+
+/// Puts `value` in a free place of `arena` (one `free` lists) or a new one
+/// at its end; answers its index.
+fn place<T>(arena: &mut Vec<Option<T>>, free: &mut Vec<u32>, value: T) -> u32 {
+    match free.pop() {
+        Some(ix) => {
+            arena[ix as usize] = Some(value);
+            ix
+        }
+        None => {
+            arena.push(Some(value));
+            (arena.len() - 1) as u32
+        }
     }
 }
 
