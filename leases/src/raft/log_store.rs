@@ -60,8 +60,8 @@ impl LogStore {
         let log = txn.open_table(LOG).map_err(|e| db.fail(e))?;
         for item in log.range((start, end)).map_err(|e| db.fail(e))? {
             let (key, bytes) = item.map_err(|e| db.fail(e))?;
-            if !out.contains_key(&key.value()) {
-                out.insert(key.value(), decode_entry(key.value(), bytes.value())?);
+            if let std::collections::btree_map::Entry::Vacant(slot) = out.entry(key.value()) {
+                slot.insert(decode_entry(key.value(), bytes.value())?);
             }
         }
         Ok(out.into_values().collect())
