@@ -162,7 +162,12 @@ impl Table {
     pub fn finish(self) {
         let file = figures_file(self.bench);
         let commit = commit();
-        let previous = previous_figures(&file, &commit);
+        // A smoke run's small sizes compare with nothing stored.
+        let previous = if full_run() {
+            previous_figures(&file, &commit)
+        } else {
+            Default::default()
+        };
         println!();
         println!(
             "{}: medians at {commit} ({})",
