@@ -23,9 +23,7 @@ pub fn response(catalog: &Catalog, env: &Envelope, result: Result<Applied, Rejec
                 | Command::SetLiveness { instance_id, .. } => Some(instance_id),
                 _ => None,
             };
-            let state = instance
-                .and_then(|id| catalog.instance(id))
-                .map(|r| r.state);
+            let state = instance.and_then(|id| catalog.instance_state(id));
             Response::Committed {
                 revision: applied.revision,
                 generation,

@@ -20,7 +20,7 @@ use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::command::{Command, Envelope, Registration, MAX_REPORTERS};
-use crate::delta_log::{Change, DeltaLog, LogAnswer, ServiceDelta};
+use crate::delta_log::{DeltaHead, DeltaLog, LogAnswer, LogChange, ServiceDelta};
 use crate::digest::Digest;
 use crate::endpoint::{EndpointRecord, Labels, Liveness, State};
 use crate::guard::{ExpiryGuard, GuardDecision};
@@ -30,6 +30,10 @@ use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey};
 use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
+
+pub(crate) mod stored;
+
+use stored::{Fixed, Live};
 
 /// Why a command was rejected. A rejected command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -332,35 +336,58 @@ pub struct ServiceInfo {
     pub ready: usize,
 }
 
+/// One record in the arena: its fixed part (shared with the delta log),
+/// its live part (changed in place), its digest hash and where it sits.
 #[derive(Clone, Debug)]
-struct Stored {
-    record: Arc<EndpointRecord>,
+struct Slot {
+    fixed: Arc<Fixed>,
+    live: Live,
     hash: u128,
+    /// Its service's index in `services`.
+    service: u32,
+    /// Its index in that service's `members`.
+    member: u32,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct ServiceState {
-    records: HashMap<InstanceId, Stored>,
+    key: Arc<ServiceKey>,
+    /// Its records' slots, in no order.
+    members: Vec<u32>,
     revision: Revision,
     digest: Digest,
     ready: usize,
     emptied_at_ms: Option<u64>,
+    /// Its newest delta-log entry, while the log holds one.
+    log_last: Option<u64>,
 }
 
-/// The changes of one command, gathered before they are committed.
-#[derive(Default)]
+/// The changes of one command, gathered before they are committed: by
+/// service index, in the order they were made. Kept between commands so
+/// a command allocates nothing here.
+#[derive(Clone, Debug, Default)]
 struct Batch {
-    changes: BTreeMap<ServiceKey, Vec<Change>>,
-    deleted: Vec<(ServiceKey, Revision)>,
+    changes: Vec<(u32, LogChange)>,
+    /// Deleted services: key, last revision, newest log entry.
+    deleted: Vec<(Arc<ServiceKey>, Revision, Option<u64>)>,
 }
 
 /// One catalog shard: records, leases, the guard and the delta log.
+///
+/// Records live in an arena (`slots`) under dense indices: one hash lookup
+/// from an instance id to its slot, and from the slot its service by
+/// index; a service lists its slots. Freed slots and service indices are
+/// reused.
 #[derive(Clone, Debug)]
 pub struct Catalog {
     params: CatalogParams,
     revision: Revision,
-    services: HashMap<ServiceKey, ServiceState>,
-    instances: HashMap<InstanceId, ServiceKey>,
+    services: Vec<Option<ServiceState>>,
+    free_services: Vec<u32>,
+    service_index: HashMap<ServiceKey, u32>,
+    slots: Vec<Option<Slot>>,
+    free_slots: Vec<u32>,
+    instances: HashMap<InstanceId, u32>,
     generations: HashMap<InstanceId, GenerationMemory>,
     nodes: HashMap<NodeId, BTreeSet<InstanceId>>,
     leases: LeaseTable,
@@ -372,6 +399,8 @@ pub struct Catalog {
     identity: Option<CatalogId>,
     /// Reused buffer for encoding records to hash them.
     scratch: Vec<u8>,
+    /// Reused between commands.
+    batch: Batch,
 }
 
 impl Catalog {
@@ -381,7 +410,11 @@ impl Catalog {
         Catalog {
             params,
             revision: Revision(0),
-            services: HashMap::default(),
+            services: Vec::new(),
+            free_services: Vec::new(),
+            service_index: HashMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
             instances: HashMap::default(),
             generations: HashMap::default(),
             nodes: HashMap::default(),
@@ -392,13 +425,14 @@ impl Catalog {
             replicated: BTreeMap::new(),
             identity: None,
             scratch: Vec::new(),
+            batch: Batch::default(),
         }
     }
 
     /// Applies one command. On `Err` nothing changed.
     pub fn apply(&mut self, env: &Envelope) -> Result<Applied, Rejection> {
         let rev = self.revision.next();
-        let mut batch = Batch::default();
+        let mut batch = std::mem::take(&mut self.batch);
         let effect = match &env.command {
             Command::GrantLease {
                 node,
@@ -439,8 +473,8 @@ impl Catalog {
                 instance_id,
                 generation,
             } => {
-                let (key, record) = self.live(instance_id, *generation)?;
-                self.remove_record(&mut batch, &key, &record, env.at_ms);
+                let slot = self.live(instance_id, *generation)?;
+                self.remove_record(&mut batch, slot, env.at_ms);
                 Effect::Changed
             }
             Command::NodeDown {
@@ -464,20 +498,17 @@ impl Catalog {
             Command::Purge => self.purge(&mut batch, env.at_ms),
             Command::DeleteService { service } => {
                 let svc = self
-                    .services
-                    .get(service)
+                    .service_state(service)
                     .ok_or_else(|| Rejection::UnknownService {
                         service: service.clone(),
                     })?;
-                if !svc.records.is_empty() {
+                if !svc.members.is_empty() {
                     return Err(Rejection::ServiceNotEmpty {
                         service: service.clone(),
-                        records: svc.records.len(),
+                        records: svc.members.len(),
                     });
                 }
-                let prev = svc.revision;
-                self.services.remove(service);
-                batch.deleted.push((service.clone(), prev));
+                self.delete_service(&mut batch, service);
                 Effect::Changed
             }
             Command::SetPolicy(policy) => self.set_policy(env, rev, policy)?,
@@ -512,8 +543,11 @@ impl Catalog {
         Ok(self.commit(rev, batch, effect))
     }
 
-    fn commit(&mut self, rev: Revision, batch: Batch, effect: Effect) -> Applied {
+    fn commit(&mut self, rev: Revision, mut batch: Batch, effect: Effect) -> Applied {
         if effect == Effect::Unchanged {
+            batch.changes.clear();
+            batch.deleted.clear();
+            self.batch = batch;
             return Applied {
                 revision: None,
                 effect,
@@ -521,36 +555,54 @@ impl Catalog {
             };
         }
         self.revision = rev;
-        let mut services = Vec::with_capacity(batch.changes.len() + batch.deleted.len());
-        for (key, changes) in batch.changes {
-            let svc = self
-                .services
-                .get_mut(&key)
-                .expect("a changed service exists");
-            let prev_revision = std::mem::replace(&mut svc.revision, rev);
-            let digest = svc.digest;
-            services.push(key.clone());
-            self.log.append(ServiceDelta {
-                service: key,
-                revision: rev,
-                prev_revision,
-                changes,
-                digest,
-                exists: true,
-            });
+        let mut services = Vec::with_capacity(1 + batch.deleted.len());
+        // One delta per service, in key order; its changes in the order
+        // they were made (the sort is stable).
+        let first = batch.changes.first().map(|(ix, _)| *ix);
+        if batch.changes.iter().any(|(ix, _)| Some(*ix) != first) {
+            let by_index = &self.services;
+            batch
+                .changes
+                .sort_by(|(a, _), (b, _)| key_at(by_index, *a).cmp(key_at(by_index, *b)));
         }
-        for (key, prev_revision) in batch.deleted {
-            services.push(key.clone());
-            self.log.append(ServiceDelta {
-                service: key,
+        let mut changes = batch.changes.drain(..).peekable();
+        while let Some((ix, change)) = changes.next() {
+            let svc = self.services[ix as usize]
+                .as_mut()
+                .expect("a changed service exists");
+            let mut rest = Vec::new();
+            while let Some((_, more)) = changes.next_if(|(next, _)| *next == ix) {
+                rest.push(more);
+            }
+            let head = DeltaHead {
+                revision: rev,
+                prev_revision: std::mem::replace(&mut svc.revision, rev),
+                digest: svc.digest,
+                exists: true,
+            };
+            let seq = self.log.append(
+                svc.key.clone(),
+                svc.log_last,
+                head,
+                std::iter::once(change).chain(rest),
+            );
+            svc.log_last = Some(seq);
+            services.push((*svc.key).clone());
+        }
+        drop(changes);
+        for (key, prev_revision, last) in batch.deleted.drain(..) {
+            let head = DeltaHead {
                 revision: rev,
                 prev_revision,
-                changes: Vec::new(),
                 digest: Digest::EMPTY,
                 exists: false,
-            });
+            };
+            let seq = self.log.append(key.clone(), last, head, None);
+            services.push((*key).clone());
+            self.log.park((*key).clone(), seq);
         }
         services.sort();
+        self.batch = batch;
         Applied {
             revision: Some(rev),
             effect,
@@ -743,16 +795,14 @@ impl Catalog {
         // a restarted agent reconciles them by instance id and generation,
         // keeping their generations (R7).
         let mut moved = 0;
-        for (key, stored) in self.node_records(node) {
-            let r = &stored.record;
-            if r.state == State::Expired || r.lease == id {
+        for s in self.node_records(node) {
+            let slot = self.slot(s);
+            if slot.live.state == State::Expired || slot.fixed.lease == id {
                 continue;
             }
-            let mut record = restamp(r, env, rev);
-            record.epoch = epoch;
-            record.lease = id;
-            record.zone = zone.clone();
-            self.put(batch, &key, record);
+            let fixed = slot.fixed.moved(epoch, id, zone.clone());
+            let live = restamp(&slot.live, env, rev);
+            self.replace(batch, s, fixed, live);
             moved += 1;
         }
         Ok(Effect::LeaseGranted { lease: id, moved })
@@ -834,20 +884,21 @@ impl Catalog {
     ) -> usize {
         self.leases.remove(&lease.node);
         let mut marked = 0;
-        for (key, stored) in self.node_records(&lease.node) {
-            let r = &stored.record;
-            let affected = r.lease == lease.id
+        for s in self.node_records(&lease.node) {
+            let slot = self.slot(s);
+            let state = slot.live.state;
+            let affected = slot.fixed.lease == lease.id
                 && match to {
-                    State::Expired => r.state != State::Expired,
-                    _ => matches!(r.state, State::Starting | State::Ready),
+                    State::Expired => state != State::Expired,
+                    _ => matches!(state, State::Starting | State::Ready),
                 };
             if !affected {
                 continue;
             }
-            let mut record = restamp(r, env, rev);
-            record.state = to;
-            record.reason = reason.clone();
-            self.put(batch, &key, record);
+            let mut live = restamp(&slot.live, env, rev);
+            live.state = to;
+            live.reason = reason.clone();
+            self.update(batch, s, live);
             marked += 1;
         }
         marked
@@ -886,16 +937,14 @@ impl Catalog {
             .generations
             .get(&reg.instance_id)
             .map_or(Generation(1), |g| g.generation.next());
-        if let Some(old_key) = self.instances.get(&reg.instance_id).cloned() {
-            let old = self.services[&old_key].records[&reg.instance_id]
-                .record
-                .clone();
-            self.remove_record(batch, &old_key, &old, env.at_ms);
+        if let Some(&old) = self.instances.get(&reg.instance_id) {
+            self.remove_record(batch, old, env.at_ms);
         }
         let record = EndpointRecord {
             instance_id: reg.instance_id.clone(),
             generation,
-            node_id: reg.node.clone(),
+            // The lease's own name: every record of a node shares it.
+            node_id: lease.node.clone(),
             epoch: reg.epoch,
             lease: lease.id,
             address: reg.address,
@@ -912,7 +961,8 @@ impl Catalog {
             revision: rev,
             changed_at_ms: env.at_ms,
         };
-        self.put(batch, &reg.service, record);
+        let (fixed, live) = Fixed::split(record);
+        self.insert(batch, &reg.service, fixed, live);
         self.generations.insert(
             reg.instance_id.clone(),
             GenerationMemory {
@@ -972,8 +1022,9 @@ impl Catalog {
         to: State,
         reason: &Reason,
     ) -> Result<Effect, Rejection> {
-        let (key, r) = self.live(id, generation)?;
-        let from = r.state;
+        let s = self.live(id, generation)?;
+        let slot = self.slot(s);
+        let from = slot.live.state;
         if from == to {
             return Ok(Effect::Unchanged);
         }
@@ -984,16 +1035,21 @@ impl Catalog {
                 to,
             });
         }
-        if to == State::Ready && !self.leases.is_live(&r.node_id, r.lease) {
+        if to == State::Ready && !self.leases.is_live(&slot.fixed.node_id, slot.fixed.lease) {
             return Err(Rejection::NotCovered {
                 instance_id: id.clone(),
-                node: r.node_id.clone(),
+                node: slot.fixed.node_id.clone(),
             });
         }
-        let mut record = restamp(&r, env, rev);
-        record.state = to;
-        record.reason = reason.clone();
-        self.put(batch, &key, record);
+        let live = Live {
+            state: to,
+            reason: reason.clone(),
+            origin: env.actor.clone(),
+            liveness: slot.live.liveness,
+            revision: rev,
+            changed_at_ms: env.at_ms,
+        };
+        self.update(batch, s, live);
         Ok(Effect::Changed)
     }
 
@@ -1006,54 +1062,53 @@ impl Catalog {
         generation: Generation,
         liveness: Liveness,
     ) -> Result<Effect, Rejection> {
-        let (key, r) = self.live(id, generation)?;
-        if r.liveness == liveness {
+        let s = self.live(id, generation)?;
+        let slot = self.slot(s);
+        if slot.live.liveness == liveness {
             return Ok(Effect::Unchanged);
         }
-        let mut record = restamp(&r, env, rev);
-        record.liveness = liveness;
-        self.put(batch, &key, record);
+        let mut live = restamp(&slot.live, env, rev);
+        live.liveness = liveness;
+        self.update(batch, s, live);
         Ok(Effect::Changed)
     }
 
-    /// The live record of `id`, if `generation` is its generation.
-    fn live(
-        &self,
-        id: &InstanceId,
-        generation: Generation,
-    ) -> Result<(ServiceKey, Arc<EndpointRecord>), Rejection> {
-        let key = self
+    /// The slot of the live record of `id`, if `generation` is its
+    /// generation.
+    fn live(&self, id: &InstanceId, generation: Generation) -> Result<u32, Rejection> {
+        let s = *self
             .instances
             .get(id)
             .ok_or_else(|| Rejection::UnknownInstance {
                 instance_id: id.clone(),
             })?;
-        let stored = &self.services[key].records[id];
-        if stored.record.generation != generation {
+        let current = self.slot(s).fixed.generation;
+        if current != generation {
             return Err(Rejection::StaleGeneration {
                 instance_id: id.clone(),
                 given: generation,
-                current: stored.record.generation,
+                current,
             });
         }
-        Ok((key.clone(), stored.record.clone()))
+        Ok(s)
     }
 
     fn purge(&mut self, batch: &mut Batch, at_ms: u64) -> Effect {
         let retention = self.params.expired_retention_ms;
-        let mut victims: Vec<(ServiceKey, Arc<EndpointRecord>)> = Vec::new();
-        for (key, svc) in &self.services {
-            for stored in svc.records.values() {
-                let r = &stored.record;
-                let covered = self.leases.is_live(&r.node_id, r.lease);
-                if !covered && at_ms >= r.changed_at_ms.saturating_add(retention) {
-                    victims.push((key.clone(), r.clone()));
-                }
+        let mut victims: Vec<(&ServiceKey, &InstanceId, u32)> = Vec::new();
+        for (s, slot) in self.slots.iter().enumerate() {
+            let Some(slot) = slot else { continue };
+            let f = &slot.fixed;
+            let covered = self.leases.is_live(&f.node_id, f.lease);
+            if !covered && at_ms >= slot.live.changed_at_ms.saturating_add(retention) {
+                let key = key_at(&self.services, slot.service);
+                victims.push((key, &f.instance_id, s as u32));
             }
         }
-        victims.sort_by(|a, b| (&a.0, &a.1.instance_id).cmp(&(&b.0, &b.1.instance_id)));
-        for (key, record) in &victims {
-            self.remove_record(batch, key, record, at_ms);
+        victims.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let victims: Vec<u32> = victims.into_iter().map(|(_, _, s)| s).collect();
+        for &s in &victims {
+            self.remove_record(batch, s, at_ms);
         }
         let keep = self.params.service_retention_ms;
         let before = self.generations.len();
@@ -1065,17 +1120,17 @@ impl Catalog {
         let mut dead: Vec<ServiceKey> = self
             .services
             .iter()
-            .filter(|(_, s)| {
-                s.records.is_empty()
+            .flatten()
+            .filter(|s| {
+                s.members.is_empty()
                     && s.emptied_at_ms
                         .is_some_and(|t| at_ms >= t.saturating_add(keep))
             })
-            .map(|(k, _)| k.clone())
+            .map(|s| (*s.key).clone())
             .collect();
         dead.sort();
         for key in &dead {
-            let svc = self.services.remove(key).expect("listed above");
-            batch.deleted.push((key.clone(), svc.revision));
+            self.delete_service(batch, key);
         }
         if victims.is_empty() && forgotten == 0 && dead.is_empty() {
             Effect::Unchanged
@@ -1090,99 +1145,154 @@ impl Catalog {
 
     // ----- record storage: the only code that touches the indexes -----
 
-    fn node_records(&self, node: &NodeId) -> Vec<(ServiceKey, Stored)> {
+    fn slot(&self, s: u32) -> &Slot {
+        self.slots[s as usize]
+            .as_ref()
+            .expect("an indexed slot holds a record")
+    }
+
+    fn service_state(&self, key: &ServiceKey) -> Option<&ServiceState> {
+        let ix = *self.service_index.get(key)?;
+        self.services[ix as usize].as_ref()
+    }
+
+    /// The slots of every record on `node`, in instance id order.
+    fn node_records(&self, node: &NodeId) -> Vec<u32> {
         let Some(ids) = self.nodes.get(node) else {
             return Vec::new();
         };
-        ids.iter()
-            .map(|id| {
-                let key = &self.instances[id];
-                (key.clone(), self.services[key].records[id].clone())
-            })
-            .collect()
+        ids.iter().map(|id| self.instances[id]).collect()
     }
 
-    fn put(&mut self, batch: &mut Batch, key: &ServiceKey, record: EndpointRecord) {
-        let hash = Digest::of_record_in(&record, &mut self.scratch);
-        let record = Arc::new(record);
-        let id = record.instance_id.clone();
-        let svc = match self.services.get_mut(key) {
-            Some(svc) => svc,
-            None => self.services.entry(key.clone()).or_default(),
+    /// The index of service `key`, created (empty, revision 0) if unknown.
+    fn service_ix(&mut self, key: &ServiceKey) -> u32 {
+        if let Some(&ix) = self.service_index.get(key) {
+            return ix;
+        }
+        let state = ServiceState {
+            key: Arc::new(key.clone()),
+            members: Vec::new(),
+            revision: Revision(0),
+            digest: Digest::EMPTY,
+            ready: 0,
+            emptied_at_ms: None,
+            log_last: self.log.unpark(key),
         };
+        let ix = place(&mut self.services, &mut self.free_services, state);
+        self.service_index.insert(key.clone(), ix);
+        ix
+    }
+
+    /// Removes an empty service; its deletion is committed as a delta.
+    fn delete_service(&mut self, batch: &mut Batch, key: &ServiceKey) {
+        let ix = self.service_index.remove(key).expect("the service exists");
+        let svc = self.services[ix as usize]
+            .take()
+            .expect("an indexed service exists");
+        self.free_services.push(ix);
+        batch.deleted.push((svc.key, svc.revision, svc.log_last));
+    }
+
+    /// Adds a record new to the catalog (its instance id holds no record).
+    fn insert(&mut self, batch: &mut Batch, key: &ServiceKey, fixed: Fixed, live: Live) {
+        let ix = self.service_ix(key);
+        let hash = fixed.hash(&live, &mut self.scratch);
+        let fixed = Arc::new(fixed);
+        let svc = self.services[ix as usize]
+            .as_mut()
+            .expect("an indexed service exists");
         svc.digest.add(hash);
-        if record.state.is_routable() {
+        if live.state.is_routable() {
             svc.ready += 1;
         }
         svc.emptied_at_ms = None;
-        let stored = Stored {
-            record: record.clone(),
+        let slot = Slot {
+            fixed: fixed.clone(),
+            live: live.clone(),
             hash,
+            service: ix,
+            member: svc.members.len() as u32,
         };
-        // The indexes change only when the record is new to this service or
-        // moved node; a transition in place touches neither.
-        match svc.records.insert(id.clone(), stored) {
-            Some(old) => {
-                svc.digest.remove(old.hash);
-                if old.record.state.is_routable() {
-                    svc.ready -= 1;
-                }
-                if old.record.node_id != record.node_id {
-                    self.unindex_node(&old.record.node_id, &id);
-                    self.nodes
-                        .entry(record.node_id.clone())
-                        .or_default()
-                        .insert(id.clone());
-                }
-            }
-            None => {
-                self.nodes
-                    .entry(record.node_id.clone())
-                    .or_default()
-                    .insert(id.clone());
-                self.instances.insert(id, key.clone());
-            }
-        }
-        batch
-            .changes
-            .entry(key.clone())
+        let s = place(&mut self.slots, &mut self.free_slots, slot);
+        svc.members.push(s);
+        self.nodes
+            .entry(fixed.node_id.clone())
             .or_default()
-            .push(Change::Upsert(record));
+            .insert(fixed.instance_id.clone());
+        self.instances.insert(fixed.instance_id.clone(), s);
+        batch.changes.push((ix, LogChange::Upsert(fixed, live)));
     }
 
-    fn remove_record(
-        &mut self,
-        batch: &mut Batch,
-        key: &ServiceKey,
-        record: &EndpointRecord,
-        at_ms: u64,
-    ) {
-        let id = &record.instance_id;
-        let svc = self
-            .services
-            .get_mut(key)
-            .expect("the record's service exists");
-        let old = svc.records.remove(id).expect("the record exists");
-        svc.digest.remove(old.hash);
-        if old.record.state.is_routable() {
+    /// Replaces the record in slot `s` whole (same instance, service and
+    /// node: a grant moved it under a new lease).
+    fn replace(&mut self, batch: &mut Batch, s: u32, fixed: Fixed, live: Live) {
+        let slot = self.slots[s as usize]
+            .as_mut()
+            .expect("an indexed slot holds a record");
+        slot.fixed = Arc::new(fixed);
+        let hash = slot.fixed.hash(&live, &mut self.scratch);
+        let svc = self.services[slot.service as usize]
+            .as_mut()
+            .expect("an indexed service exists");
+        swap_hash(svc, (slot.hash, slot.live.state), (hash, live.state));
+        slot.hash = hash;
+        slot.live = live.clone();
+        batch
+            .changes
+            .push((slot.service, LogChange::Upsert(slot.fixed.clone(), live)));
+    }
+
+    /// Changes the live part of the record in slot `s`, in place.
+    fn update(&mut self, batch: &mut Batch, s: u32, live: Live) {
+        let slot = self.slots[s as usize]
+            .as_mut()
+            .expect("an indexed slot holds a record");
+        let hash = slot.fixed.hash(&live, &mut self.scratch);
+        let svc = self.services[slot.service as usize]
+            .as_mut()
+            .expect("an indexed service exists");
+        swap_hash(svc, (slot.hash, slot.live.state), (hash, live.state));
+        slot.hash = hash;
+        batch.changes.push((
+            slot.service,
+            LogChange::Upsert(slot.fixed.clone(), live.clone()),
+        ));
+        slot.live = live;
+    }
+
+    fn remove_record(&mut self, batch: &mut Batch, s: u32, at_ms: u64) {
+        let slot = self.slots[s as usize]
+            .take()
+            .expect("an indexed slot holds a record");
+        self.free_slots.push(s);
+        let svc = self.services[slot.service as usize]
+            .as_mut()
+            .expect("an indexed service exists");
+        svc.digest.remove(slot.hash);
+        if slot.live.state.is_routable() {
             svc.ready -= 1;
         }
-        if svc.records.is_empty() {
+        let member = slot.member as usize;
+        svc.members.swap_remove(member);
+        if let Some(&moved) = svc.members.get(member) {
+            self.slots[moved as usize]
+                .as_mut()
+                .expect("a member slot holds a record")
+                .member = member as u32;
+        }
+        if svc.members.is_empty() {
             svc.emptied_at_ms = Some(at_ms);
         }
-        self.unindex_node(&old.record.node_id, id);
+        let id = &slot.fixed.instance_id;
+        self.unindex_node(&slot.fixed.node_id, id);
         self.instances.remove(id);
         if let Some(g) = self.generations.get_mut(id) {
             g.released_at_ms = Some(at_ms);
         }
-        batch
-            .changes
-            .entry(key.clone())
-            .or_default()
-            .push(Change::Remove {
-                instance_id: id.clone(),
-                generation: old.record.generation,
-            });
+        batch.changes.push((
+            slot.service,
+            LogChange::Remove(id.clone(), slot.fixed.generation),
+        ));
     }
 
     fn unindex_node(&mut self, node: &NodeId, id: &InstanceId) {
@@ -1192,6 +1302,24 @@ impl Catalog {
                 self.nodes.remove(node);
             }
         }
+    }
+
+    /// The record in slot `s`, whole.
+    fn record(&self, s: u32) -> Arc<EndpointRecord> {
+        let slot = self.slot(s);
+        stored::materialize(&slot.fixed, &slot.live)
+    }
+
+    /// A service's records, whole, sorted by instance id.
+    fn sorted_records(&self, svc: &ServiceState) -> Vec<Arc<EndpointRecord>> {
+        let mut slots = svc.members.clone();
+        slots.sort_by(|a, b| {
+            self.slot(*a)
+                .fixed
+                .instance_id
+                .cmp(&self.slot(*b).fixed.instance_id)
+        });
+        slots.into_iter().map(|s| self.record(s)).collect()
     }
 
     // ----- queries -----
@@ -1225,54 +1353,63 @@ impl Catalog {
 
     /// Every known service, in key order.
     pub fn services(&self) -> Vec<ServiceKey> {
-        let mut keys: Vec<ServiceKey> = self.services.keys().cloned().collect();
+        let mut keys: Vec<ServiceKey> = self.service_index.keys().cloned().collect();
         keys.sort();
         keys
     }
 
     /// A summary of one service, if it is known.
     pub fn service(&self, key: &ServiceKey) -> Option<ServiceInfo> {
-        self.services.get(key).map(|s| ServiceInfo {
+        self.service_state(key).map(|s| ServiceInfo {
             revision: s.revision,
             digest: s.digest,
-            records: s.records.len(),
+            records: s.members.len(),
             ready: s.ready,
         })
     }
 
     /// A service's records, sorted by instance id.
     pub fn records(&self, key: &ServiceKey) -> Option<Vec<Arc<EndpointRecord>>> {
-        self.services.get(key).map(sorted_records)
+        self.service_state(key).map(|s| self.sorted_records(s))
     }
 
     /// The live record of an instance.
     pub fn instance(&self, id: &InstanceId) -> Option<Arc<EndpointRecord>> {
-        let key = self.instances.get(id)?;
-        Some(self.services[key].records[id].record.clone())
+        Some(self.record(*self.instances.get(id)?))
+    }
+
+    /// The state of an instance's live record: `instance(id)`'s state,
+    /// without building the record.
+    pub fn instance_state(&self, id: &InstanceId) -> Option<State> {
+        Some(self.slot(*self.instances.get(id)?).live.state)
     }
 
     /// Every record on `node`, with its service, sorted by instance id.
     pub fn instances_on(&self, node: &NodeId) -> Vec<(ServiceKey, Arc<EndpointRecord>)> {
         self.node_records(node)
             .into_iter()
-            .map(|(key, stored)| (key, stored.record))
+            .map(|s| {
+                let key = key_at(&self.services, self.slot(s).service).clone();
+                (key, self.record(s))
+            })
             .collect()
     }
 
     /// The service an instance is registered in.
     pub fn service_of(&self, id: &InstanceId) -> Option<&ServiceKey> {
-        self.instances.get(id)
+        let s = *self.instances.get(id)?;
+        Some(key_at(&self.services, self.slot(s).service))
     }
 
     /// A full snapshot of one service.
     pub fn service_snapshot(&self, key: &ServiceKey) -> Option<ServiceSnapshot> {
-        let svc = self.services.get(key)?;
+        let svc = self.service_state(key)?;
         Some(ServiceSnapshot {
             shard: self.params.shard,
             service: key.clone(),
             revision: svc.revision,
             digest: svc.digest,
-            records: sorted_records(svc),
+            records: self.sorted_records(svc),
         })
     }
 
@@ -1283,13 +1420,13 @@ impl Catalog {
                 current: self.revision,
             };
         }
-        let Some(svc) = self.services.get(key) else {
+        let Some(svc) = self.service_state(key) else {
             return SinceAnswer::Unknown;
         };
         if svc.revision <= after {
             return SinceAnswer::UpToDate;
         }
-        match self.log.since(key, after) {
+        match self.log.since(svc.log_last, after) {
             LogAnswer::Deltas(d) if !d.is_empty() => SinceAnswer::Deltas(d),
             _ => SinceAnswer::SnapshotNeeded,
         }
@@ -1323,15 +1460,17 @@ impl Catalog {
         let mut rows: Vec<ReadySummary> = self
             .services
             .iter()
-            .map(|(key, svc)| ReadySummary {
-                service: key.clone(),
+            .flatten()
+            .map(|svc| ReadySummary {
+                service: (*svc.key).clone(),
                 revision: svc.revision,
                 ready: svc.ready,
                 ready_weight: svc
-                    .records
-                    .values()
-                    .filter(|s| s.record.state.is_routable())
-                    .map(|s| u64::from(s.record.weight.get()))
+                    .members
+                    .iter()
+                    .map(|s| self.slot(*s))
+                    .filter(|s| s.live.state.is_routable())
+                    .map(|s| u64::from(s.fixed.weight.get()))
                     .sum(),
             })
             .collect();
@@ -1350,12 +1489,13 @@ impl Catalog {
         let mut services: Vec<ServiceEntry> = self
             .services
             .iter()
-            .map(|(key, s)| ServiceEntry {
-                service: key.clone(),
+            .flatten()
+            .map(|s| ServiceEntry {
+                service: (*s.key).clone(),
                 revision: s.revision,
                 emptied_at_ms: s.emptied_at_ms,
                 digest: s.digest,
-                records: sorted_records(s),
+                records: self.sorted_records(s),
             })
             .collect();
         services.sort_by(|a, b| a.service.cmp(&b.service));
@@ -1394,6 +1534,7 @@ impl Catalog {
         cat.revision = snap.revision;
         cat.identity = snap.identity;
         cat.log = DeltaLog::new(snap.revision, cat.params.delta_log.clone());
+        let mut batch = Batch::default();
         for entry in snap.services {
             if entry.revision > snap.revision {
                 return Err(SnapshotError::Inconsistent(format!(
@@ -1401,40 +1542,33 @@ impl Catalog {
                     entry.service, entry.revision, snap.revision
                 )));
             }
-            let mut svc = ServiceState {
-                revision: entry.revision,
-                emptied_at_ms: entry.emptied_at_ms,
-                ..ServiceState::default()
-            };
+            if cat.service_index.contains_key(&entry.service) {
+                return Err(SnapshotError::Inconsistent(format!(
+                    "service {} appears twice",
+                    entry.service
+                )));
+            }
+            let ix = cat.service_ix(&entry.service);
             for record in entry.records {
                 let id = record.instance_id.clone();
-                if cat
-                    .instances
-                    .insert(id.clone(), entry.service.clone())
-                    .is_some()
-                {
+                if cat.instances.contains_key(&id) {
                     return Err(SnapshotError::Inconsistent(format!(
                         "instance {id} appears twice"
                     )));
                 }
-                let hash = Digest::of_record(&record);
-                svc.digest.add(hash);
-                if record.state.is_routable() {
-                    svc.ready += 1;
-                }
-                cat.nodes
-                    .entry(record.node_id.clone())
-                    .or_default()
-                    .insert(id.clone());
-                svc.records.insert(id, Stored { record, hash });
+                let (fixed, live) = Fixed::split(Arc::unwrap_or_clone(record));
+                cat.insert(&mut batch, &entry.service, fixed, live);
             }
+            batch.changes.clear();
+            let svc = cat.services[ix as usize].as_mut().expect("just created");
+            svc.revision = entry.revision;
+            svc.emptied_at_ms = entry.emptied_at_ms;
             if svc.digest != entry.digest {
                 return Err(SnapshotError::Inconsistent(format!(
                     "service {} digest {} does not match its records ({})",
                     entry.service, entry.digest, svc.digest
                 )));
             }
-            cat.services.insert(entry.service, svc);
         }
         for lease in snap.leases {
             if cat.leases.get(&lease.node).is_some() {
@@ -1449,8 +1583,8 @@ impl Catalog {
         for (id, memory) in snap.generations {
             cat.generations.insert(id, memory);
         }
-        for (id, key) in &cat.instances {
-            let live = cat.services[key].records[id].record.generation;
+        for (id, s) in &cat.instances {
+            let live = cat.slot(*s).fixed.generation;
             if cat.generations.get(id).is_none_or(|g| g.generation < live) {
                 return Err(SnapshotError::Inconsistent(format!(
                     "instance {id} is at generation {live} but the generation memory is behind"
@@ -1504,21 +1638,45 @@ impl Catalog {
     }
 }
 
-/// A copy of `r` as changed by `env` under `rev`: who changed it, when, and
-/// the revision that committed it. Callers then set what changed.
-fn restamp(r: &EndpointRecord, env: &Envelope, rev: Revision) -> EndpointRecord {
-    let mut record = r.clone();
-    record.origin = env.actor.clone();
-    record.revision = rev;
-    record.changed_at_ms = env.at_ms;
-    record
+/// A copy of `live` as changed by `env` under `rev`: who changed it, when,
+/// and the revision that committed it. Callers then set what changed.
+fn restamp(live: &Live, env: &Envelope, rev: Revision) -> Live {
+    Live {
+        origin: env.actor.clone(),
+        revision: rev,
+        changed_at_ms: env.at_ms,
+        ..live.clone()
+    }
 }
 
-fn sorted_records(svc: &ServiceState) -> Vec<Arc<EndpointRecord>> {
-    let mut records: Vec<Arc<EndpointRecord>> =
-        svc.records.values().map(|s| s.record.clone()).collect();
-    records.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
-    records
+/// Puts `value` in a free place of `arena` (one `free` lists) or a new one
+/// at its end; answers its index.
+fn place<T>(arena: &mut Vec<Option<T>>, free: &mut Vec<u32>, value: T) -> u32 {
+    match free.pop() {
+        Some(ix) => {
+            arena[ix as usize] = Some(value);
+            ix
+        }
+        None => {
+            arena.push(Some(value));
+            (arena.len() - 1) as u32
+        }
+    }
+}
+
+/// The key of the service at index `ix`.
+fn key_at(services: &[Option<ServiceState>], ix: u32) -> &ServiceKey {
+    &services[ix as usize]
+        .as_ref()
+        .expect("an indexed service exists")
+        .key
+}
+
+/// Moves a record's hash and READY count in its service's digest.
+fn swap_hash(svc: &mut ServiceState, (old, was): (u128, State), (new, is): (u128, State)) {
+    svc.digest.remove(old);
+    svc.digest.add(new);
+    svc.ready = svc.ready + usize::from(is.is_routable()) - usize::from(was.is_routable());
 }
 
 /// Cuts a reason we composed to the 256 bytes a `Reason` holds.

@@ -3,16 +3,21 @@
 //! to take a snapshot when the log no longer reaches back that far.
 //!
 //! Retention is bounded by entry count and by revision span (by default 15
-//! minutes at 200 changes per second). The log never decides what a change
-//! is; the catalog appends, the distribution layer reads.
+//! minutes at 200 changes per second). The log is a ring of compact
+//! entries: a change holds the record's fixed part shared with the catalog
+//! and a copy of its live part (`catalog::stored`), so appending allocates
+//! nothing for a single change, and the `ServiceDelta` an agent is sent is
+//! built when it is first read. The log never decides what a change is;
+//! the catalog appends, the distribution layer reads.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
 
 use foldhash::HashMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::stored::{materialize, Fixed, Live};
 use crate::digest::Digest;
 use crate::endpoint::EndpointRecord;
 use crate::ids::{Generation, Revision};
@@ -63,14 +68,89 @@ pub enum LogAnswer {
     },
 }
 
-/// Bounded log of service deltas.
+/// One change as the log keeps it: a record's fixed part shared with the
+/// catalog and its live part as it was, or a removal.
+#[derive(Clone, Debug)]
+pub(crate) enum LogChange {
+    /// The record as it is after the change.
+    Upsert(Arc<Fixed>, Live),
+    /// The record was removed.
+    Remove(InstanceId, Generation),
+}
+
+impl LogChange {
+    fn change(&self) -> Change {
+        match self {
+            LogChange::Upsert(fixed, live) => Change::Upsert(materialize(fixed, live)),
+            LogChange::Remove(instance_id, generation) => Change::Remove {
+                instance_id: instance_id.clone(),
+                generation: *generation,
+            },
+        }
+    }
+}
+
+/// What a delta says besides its changes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeltaHead {
+    /// The revision that committed it.
+    pub(crate) revision: Revision,
+    /// The service's revision before it.
+    pub(crate) prev_revision: Revision,
+    /// The service's digest after it.
+    pub(crate) digest: Digest,
+    /// False when it deletes the service.
+    pub(crate) exists: bool,
+}
+
+/// One delta in the ring: fixed size apart from the rare second change,
+/// no allocation for the common single change. The `ServiceDelta` sent to
+/// agents is built from it the first time someone reads it, and kept.
+#[derive(Clone, Debug)]
+struct Entry {
+    service: Arc<ServiceKey>,
+    /// The sequence number of the previous entry of the same service.
+    prev: Option<u64>,
+    head: DeltaHead,
+    first: Option<LogChange>,
+    rest: Vec<LogChange>,
+    built: OnceLock<Arc<ServiceDelta>>,
+}
+
+impl Entry {
+    fn delta(&self) -> Arc<ServiceDelta> {
+        self.built
+            .get_or_init(|| {
+                Arc::new(ServiceDelta {
+                    service: (*self.service).clone(),
+                    revision: self.head.revision,
+                    prev_revision: self.head.prev_revision,
+                    changes: self
+                        .first
+                        .iter()
+                        .chain(&self.rest)
+                        .map(LogChange::change)
+                        .collect(),
+                    digest: self.head.digest,
+                    exists: self.head.exists,
+                })
+            })
+            .clone()
+    }
+}
+
+/// Bounded log of service deltas: a ring of entries, each linked to the
+/// previous entry of its service. Where a service's newest entry is, the
+/// catalog keeps (a sequence number, `append`'s answer); a deleted
+/// service's is parked here until the service comes back.
 #[derive(Clone, Debug)]
 pub struct DeltaLog {
-    entries: VecDeque<Arc<ServiceDelta>>,
+    entries: VecDeque<Entry>,
     /// Sequence number of `entries[0]`.
     base_seq: u64,
-    /// Per service, the sequence numbers of its entries, oldest first.
-    by_service: HashMap<ServiceKey, VecDeque<u64>>,
+    /// Deleted services' newest entries, so a service created again under
+    /// the same key continues its chain.
+    parked: HashMap<ServiceKey, u64>,
     /// Every change with a revision above the floor is in the log.
     floor: Revision,
     params: DeltaLogParams,
@@ -83,62 +163,80 @@ impl DeltaLog {
         DeltaLog {
             entries: VecDeque::new(),
             base_seq: 0,
-            by_service: HashMap::default(),
+            parked: HashMap::default(),
             floor,
             params,
         }
     }
 
-    /// Appends a delta and evicts what the retention no longer allows.
-    pub fn append(&mut self, delta: ServiceDelta) {
+    /// Appends a delta of `service`, whose previous entry is `prev`, and
+    /// evicts what the retention no longer allows. Answers the new entry's
+    /// sequence number.
+    pub(crate) fn append(
+        &mut self,
+        service: Arc<ServiceKey>,
+        prev: Option<u64>,
+        head: DeltaHead,
+        changes: impl IntoIterator<Item = LogChange>,
+    ) -> u64 {
         let seq = self.base_seq + self.entries.len() as u64;
-        self.by_service
-            .entry(delta.service.clone())
-            .or_default()
-            .push_back(seq);
-        let newest = delta.revision;
-        self.entries.push_back(Arc::new(delta));
+        let mut changes = changes.into_iter();
+        let first = changes.next();
+        let rest = changes.collect();
+        self.entries.push_back(Entry {
+            service,
+            prev,
+            head,
+            first,
+            rest,
+            built: OnceLock::new(),
+        });
+        let newest = head.revision;
         while let Some(oldest) = self.entries.front() {
             let too_many = self.entries.len() > self.params.max_entries;
             let too_old =
-                newest.0.saturating_sub(oldest.revision.0) > self.params.max_revision_span;
+                newest.0.saturating_sub(oldest.head.revision.0) > self.params.max_revision_span;
             if !too_many && !too_old {
                 break;
             }
-            self.evict_front();
+            let revision = oldest.head.revision;
+            self.entries.pop_front();
+            self.base_seq += 1;
+            self.floor = self.floor.max(revision);
         }
+        seq
     }
 
-    fn evict_front(&mut self) {
-        let Some(oldest) = self.entries.pop_front() else {
-            return;
-        };
-        if let Some(seqs) = self.by_service.get_mut(&oldest.service) {
-            seqs.pop_front();
-            if seqs.is_empty() {
-                self.by_service.remove(&oldest.service);
-            }
-        }
-        self.base_seq += 1;
-        self.floor = self.floor.max(oldest.revision);
+    /// Keeps a deleted service's newest entry `seq` for its return.
+    pub(crate) fn park(&mut self, service: ServiceKey, seq: u64) {
+        let base = self.base_seq;
+        self.parked.retain(|_, s| *s >= base);
+        self.parked.insert(service, seq);
     }
 
-    /// The changes to `service` after revision `after`, or `TooOld`.
-    pub fn since(&self, service: &ServiceKey, after: Revision) -> LogAnswer {
+    /// The newest entry of a service created again, if the log holds one.
+    pub(crate) fn unpark(&mut self, service: &ServiceKey) -> Option<u64> {
+        self.parked.remove(service).filter(|s| *s >= self.base_seq)
+    }
+
+    /// The changes of the service whose newest entry is `last` after
+    /// revision `after`, or `TooOld`.
+    pub(crate) fn since(&self, last: Option<u64>, after: Revision) -> LogAnswer {
         if after < self.floor {
             return LogAnswer::TooOld { floor: self.floor };
         }
-        let Some(seqs) = self.by_service.get(service) else {
-            return LogAnswer::Deltas(Vec::new());
-        };
-        let entry = |seq: u64| &self.entries[(seq - self.base_seq) as usize];
-        let start = seqs.partition_point(|s| entry(*s).revision <= after);
-        LogAnswer::Deltas(
-            seqs.iter()
-                .skip(start)
-                .map(|s| Arc::clone(entry(*s)))
-                .collect(),
-        )
+        let mut deltas = Vec::new();
+        let mut at = last;
+        while let Some(seq) = at.filter(|s| *s >= self.base_seq) {
+            let entry = &self.entries[(seq - self.base_seq) as usize];
+            if entry.head.revision <= after {
+                break;
+            }
+            deltas.push(entry.delta());
+            at = entry.prev;
+        }
+        deltas.reverse();
+        LogAnswer::Deltas(deltas)
     }
 
     /// The services changed after revision `after`, each once, or `None`
@@ -147,11 +245,11 @@ impl DeltaLog {
         if after < self.floor {
             return None;
         }
-        let start = self.entries.partition_point(|d| d.revision <= after);
+        let start = self.entries.partition_point(|e| e.head.revision <= after);
         let mut services: Vec<ServiceKey> = self
             .entries
             .range(start..)
-            .map(|d| d.service.clone())
+            .map(|e| (*e.service).clone())
             .collect();
         services.sort();
         services.dedup();
@@ -178,14 +276,48 @@ impl DeltaLog {
 mod tests {
     use super::*;
 
-    fn delta(service: &str, rev: u64, prev: u64) -> ServiceDelta {
-        ServiceDelta {
-            service: ServiceKey::new("default", service, "default").unwrap(),
-            revision: Revision(rev),
-            prev_revision: Revision(prev),
-            changes: Vec::new(),
-            digest: Digest::EMPTY,
-            exists: true,
+    /// A log and where each service's newest entry is, as the catalog
+    /// keeps them.
+    struct Log {
+        log: DeltaLog,
+        last: HashMap<ServiceKey, u64>,
+    }
+
+    fn key(service: &str) -> ServiceKey {
+        ServiceKey::new("default", service, "default").unwrap()
+    }
+
+    impl Log {
+        fn new(max_entries: usize, max_revision_span: u64) -> Log {
+            Log {
+                log: DeltaLog::new(
+                    Revision(0),
+                    DeltaLogParams {
+                        max_entries,
+                        max_revision_span,
+                    },
+                ),
+                last: HashMap::default(),
+            }
+        }
+
+        fn append(&mut self, service: &str, rev: u64, prev: u64) {
+            let head = DeltaHead {
+                revision: Revision(rev),
+                prev_revision: Revision(prev),
+                digest: Digest::EMPTY,
+                exists: true,
+            };
+            let last = self.last.get(&key(service)).copied();
+            let seq = self
+                .log
+                .append(Arc::new(key(service)), last, head, Vec::new());
+            self.last.insert(key(service), seq);
+        }
+
+        fn since(&self, service: &str, after: u64) -> LogAnswer {
+            let last = self.last.get(&key(service)).copied();
+            self.log.since(last, Revision(after))
         }
     }
 
@@ -198,56 +330,53 @@ mod tests {
 
     #[test]
     fn answers_only_the_services_changes_after_r() {
-        let mut log = DeltaLog::new(
-            Revision(0),
-            DeltaLogParams {
-                max_entries: 100,
-                max_revision_span: 100,
-            },
+        let mut log = Log::new(100, 100);
+        log.append("a", 1, 0);
+        log.append("b", 2, 0);
+        log.append("a", 3, 1);
+        log.append("a", 4, 3);
+        assert_eq!(revs(log.since("a", 0)), vec![1, 3, 4]);
+        assert_eq!(revs(log.since("a", 3)), vec![4]);
+        assert_eq!(revs(log.since("a", 4)), Vec::<u64>::new());
+        assert_eq!(revs(log.since("c", 0)), Vec::<u64>::new());
+        assert_eq!(
+            log.log.services_after(Revision(1)),
+            Some(vec![key("a"), key("b")])
         );
-        log.append(delta("a", 1, 0));
-        log.append(delta("b", 2, 0));
-        log.append(delta("a", 3, 1));
-        log.append(delta("a", 4, 3));
-        let a = ServiceKey::new("default", "a", "default").unwrap();
-        assert_eq!(revs(log.since(&a, Revision(0))), vec![1, 3, 4]);
-        assert_eq!(revs(log.since(&a, Revision(3))), vec![4]);
-        assert_eq!(revs(log.since(&a, Revision(4))), Vec::<u64>::new());
     }
 
     #[test]
     fn eviction_by_count_raises_the_floor() {
-        let mut log = DeltaLog::new(
-            Revision(0),
-            DeltaLogParams {
-                max_entries: 2,
-                max_revision_span: 100,
-            },
-        );
+        let mut log = Log::new(2, 100);
         for r in 1..=4 {
-            log.append(delta("a", r, r - 1));
+            log.append("a", r, r - 1);
         }
-        let a = ServiceKey::new("default", "a", "default").unwrap();
-        assert_eq!(log.floor(), Revision(2));
-        assert_eq!(
-            log.since(&a, Revision(1)),
-            LogAnswer::TooOld { floor: Revision(2) }
-        );
-        assert_eq!(revs(log.since(&a, Revision(2))), vec![3, 4]);
+        assert_eq!(log.log.floor(), Revision(2));
+        assert_eq!(log.since("a", 1), LogAnswer::TooOld { floor: Revision(2) });
+        assert_eq!(revs(log.since("a", 2)), vec![3, 4]);
     }
 
     #[test]
     fn eviction_by_revision_span() {
-        let mut log = DeltaLog::new(
-            Revision(0),
-            DeltaLogParams {
-                max_entries: 100,
-                max_revision_span: 10,
-            },
-        );
-        log.append(delta("a", 1, 0));
-        log.append(delta("b", 20, 0));
-        assert_eq!(log.len(), 1);
-        assert_eq!(log.floor(), Revision(1));
+        let mut log = Log::new(100, 10);
+        log.append("a", 1, 0);
+        log.append("b", 20, 0);
+        assert_eq!(log.log.len(), 1);
+        assert_eq!(log.log.floor(), Revision(1));
+        assert_eq!(revs(log.since("a", 1)), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_parked_chain_continues_and_an_evicted_one_is_forgotten() {
+        let mut log = Log::new(3, 100);
+        log.append("a", 1, 0);
+        log.log.park(key("a"), log.last[&key("a")]);
+        let back = log.log.unpark(&key("a"));
+        assert_eq!(back, Some(0));
+        log.log.park(key("a"), 0);
+        for r in 2..=4 {
+            log.append("b", r, r - 1);
+        }
+        assert_eq!(log.log.unpark(&key("a")), None, "its entry was evicted");
     }
 }

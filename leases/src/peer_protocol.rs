@@ -100,7 +100,16 @@ pub enum PeerRequest {
     /// Witnesses' answers the follower's agents gave (the leader's to
     /// weigh, `LeaderMemory::witnessed`); answered `Refused(vec![])`.
     Witnessed(Vec<crate::witness::WitnessAnswer>),
+    /// Writes a follower's agents asked for meanwhile, each authorized by
+    /// the follower, in one request (at most `MAX_FORWARDED` of them): the
+    /// leader commits them as `Propose` would, in their group commits, and
+    /// answers `Answers` with each one's `Response`, in order. A follower
+    /// hands a lone write over as `Propose`.
+    ProposeBatch(Vec<crate::command::Envelope>),
 }
+
+/// Most writes in one `ProposeBatch`.
+pub const MAX_FORWARDED: usize = 1_024;
 
 /// One session a follower heard from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +148,9 @@ pub enum PeerResponse {
         /// The silent leases.
         asks: Vec<crate::witness::WitnessAsk>,
     },
+    /// To `ProposeBatch`: each write's answer, in the request's order (or
+    /// one `Answer` for all when the replica does not lead).
+    Answers(Vec<Response>),
 }
 
 /// Encodes a message to a peer replica.

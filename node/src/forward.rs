@@ -2,7 +2,7 @@
 //! a connection: the accept loop with its shutdown grace, connecting to
 //! one of a view's candidates (retrying elsewhere only before any byte of
 //! the client's was read; failures and successes feed the view's local
-//! ejection), and copying both ways. It decides nothing about which
+//! ejection), and carrying bytes both ways (`relay`). It decides nothing about which
 //! endpoints are usable: that is the view's.
 
 use std::collections::BTreeSet;
@@ -17,10 +17,6 @@ use tokio::task::JoinSet;
 
 use crate::shutdown::Shutdown;
 use crate::view::{ActiveGuard, Answer, ServiceView, Views};
-
-/// Buffer per direction of a proxied connection: large enough that bulk
-/// streams move in few syscalls (tokio's default is 8 KiB).
-const COPY_BUFFER: usize = 64 * 1024;
 
 /// How long connections still open at shutdown may go on, ms.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
@@ -136,7 +132,8 @@ pub(crate) async fn connect_local(
     None
 }
 
-/// Copies both ways until either side ends. From here on bytes flow:
+/// Carries bytes both ways until both sides ended (`relay`: a copy for
+/// small exchanges, splice for bulk on Linux). From here on bytes flow:
 /// whatever happens, no retry.
 pub(crate) async fn pipe(
     client: &mut TcpStream,
@@ -144,5 +141,5 @@ pub(crate) async fn pipe(
 ) -> std::io::Result<(u64, u64)> {
     let _ = client.set_nodelay(true);
     let _ = backend.set_nodelay(true);
-    tokio::io::copy_bidirectional_with_sizes(client, backend, COPY_BUFFER, COPY_BUFFER).await
+    crate::relay::relay(client, backend).await
 }

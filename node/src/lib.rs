@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod prober;
 pub mod proxy;
 pub mod registrations;
+mod relay;
 pub mod runtime;
 pub mod selector;
 pub mod session;

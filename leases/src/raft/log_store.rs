@@ -1,12 +1,15 @@
 //! The replica's Raft log, vote and commit mark in redb (openraft's
 //! `RaftLogStorage`): what makes an acknowledged write survive a crash.
 //!
-//! An append is one write transaction fsynced (`Durability::Immediate`)
-//! before openraft is told it is flushed, so a replica never counts towards
-//! a quorum for an entry it could lose. The vote, truncations and purges are
-//! fsynced too. The commit mark is written without its own fsync: it only
-//! lets a restarted replica re-apply what was committed before the leader
-//! says so again, it rides on the next fsynced write, and losing it is safe.
+//! Every write goes through the replica's writer thread (`writer.rs`), in
+//! order. An append is fsynced (`Durability::Immediate`) before openraft is
+//! told it is flushed, so a replica never counts towards a quorum for an
+//! entry it could lose; appends queued together share one fsync, and the
+//! entries are readable from memory meanwhile. The vote, truncations and
+//! purges are fsynced too. The commit mark is written without its own
+//! fsync: it only lets a restarted replica re-apply what was committed
+//! before the leader says so again, it rides on the next fsynced write, and
+//! losing it is safe.
 //!
 //! This module never interprets an entry: the state machine applies them.
 
@@ -16,36 +19,52 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{ReadableDatabase, ReadableTable};
 
 use super::db::{
-    self, blocking, RaftDb, RaftStoreError, LOG, RAFT_VALUE_FORMAT, STATE, STATE_COMMITTED,
-    STATE_PURGED, STATE_VOTE,
+    self, RaftDb, RaftStoreError, LOG, RAFT_VALUE_FORMAT, STATE, STATE_COMMITTED, STATE_PURGED,
+    STATE_VOTE,
 };
 use super::types::{CatalogRaft, Entry, LogId, ReplicaId, StorageError};
+use super::writer::Writer;
 
 /// The log half of a replica's Raft storage. Cheap to clone; a clone is also
 /// the log reader openraft's replication tasks use.
 #[derive(Clone, Debug)]
 pub struct LogStore {
     db: Arc<RaftDb>,
+    writer: Arc<Writer>,
 }
 
 impl LogStore {
-    pub(super) fn new(db: Arc<RaftDb>) -> Self {
-        LogStore { db }
+    pub(super) fn new(db: Arc<RaftDb>, writer: Arc<Writer>) -> Self {
+        LogStore { db, writer }
     }
 
+    /// The entries in the range: those written, and over them those queued.
     fn entries(&self, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry>, RaftStoreError> {
+        let mut out = std::collections::BTreeMap::new();
+        // Queued entries first: one written meanwhile is read from the
+        // file below, never missed.
+        for (index, entry) in self
+            .writer
+            .pending()
+            .lock()
+            .expect("pending lock")
+            .range((start, end))
+        {
+            out.insert(*index, entry.clone());
+        }
         let db = &self.db;
         let txn = db.redb().begin_read().map_err(|e| db.fail(e))?;
         let log = txn.open_table(LOG).map_err(|e| db.fail(e))?;
-        let mut out = Vec::new();
         for item in log.range((start, end)).map_err(|e| db.fail(e))? {
             let (key, bytes) = item.map_err(|e| db.fail(e))?;
-            out.push(decode_entry(key.value(), bytes.value())?);
+            if let std::collections::btree_map::Entry::Vacant(slot) = out.entry(key.value()) {
+                slot.insert(decode_entry(key.value(), bytes.value())?);
+            }
         }
-        Ok(out)
+        Ok(out.into_values().collect())
     }
 
     fn state<T: serde::de::DeserializeOwned>(
@@ -66,50 +85,58 @@ impl LogStore {
         let db = &self.db;
         let txn = db.redb().begin_read().map_err(|e| db.fail(e))?;
         let log = txn.open_table(LOG).map_err(|e| db.fail(e))?;
-        let last = match log.last().map_err(|e| db.fail(e))? {
+        let written = match log.last().map_err(|e| db.fail(e))? {
             Some((key, bytes)) => Some(decode_entry(key.value(), bytes.value())?.log_id),
             None => purged,
         };
+        let queued = self
+            .writer
+            .pending()
+            .lock()
+            .expect("pending lock")
+            .last_key_value()
+            .map(|(_, e)| e.log_id);
+        let last = written.max(queued);
         Ok(LogState {
             last_purged_log_id: purged,
             last_log_id: last,
         })
     }
 
-    /// Writes `key` of the state table (`None` removes it).
+    /// Writes `key` of the state table (`None` removes it), fsynced.
     async fn put_state(
         &self,
         key: &'static str,
         value: Option<Vec<u8>>,
-        durability: Durability,
     ) -> Result<(), RaftStoreError> {
-        let db = self.db.clone();
-        blocking(move || {
-            let txn = db.begin_write(durability)?;
-            {
+        self.writer
+            .run(true, move |db, txn| {
                 let mut state = txn.open_table(STATE).map_err(|e| db.fail(e))?;
                 match &value {
-                    Some(bytes) => state.insert(key, bytes.as_slice()),
-                    None => state.remove(key),
+                    Some(bytes) => state.insert(key, bytes.as_slice()).map(|_| ()),
+                    None => state.remove(key).map(|_| ()),
                 }
-                .map_err(|e| db.fail(e))?;
-            }
-            txn.commit().map_err(|e| db.fail(e))
-        })
-        .await
+                .map_err(|e| db.fail(e))
+            })
+            .await
     }
 
     /// Deletes the entries with an index in `range`, and records `purged`
-    /// if given, in one fsynced transaction.
+    /// if given, fsynced.
     async fn delete(
         &self,
         range: (Bound<u64>, Bound<u64>),
         purged: Option<LogId>,
     ) -> Result<(), RaftStoreError> {
-        let db = self.db.clone();
-        blocking(move || {
-            let txn = db.begin_write(Durability::Immediate)?;
-            {
+        // Queued entries in the range are written first and deleted in
+        // order; readers stop seeing them now.
+        self.writer
+            .pending()
+            .lock()
+            .expect("pending lock")
+            .retain(|index, _| !range.contains(index));
+        self.writer
+            .run(true, move |db, txn| {
                 let mut log = txn.open_table(LOG).map_err(|e| db.fail(e))?;
                 log.retain_in(range, |_, _| false).map_err(|e| db.fail(e))?;
                 if let Some(purged) = &purged {
@@ -118,10 +145,9 @@ impl LogStore {
                         .insert(STATE_PURGED, db::encode(purged).as_slice())
                         .map_err(|e| db.fail(e))?;
                 }
-            }
-            txn.commit().map_err(|e| db.fail(e))
-        })
-        .await
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -148,7 +174,7 @@ impl RaftLogStorage<CatalogRaft> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<ReplicaId>) -> Result<(), StorageError> {
-        self.put_state(STATE_VOTE, Some(db::encode(vote)), Durability::Immediate)
+        self.put_state(STATE_VOTE, Some(db::encode(vote)))
             .await
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
@@ -160,8 +186,8 @@ impl RaftLogStorage<CatalogRaft> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let value = committed.as_ref().map(db::encode);
-        self.put_state(STATE_COMMITTED, value, Durability::None)
-            .await
+        self.writer
+            .committed(value)
             .map_err(|e| StorageIOError::write(&e).into())
     }
 
@@ -179,36 +205,23 @@ impl RaftLogStorage<CatalogRaft> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let encoded: Vec<(u64, Vec<u8>)> = entries
+        let encoded: Vec<(Entry, Vec<u8>)> = entries
             .into_iter()
-            .map(|entry| (entry.log_id.index, encode_entry(&entry)))
+            .map(|entry| {
+                let bytes = encode_entry(&entry);
+                (entry, bytes)
+            })
             .collect();
-        let count = encoded.len();
-        let last = encoded.last().map(|(index, _)| *index);
-        let db = self.db.clone();
-        let written = blocking(move || {
-            let txn = db.begin_write(Durability::Immediate)?;
-            {
-                let mut log = txn.open_table(LOG).map_err(|e| db.fail(e))?;
-                for (index, bytes) in &encoded {
-                    log.insert(*index, bytes.as_slice())
-                        .map_err(|e| db.fail(e))?;
-                }
-            }
-            txn.commit().map_err(|e| db.fail(e))
-        })
-        .await;
-        match written {
-            Ok(()) => {
-                tracing::trace!(entries = count, index = last, "raft log appended");
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(StorageIOError::write_logs(&e).into())
-            }
-        }
+        tracing::trace!(
+            entries = encoded.len(),
+            index = encoded.last().map(|(e, _)| e.log_id.index),
+            "raft log append queued"
+        );
+        // Readable at once; openraft hears through `callback` once the
+        // entries are fsynced.
+        self.writer
+            .append(encoded, callback)
+            .map_err(|e| StorageIOError::write_logs(&e).into())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {

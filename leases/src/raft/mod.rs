@@ -12,6 +12,7 @@ mod db;
 mod log_store;
 mod state_machine;
 mod types;
+mod writer;
 
 use std::path::Path;
 
@@ -35,8 +36,9 @@ pub fn open(
     params: CatalogParams,
 ) -> Result<(LogStore, CatalogStateMachine), RaftStoreError> {
     let db = db::RaftDb::open(dir)?;
-    let state_machine = CatalogStateMachine::open(db.clone(), params)?;
-    Ok((LogStore::new(db), state_machine))
+    let writer = writer::Writer::start(db.clone())?;
+    let state_machine = CatalogStateMachine::open(db.clone(), writer.clone(), params)?;
+    Ok((LogStore::new(db, writer), state_machine))
 }
 
 #[cfg(test)]

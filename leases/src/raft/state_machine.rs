@@ -30,7 +30,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Durability, ReadableDatabase, ReadableTable};
 use tokio::sync::watch;
 
 use super::db::{
@@ -39,6 +39,7 @@ use super::db::{
 use super::types::{
     CatalogRaft, Entry, LogId, Outcome, SnapshotMeta, StorageError, StoredMembership,
 };
+use super::writer::Writer;
 use crate::audit::{self, AuditEntry, AuditQuery};
 use crate::catalog::Catalog;
 use crate::codec::{self, MAX_CATALOG_SNAPSHOT_BYTES};
@@ -86,6 +87,7 @@ impl Shared {
 #[derive(Clone)]
 pub struct AppliedCatalog {
     db: Arc<RaftDb>,
+    writer: Arc<Writer>,
     shared: Arc<RwLock<Shared>>,
     marks: watch::Receiver<AppliedMark>,
 }
@@ -145,6 +147,8 @@ impl AppliedCatalog {
         if q.limit == 0 {
             return Ok(out);
         }
+        // The records of every entry applied so far are written first.
+        self.writer.flush()?;
         let db = &self.db;
         let txn = db.redb().begin_read().map_err(|e| db.fail(e))?;
         let table = txn.open_table(AUDIT).map_err(|e| db.fail(e))?;
@@ -197,6 +201,7 @@ fn write(shared: &RwLock<Shared>) -> RwLockWriteGuard<'_, Shared> {
 /// The state-machine half of a replica's Raft storage.
 pub struct CatalogStateMachine {
     db: Arc<RaftDb>,
+    writer: Arc<Writer>,
     params: CatalogParams,
     audit_max_entries: u64,
     shared: Arc<RwLock<Shared>>,
@@ -215,7 +220,11 @@ impl std::fmt::Debug for CatalogStateMachine {
 impl CatalogStateMachine {
     /// The state machine of the replica whose file is `db`: the stored
     /// snapshot's catalog if there is one, else an empty catalog.
-    pub(super) fn open(db: Arc<RaftDb>, params: CatalogParams) -> Result<Self, RaftStoreError> {
+    pub(super) fn open(
+        db: Arc<RaftDb>,
+        writer: Arc<Writer>,
+        params: CatalogParams,
+    ) -> Result<Self, RaftStoreError> {
         let shared = match load_snapshot(&db)? {
             None => Shared {
                 catalog: Catalog::new(params.clone()),
@@ -241,6 +250,7 @@ impl CatalogStateMachine {
         let (marks, _) = watch::channel(shared.mark());
         Ok(CatalogStateMachine {
             db,
+            writer,
             params,
             audit_max_entries: 1_000_000,
             shared: Arc::new(RwLock::new(shared)),
@@ -253,6 +263,7 @@ impl CatalogStateMachine {
     pub fn catalog(&self) -> AppliedCatalog {
         AppliedCatalog {
             db: self.db.clone(),
+            writer: self.writer.clone(),
             shared: self.shared.clone(),
             marks: self.marks.subscribe(),
         }
@@ -325,10 +336,10 @@ impl RaftStateMachine<CatalogRaft> for CatalogStateMachine {
             (outcomes, audits, mark)
         };
         if !audits.is_empty() {
-            let db = self.db.clone();
-            let keep = self.audit_max_entries;
-            blocking(move || write_audit(&db, &audits, keep))
-                .await
+            // Written with the next log append (durable then); a crash
+            // before that re-applies, and re-audits, the same entries.
+            self.writer
+                .audit(audits, self.audit_max_entries)
                 .map_err(|e| StorageIOError::write_state_machine(&e))?;
         }
         tracing::debug!(
@@ -490,26 +501,6 @@ fn store_snapshot(
             .insert(SNAPSHOT_META, db::encode(meta).as_slice())
             .map_err(|e| db.fail(e))?;
         table.insert(SNAPSHOT_DATA, data).map_err(|e| db.fail(e))?;
-    }
-    txn.commit().map_err(|e| db.fail(e))
-}
-
-/// Writes applied entries' audit records, keeping the newest `keep`. Not
-/// fsynced on its own: it becomes durable with the next log append, and a
-/// crash before that re-applies (and re-audits) the same entries.
-fn write_audit(db: &RaftDb, audits: &[(u64, Vec<u8>)], keep: u64) -> Result<(), RaftStoreError> {
-    let txn = db.begin_write(Durability::None)?;
-    {
-        let mut table = txn.open_table(AUDIT).map_err(|e| db.fail(e))?;
-        for (revision, bytes) in audits {
-            table
-                .insert(revision, bytes.as_slice())
-                .map_err(|e| db.fail(e))?;
-        }
-        let held = table.len().map_err(|e| db.fail(e))?;
-        for _ in keep..held {
-            table.pop_first().map_err(|e| db.fail(e))?;
-        }
     }
     txn.commit().map_err(|e| db.fail(e))
 }

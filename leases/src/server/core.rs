@@ -119,6 +119,8 @@ enum Done {
 enum Forwarded {
     /// The leader's answer, or why there was none.
     Answer(Response),
+    /// The leader's answers to a `ProposeBatch`, in order.
+    Answers(Vec<Response>),
     /// This replica became the leader first: the request is back, to be
     /// handled here.
     NowLeader(PeerRequest),
@@ -751,7 +753,7 @@ impl Core {
                         reply,
                     });
                 }
-                Forwarded::NowLeader(_) => {
+                Forwarded::NowLeader(_) | Forwarded::Answers(_) => {
                     let _ = reply.send(crate::answers::unavailable("retry".into()));
                 }
             });

@@ -316,6 +316,7 @@ fn request_kind(r: &PeerRequest) -> &'static str {
         PeerRequest::Membership(_) => "Membership",
         PeerRequest::Propagation { .. } => "Propagation",
         PeerRequest::Witnessed(_) => "Witnessed",
+        PeerRequest::ProposeBatch(_) => "ProposeBatch",
     }
 }
 
@@ -327,6 +328,7 @@ fn response_kind(r: &PeerResponse) -> &'static str {
         PeerResponse::Answer(_) => "Answer",
         PeerResponse::Refused(_) => "Refused",
         PeerResponse::HeardAsks { .. } => "HeardAsks",
+        PeerResponse::Answers(_) => "Answers",
     }
 }
 

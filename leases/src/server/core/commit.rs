@@ -8,10 +8,11 @@ impl Core {
     /// Proposes: on the leader the proposals join the queue of the next
     /// batch, which is one Raft entry (group commit: one fsynced append and
     /// one replication round for all of them) with at most two batches in
-    /// flight and at most 1,024 commands each; a follower hands each to
-    /// the leader; with no leader known
-    /// each is refused as unavailable once `write_timeout_ms` has passed.
-    /// The answers come back as `Done`.
+    /// flight and at most 1,024 commands each; a follower hands them to
+    /// the leader, those of one wake-up in one request (`ProposeBatch`, a
+    /// lone one as `Propose`); with no leader known each is refused as
+    /// unavailable once `write_timeout_ms` has passed. The answers come
+    /// back as `Done`.
     pub(super) fn propose(&mut self, proposals: Vec<(Envelope, Then)>) {
         if self.stopping_since.is_some() {
             let refused = crate::answers::unavailable(
@@ -28,24 +29,46 @@ impl Core {
             self.send_batches();
             return;
         }
-        let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
-        for (envelope, then) in proposals {
+        let wait =
+            Duration::from_millis(self.config.raft.write_timeout_ms) + Duration::from_secs(1);
+        let mut proposals = proposals;
+        while !proposals.is_empty() {
+            let take = proposals.len().min(crate::peer_protocol::MAX_FORWARDED);
+            let items: Vec<(Envelope, Then)> = proposals.drain(..take).collect();
             let done = self.done_tx.clone();
-            let request = PeerRequest::Propose(envelope.clone());
-            self.forward(
-                request,
-                timeout + Duration::from_secs(1),
-                move |forwarded| {
-                    let _ = done.send(match forwarded {
-                        Forwarded::Answer(response) => Done::Forwarded {
-                            envelope,
-                            then,
-                            response,
-                        },
-                        Forwarded::NowLeader(_) => Done::ProposeAgain { envelope, then },
+            let request = match &items[..] {
+                [(envelope, _)] => PeerRequest::Propose(envelope.clone()),
+                _ => PeerRequest::ProposeBatch(items.iter().map(|(e, _)| e.clone()).collect()),
+            };
+            self.forward(request, wait, move |forwarded| {
+                let n = items.len();
+                let responses = match forwarded {
+                    Forwarded::NowLeader(_) => {
+                        for (envelope, then) in items {
+                            let _ = done.send(Done::ProposeAgain { envelope, then });
+                        }
+                        return;
+                    }
+                    Forwarded::Answers(responses) if responses.len() == n => responses,
+                    Forwarded::Answers(responses) => vec![
+                        crate::answers::unavailable(format!(
+                            "the leader answered {} of {n} writes handed over; retry",
+                            responses.len()
+                        ));
+                        n
+                    ],
+                    // One answer for all: why none committed (no leader,
+                    // not the leader, no answer), or a lone write's.
+                    Forwarded::Answer(response) => vec![response; n],
+                };
+                for ((envelope, then), response) in items.into_iter().zip(responses) {
+                    let _ = done.send(Done::Forwarded {
+                        envelope,
+                        then,
+                        response,
                     });
-                },
-            );
+                }
+            });
         }
     }
 

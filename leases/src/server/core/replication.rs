@@ -60,6 +60,7 @@ impl Core {
                 tokio::select! {
                     answer = peers.call(&addr, &request, left) => match answer {
                         Ok(PeerResponse::Answer(response)) => break Forwarded::Answer(response),
+                        Ok(PeerResponse::Answers(responses)) => break Forwarded::Answers(responses),
                         Ok(_) => break Forwarded::Answer(crate::answers::unavailable(format!("the leader at {addr} answered out of protocol"))),
                         Err(PeerError::Unreachable { .. }) if tokio::time::Instant::now() < deadline => {
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -162,6 +163,29 @@ impl Core {
                     return;
                 }
                 proposals.push((envelope, Then::Reply(answer(reply))));
+            }
+            PeerRequest::ProposeBatch(envelopes) => {
+                if !self.is_leader() {
+                    let _ = reply.send(PeerResponse::Answer(self.not_leader()));
+                    return;
+                }
+                // Each write joins the group commits as a lone one would;
+                // one task gathers the answers, in order.
+                let mut answers = Vec::with_capacity(envelopes.len());
+                for envelope in envelopes {
+                    let (tx, rx) = oneshot::channel::<Response>();
+                    answers.push(rx);
+                    proposals.push((envelope, Then::Reply(tx)));
+                }
+                tokio::spawn(async move {
+                    let mut out = Vec::with_capacity(answers.len());
+                    for rx in answers {
+                        out.push(rx.await.unwrap_or_else(|_| {
+                            crate::answers::unavailable("the write was dropped; retry".into())
+                        }));
+                    }
+                    let _ = reply.send(PeerResponse::Answers(out));
+                });
             }
             PeerRequest::ReportDown {
                 reporter,
