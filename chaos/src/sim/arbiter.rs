@@ -70,6 +70,7 @@ impl World {
         if !self.link_up(a) || !self.arb.conns.contains_key(&session) {
             return;
         }
+        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
         let now_ms = self.now_ms();
         let (heard, step) = self.arb.sessions.message(session, message, now_ms);
         if let Some((node, _, _)) = heard {
@@ -155,6 +156,7 @@ impl World {
         if !self.arb.conns.contains_key(&session) || !self.link_up(a) {
             return;
         }
+        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
         if matches!(
             body,
             Request::Transition {
@@ -466,10 +468,12 @@ impl World {
                     );
                     let transfer = bytes * 1_000 / self.sc.network.bytes_per_ms;
                     if self.link_up(a) {
-                        // Written to the connection: the send completes.
-                        self.after(transfer.max(10), Ev::SendDone { session });
+                        // The send waits for the leader's core, then is
+                        // written to the connection and completes.
+                        let cpu = self.arbiter_cpu(self.sc.arbiter.send_cpu_us);
+                        self.after(cpu + transfer.max(10), Ev::SendDone { session });
                         let latency = self.arbiter_latency();
-                        let at = self.down_arrival(a, transfer + latency);
+                        let at = self.down_arrival(a, cpu + transfer + latency);
                         self.at(
                             at,
                             Ev::Update {
@@ -496,6 +500,16 @@ impl World {
                 }
             }
         }
+    }
+
+    /// Charges `cost_us` of the leader's one core, behind what is charged
+    /// already; returns how long from now until this work is done.
+    pub(super) fn arbiter_cpu(&mut self, cost_us: u64) -> Time {
+        let start = self.arb.cpu_until.max(self.now);
+        self.arb.cpu_max_wait_us = self.arb.cpu_max_wait_us.max(start - self.now);
+        self.arb.cpu_until = start + cost_us;
+        self.arb.cpu_busy_us += cost_us;
+        self.arb.cpu_until - self.now
     }
 
     pub(super) fn message_bytes(&mut self, updates: &[ServiceUpdate]) -> u64 {

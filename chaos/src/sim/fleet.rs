@@ -305,6 +305,9 @@ impl World {
             queue: Vec::new(),
             committing: false,
             max_snapshots_seen: 0,
+            cpu_until: 0,
+            cpu_busy_us: 0,
+            cpu_max_wait_us: 0,
         };
         let mut world = World {
             now: 0,

@@ -170,6 +170,11 @@ pub struct ArbiterFigures {
     pub down_reports_ignored: u64,
     /// Down verdicts committed (both signals).
     pub node_downs: u64,
+    /// The leader's modelled CPU over the run, % of one core
+    /// (`[arbiter] send_cpu_us` and `recv_cpu_us`).
+    pub cpu_percent: f64,
+    /// The longest any work waited for that core, ms.
+    pub cpu_max_wait_ms: f64,
 }
 
 /// Gossip load.
@@ -392,6 +397,8 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
             down_reports: c.down_reports,
             down_reports_ignored: c.down_reports_ignored,
             node_downs: c.node_downs,
+            cpu_percent: round2(world.arb.cpu_busy_us as f64 / 1e4 / duration_s),
+            cpu_max_wait_ms: round2(world.arb.cpu_max_wait_us as f64 / 1e3),
         },
         gossip: GossipFigures {
             packets_per_node_per_s: round2(world.gossip_packets as f64 / nodes / duration_s),
@@ -655,6 +662,10 @@ pub fn markdown(r: &SimReport, plots: &[String]) -> String {
             ),
         ),
         ("arbiter bytes/s (mean)", f.arbiter.bytes_per_s.to_string()),
+        (
+            "arbiter CPU modelled (mean %, longest wait ms)",
+            format!("{} , {}", f.arbiter.cpu_percent, f.arbiter.cpu_max_wait_ms),
+        ),
         (
             "gossip packets / bytes per node per s",
             format!(

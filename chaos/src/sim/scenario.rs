@@ -141,21 +141,41 @@ impl Default for Network {
     }
 }
 
-/// The arbiter group, modelled as one ordered log.
+/// The arbiter group, modelled as one ordered log, and the leader's CPU
+/// as one core that work queues for. The CPU costs are measured by
+/// `rollcall bench fleet` on a real arbiter (README, "Fleet bench").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Arbiter {
     /// From a batch's proposal to its commit (quorum fsync), in ms.
     pub commit_latency_ms: u64,
+    /// Arbiter CPU per update message sent to an agent (encoding, QUIC
+    /// sealing, the send, and the agent's acknowledgement of it), µs.
+    /// Sends queue behind every other charge: a fan-out to 500 agents
+    /// leaves over 500 times this.
+    pub send_cpu_us: u64,
+    /// Arbiter CPU per session message received (keep-alive, renewal,
+    /// subscription) and per request, µs; it delays the sends behind it.
+    pub recv_cpu_us: u64,
 }
 
 impl Default for Arbiter {
     fn default() -> Self {
         Arbiter {
             commit_latency_ms: 5,
+            send_cpu_us: DEFAULT_SEND_CPU_US,
+            recv_cpu_us: DEFAULT_RECV_CPU_US,
         }
     }
 }
+
+/// `[arbiter] send_cpu_us` by default, from the fleet bench (README,
+/// "Fleet bench": deploy's arbiter CPU above steady's, over the update
+/// messages sent per second).
+pub const DEFAULT_SEND_CPU_US: u64 = 30;
+/// `[arbiter] recv_cpu_us` by default, from the fleet bench (steady's
+/// arbiter CPU over the session messages received per second).
+pub const DEFAULT_RECV_CPU_US: u64 = 10;
 
 /// `[short]`: the CI version.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -335,6 +355,20 @@ impl SimScenario {
                 "network.loss",
                 self.network.loss,
                 "must be in [0, 1)",
+            ));
+        }
+        if self.arbiter.send_cpu_us > 100_000 {
+            return Err(invalid(
+                "arbiter.send_cpu_us",
+                self.arbiter.send_cpu_us,
+                "must be at most 100000",
+            ));
+        }
+        if self.arbiter.recv_cpu_us > 100_000 {
+            return Err(invalid(
+                "arbiter.recv_cpu_us",
+                self.arbiter.recv_cpu_us,
+                "must be at most 100000",
             ));
         }
         if self.network.bytes_per_ms == 0 {

@@ -306,6 +306,12 @@ pub(super) struct Arbiter {
     pub(super) queue: Vec<(Envelope, Then)>,
     pub(super) committing: bool,
     pub(super) max_snapshots_seen: usize,
+    /// When the leader's one core is free again (`[arbiter]` CPU costs).
+    pub(super) cpu_until: Time,
+    /// CPU charged so far, µs.
+    pub(super) cpu_busy_us: u64,
+    /// The longest a send waited for the core, µs.
+    pub(super) cpu_max_wait_us: u64,
 }
 
 /// A change whose arrival at every subscribed agent is being timed.
