@@ -222,6 +222,7 @@ mod tests {
             "ca = ",
             "cert = ",
             "key = ",
+            "check_interval_ms = ",
             "[[peers]]",
             "region = ",
             "address = ",
@@ -229,11 +230,11 @@ mod tests {
         let mut config = BridgeConfig::from_toml_str(&text).expect("uncommented example loads");
         assert_eq!(
             config.tls.take(),
-            Some(TlsPaths {
-                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
-                cert: PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.crt"),
-                key: PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.key"),
-            })
+            Some(TlsPaths::new(
+                PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.crt"),
+                PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.key"),
+            ))
         );
         assert_eq!(
             std::mem::take(&mut config.peers),
@@ -252,11 +253,7 @@ mod tests {
     fn example_names_every_key() {
         let example = include_str!("../examples/bridge.toml");
         let config = BridgeConfig {
-            tls: Some(TlsPaths {
-                ca: "ca".into(),
-                cert: "cert".into(),
-                key: "key".into(),
-            }),
+            tls: Some(TlsPaths::new("ca".into(), "cert".into(), "key".into())),
             peers: vec![BridgePeer {
                 region: "r2".into(),
                 address: "b:1".into(),
