@@ -92,7 +92,9 @@ impl Watcher {
     /// happen only when asked), naming the process part `what` in its logs.
     pub fn spawn(what: &'static str, reload: Arc<dyn Reload>, every: Option<Duration>) -> Watcher {
         let now = Arc::new(Notify::new());
-        let task = tokio::spawn(run(what, reload, every, now.clone()));
+        // The files as they are now: a change from here on is a change.
+        let seen = fingerprint(&reload.files());
+        let task = tokio::spawn(run(what, reload, every, seen, now.clone()));
         Watcher { now, task }
     }
 
@@ -126,10 +128,10 @@ async fn run(
     what: &'static str,
     reload: Arc<dyn Reload>,
     every: Option<Duration>,
+    mut seen: u64,
     now: Arc<Notify>,
 ) {
     let files = reload.files();
-    let mut seen = fingerprint(&files);
     let mut warned_at: Option<i64> = None;
     loop {
         warn_expiring(what, &reload.status(), &mut warned_at);
@@ -198,7 +200,84 @@ fn warn_expiring(what: &'static str, status: &TlsStatus, warned_at: &mut Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::CertStatus;
+    use crate::endpoint::Role;
+    use crate::identity::Identity;
+    use crate::name::{Label, PrincipalName};
+    use crate::tls::{renew_certs, write_certs, CertStatus, ServerNames};
+
+    /// A certificate directory with one agent's files, and that agent's
+    /// material in use.
+    fn agent_dir() -> (tempfile::TempDir, TlsFiles, Arc<LiveTls>) {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Identity::new(
+            Label::new("r1").unwrap(),
+            Role::Agent,
+            PrincipalName::new("n1").unwrap(),
+        );
+        write_certs(
+            dir.path(),
+            &Label::new("r1").unwrap(),
+            std::slice::from_ref(&agent),
+            &ServerNames::default(),
+        )
+        .unwrap();
+        let files = TlsFiles::in_dir(dir.path(), &agent);
+        let live = LiveTls::new(&TlsMaterial::load(&files).unwrap()).unwrap();
+        (dir, files, live)
+    }
+
+    /// Waits (bounded) until `live` presents a certificate other than
+    /// `serial`; answers the new serial.
+    async fn changed_from(live: &LiveTls, serial: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = live.status().leaf.serial;
+            if now != serial {
+                return now;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn changed_files_are_reloaded_and_a_bad_pair_is_not() {
+        let (dir, files, live) = agent_dir();
+        let reload = Arc::new(FileReload {
+            files: files.clone(),
+            live: live.clone(),
+        });
+        let _watcher = Watcher::spawn("test", reload, Some(Duration::from_millis(50)));
+        let first = live.status().leaf.serial;
+        renew_certs(dir.path(), &Label::new("r1").unwrap()).unwrap();
+        let second = changed_from(&live, &first).await;
+        // A key that is not the certificate's: refused, the pair in use stays.
+        let before_key = std::fs::read(&files.key).unwrap();
+        let stranger = crate::tls::Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        std::fs::write(&files.key, stranger.to_pem().1).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(live.status().leaf.serial, second, "a bad pair is not used");
+        // The right key back: reloaded (a change from the refused state).
+        std::fs::write(&files.key, before_key).unwrap();
+        renew_certs(dir.path(), &Label::new("r1").unwrap()).unwrap();
+        changed_from(&live, &second).await;
+    }
+
+    #[tokio::test]
+    async fn without_an_interval_only_a_request_reloads() {
+        let (dir, files, live) = agent_dir();
+        let reload = Arc::new(FileReload {
+            files,
+            live: live.clone(),
+        });
+        let watcher = Watcher::spawn("test", reload, None);
+        let first = live.status().leaf.serial;
+        renew_certs(dir.path(), &Label::new("r1").unwrap()).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(live.status().leaf.serial, first, "no interval: not read");
+        watcher.reload_now();
+        changed_from(&live, &first).await;
+    }
 
     fn cert(serial: &str, not_after_unix_s: i64) -> CertStatus {
         CertStatus {
