@@ -31,11 +31,12 @@ pub struct LimitsConfig {
     /// Requests (each on a stream of its own) one connection may send per
     /// second, sustained; one more is answered "unavailable, retry" with
     /// the reason, and the agent keeps the write pending and retries.
-    /// Default 500: a controller registering 10,000 endpoints in 2 minutes
-    /// needs under 100.
+    /// Default 100: an agent writes a few per second at most; a controller
+    /// registering 10,000 endpoints in 2 minutes needs about 85 (and may
+    /// open several connections).
     pub requests_per_second: u32,
-    /// Requests one connection may send at once above that rate. Default
-    /// 1000.
+    /// Requests one connection may send at once above that rate: a node's
+    /// whole deploy at once. Default 500.
     pub request_burst: u32,
     /// Messages one session stream may carry per second, sustained
     /// (subscriptions, acknowledgements, renewals, keep-alives); beyond
@@ -61,8 +62,8 @@ impl Default for LimitsConfig {
             handshakes_per_second: 100,
             handshake_burst: 500,
             connections_per_identity: 8,
-            requests_per_second: 500,
-            request_burst: 1_000,
+            requests_per_second: 100,
+            request_burst: 500,
             session_messages_per_second: 1_000,
             session_message_burst: 5_000,
             admin_calls_per_second: 100,
