@@ -796,25 +796,27 @@ async fn stop_signal() {
 }
 
 /// Waits for Ctrl-C or SIGTERM; each SIGHUP meanwhile reloads the TLS
-/// material every one of `watchers` keeps.
+/// material every one of `watchers` keeps (without watchers SIGHUP keeps
+/// its default action, so `rollcall dev` still ends with its terminal).
 async fn serve_until_stopped(watchers: &[tls::Watcher]) {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut hup)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) else {
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
             let _ = ctrl_c.await;
             return;
+        };
+        let mut hup = match watchers.is_empty() {
+            true => None,
+            false => signal(SignalKind::hangup()).ok(),
         };
         tokio::pin!(ctrl_c);
         loop {
             tokio::select! {
                 _ = &mut ctrl_c => return,
                 _ = term.recv() => return,
-                _ = hup.recv() => {
+                Some(_) = async { hup.as_mut()?.recv().await } => {
                     tracing::info!(watchers = watchers.len(), "SIGHUP: reloading the TLS material");
                     for watcher in watchers {
                         watcher.reload_now();

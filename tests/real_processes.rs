@@ -68,11 +68,23 @@ fn spawn(args: &[&str], log: &Path) -> Child {
 }
 
 fn get(url: &str) -> Option<serde_json::Value> {
+    get_as(url, None)
+}
+
+/// `GET url`, with a bearer token when one is given.
+fn get_as(url: &str, token: Option<&str>) -> Option<serde_json::Value> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async { reqwest::get(url).await.ok()?.json().await.ok() })
+    rt.block_on(async {
+        let request = reqwest::Client::new().get(url);
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        request.send().await.ok()?.json().await.ok()
+    })
 }
 
 fn ready_ids(http: u16) -> Option<Vec<String>> {
@@ -275,25 +287,6 @@ fn certs(dir: &Path, args: &[&str]) {
     );
 }
 
-/// `GET url` with a bearer token.
-fn get_with(url: &str, token: &str) -> Option<serde_json::Value> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        reqwest::Client::new()
-            .get(url)
-            .bearer_auth(token)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()
-    })
-}
-
 /// The serial of the certificate in `path`.
 fn serial_of(path: &Path) -> String {
     let pem = std::fs::read(path).unwrap();
@@ -399,9 +392,9 @@ fn a_ca_rotation_keeps_every_agent_connected() {
     let arbiter_status = |k: usize| {
         let token =
             std::fs::read_to_string(d.join(format!("arbiter-{}/admin.token", k + 1))).ok()?;
-        get_with(
+        get_as(
             &format!("http://127.0.0.1:{}/v1/status", admin[k]),
-            token.trim(),
+            Some(token.trim()),
         )
     };
     for i in 0..NODES {

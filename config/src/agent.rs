@@ -337,13 +337,7 @@ mod tests {
     /// nothing else.
     #[test]
     fn example_tls_table_parses_and_validates() {
-        let text = uncommented_example(&[
-            "[tls]",
-            "ca = ",
-            "cert = ",
-            "key = ",
-            "check_interval_ms = ",
-        ]);
+        let text = uncommented_example(&crate::security::TLS_EXAMPLE_LINES);
         let mut config = AgentConfig::from_toml_str(&text).expect("uncommented example must load");
         assert_eq!(
             config.tls.take(),

@@ -698,21 +698,22 @@ mod tests {
     /// validate and change nothing else.
     #[test]
     fn example_optional_tables_parse_and_validate() {
-        let text = uncommented_example(&[
-            "[tls]",
-            "ca = ",
-            "cert = ",
-            "key = ",
-            "check_interval_ms = ",
-            "[[controllers]]",
-            "name = ",
-            "services = ",
-            "[[watch_rules]]",
-            "nodes = ",
-            "[[registration_rules]]",
-            "zones = ",
-            "any_address = ",
-        ]);
+        let text = uncommented_example(
+            &[
+                &crate::security::TLS_EXAMPLE_LINES[..],
+                &[
+                    "[[controllers]]",
+                    "name = ",
+                    "services = ",
+                    "[[watch_rules]]",
+                    "nodes = ",
+                    "[[registration_rules]]",
+                    "zones = ",
+                    "any_address = ",
+                ],
+            ]
+            .concat(),
+        );
         let mut config =
             ArbiterConfig::from_toml_str(&text).expect("uncommented example must load");
         assert_eq!(

@@ -217,16 +217,13 @@ mod tests {
     /// they must parse, validate and change nothing else.
     #[test]
     fn example_optional_tables_parse_and_validate() {
-        let text = uncommented_example(&[
-            "[tls]",
-            "ca = ",
-            "cert = ",
-            "key = ",
-            "check_interval_ms = ",
-            "[[peers]]",
-            "region = ",
-            "address = ",
-        ]);
+        let text = uncommented_example(
+            &[
+                &crate::security::TLS_EXAMPLE_LINES[..],
+                &["[[peers]]", "region = ", "address = "],
+            ]
+            .concat(),
+        );
         let mut config = BridgeConfig::from_toml_str(&text).expect("uncommented example loads");
         assert_eq!(
             config.tls.take(),

@@ -30,6 +30,17 @@ pub struct TlsPaths {
     pub check_interval_ms: u64,
 }
 
+/// The starts of the commented `[tls]` lines of every example file, for
+/// the examples' tests that uncomment them.
+#[cfg(test)]
+pub(crate) const TLS_EXAMPLE_LINES: [&str; 5] = [
+    "[tls]",
+    "ca = ",
+    "cert = ",
+    "key = ",
+    "check_interval_ms = ",
+];
+
 /// `[tls] check_interval_ms` when the file leaves it out.
 pub const DEFAULT_TLS_CHECK_INTERVAL_MS: u64 = 5_000;
 

@@ -434,6 +434,29 @@ async fn open_session(
     }
 }
 
+/// A READY registration of `instance` of `service` on node `node` (its
+/// agent run 1) at `address`.
+fn registration(
+    instance: InstanceId,
+    service: ServiceKey,
+    node: &str,
+    address: Ipv4Addr,
+) -> Registration {
+    Registration {
+        instance_id: instance,
+        service,
+        node: NodeId::new(node).unwrap(),
+        epoch: AgentEpoch(1),
+        address: IpAddr::V4(address),
+        port: 8080,
+        zone: None,
+        version: Version::new("v1").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    }
+}
+
 /// Sends `request` until it is not refused as unavailable (over a rate
 /// limit: an agent keeps such a write pending and retries), bounded.
 async fn request_until_taken(conn: &ArbiterConn, request: &Request) -> Response {
@@ -499,19 +522,8 @@ impl Cluster {
             for &i in chunk {
                 let conn = conn.clone();
                 registrations.push(tokio::spawn(async move {
-                    let reg = Registration {
-                        instance_id: instance(i),
-                        service: service(i),
-                        node: NodeId::new("writer").unwrap(),
-                        epoch: AgentEpoch(1),
-                        address: IpAddr::V4(Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, 1)),
-                        port: 8080,
-                        zone: None,
-                        version: Version::new("v1").unwrap(),
-                        weight: Weight::DEFAULT,
-                        labels: Vec::new(),
-                        initial: State::Ready,
-                    };
+                    let address = Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, 1);
+                    let reg = registration(instance(i), service(i), "writer", address);
                     request_until_taken(&conn, &Request::Register(reg)).await
                 }));
             }
@@ -730,19 +742,12 @@ async fn flood(sizes: Sizes) -> usize {
         .unwrap();
     let setup = flooder.connect(&cluster.addr).await.unwrap();
     for i in 0..FLOOD_INSTANCES {
-        let reg = Registration {
-            instance_id: InstanceId::new(&format!("flood-{i}")).unwrap(),
-            service: ServiceKey::new("default", "flood", "http").unwrap(),
-            node: NodeId::new("flooder").unwrap(),
-            epoch: AgentEpoch(1),
-            address: IpAddr::V4(Ipv4Addr::new(10, 99, (i / 250) as u8, (i % 250) as u8)),
-            port: 8080,
-            zone: None,
-            version: Version::new("v1").unwrap(),
-            weight: Weight::DEFAULT,
-            labels: Vec::new(),
-            initial: State::Ready,
-        };
+        let reg = registration(
+            InstanceId::new(&format!("flood-{i}")).unwrap(),
+            ServiceKey::new("default", "flood", "http").unwrap(),
+            "flooder",
+            Ipv4Addr::new(10, 99, (i / 250) as u8, (i % 250) as u8),
+        );
         assert!(matches!(
             request_until_taken(&setup, &Request::Register(reg)).await,
             Response::Committed { .. }

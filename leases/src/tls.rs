@@ -1,12 +1,17 @@
 //! Certificates and the mutual-TLS configuration of control-plane links
 //! (R10): a per-region CA, leaf certificates that carry an `Identity` URI
-//! SAN, the files they are kept in, and quinn configurations that accept
-//! only peers holding a certificate signed by the region's CA.
+//! SAN, the files they are kept in (a CA file may be a bundle of several
+//! CAs, all trusted), and quinn configurations that accept only peers
+//! holding a certificate signed by a CA of the bundle. Submodules: `live`
+//! (material replaceable at run time), `watch` (reloading it when the
+//! files change or on request), `rotation` (renewing certificates and
+//! rotating a CA in a certificate directory).
 //!
 //! This module authenticates; it never authorises. `peer_identity` says who
 //! the peer is, and what that peer may do is the policy's decision. It holds
-//! no protocol logic: the only clock read is the validity period stamped on
-//! a certificate when it is issued.
+//! no protocol logic; it reads the clock only for certificates' validity
+//! (stamping it when issuing, checking it when loading, and waiting for a
+//! peer's to end).
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -775,6 +775,15 @@ async fn refusals_are_counted_by_kind() {
     server.shutdown().await;
 }
 
+/// `rollcall_arbiter_limit_hits_total{limit}`.
+async fn limit_hits(server: &ArbiterServer, limit: &str) -> f64 {
+    metric(
+        server,
+        &format!("rollcall_arbiter_limit_hits_total{{limit=\"{limit}\"}}"),
+    )
+    .await
+}
+
 /// A welcomed session of node `node`, with the certificate `material`.
 async fn session_of(
     material: &TlsMaterial,
@@ -834,14 +843,7 @@ async fn a_second_session_of_a_node_replaces_the_first() {
         other.request(&Request::NodeInstances).await.unwrap(),
         Response::Instances(_)
     ));
-    assert_eq!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"sessions_per_node\"}"
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(limit_hits(&server, "sessions_per_node").await, 1.0);
     let status = admin_get(&server, "/v1/status").await;
     let nodes: Vec<&str> = status["agents"]
         .as_array()
@@ -908,14 +910,7 @@ async fn connections_over_the_identity_limit_are_closed_with_the_reason() {
         agent.request(&Request::NodeInstances).await.unwrap(),
         Response::Instances(_)
     ));
-    assert!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"connections_per_identity\"}"
-        )
-        .await
-            >= 1.0
-    );
+    assert!(limit_hits(&server, "connections_per_identity").await >= 1.0);
     drop(fourth);
     server.shutdown().await;
 }
@@ -969,14 +964,7 @@ async fn requests_over_the_rate_are_refused_with_the_reason() {
         before + committed as u64,
         "a refused request changes nothing"
     );
-    assert_eq!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"requests\"}"
-        )
-        .await,
-        refused.len() as f64
-    );
+    assert_eq!(limit_hits(&server, "requests").await, refused.len() as f64);
     assert!(matches!(
         calm.request(&Request::NodeInstances).await.unwrap(),
         Response::Instances(_)
@@ -1032,14 +1020,7 @@ async fn session_messages_over_the_rate_are_held_back_not_lost() {
     })
     .await;
     assert!(answered.is_ok(), "the subscription was answered");
-    assert!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"session_messages\"}"
-        )
-        .await
-            >= 1.0
-    );
+    assert!(limit_hits(&server, "session_messages").await >= 1.0);
     server.shutdown().await;
 }
 
@@ -1068,14 +1049,7 @@ async fn handshakes_over_the_address_rate_are_refused() {
     for reason in &refused {
         assert!(reason.contains("refused"), "{reason}");
     }
-    assert!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"handshakes_per_address\"}"
-        )
-        .await
-            >= refused.len() as f64
-    );
+    assert!(limit_hits(&server, "handshakes_per_address").await >= refused.len() as f64);
     assert!(matches!(
         held.request(&Request::NodeInstances).await.unwrap(),
         Response::Instances(_)
@@ -1125,14 +1099,7 @@ async fn admin_calls_over_the_token_rate_get_429() {
             .contains("limits.admin_calls_per_second"),
         "{body}"
     );
-    assert!(
-        metric(
-            &server,
-            "rollcall_arbiter_limit_hits_total{limit=\"admin_calls\"}"
-        )
-        .await
-            >= 1.0
-    );
+    assert!(limit_hits(&server, "admin_calls").await >= 1.0);
     server.shutdown().await;
 }
 

@@ -250,6 +250,41 @@ impl LiveTls {
     }
 }
 
+/// The signature checks both verifier traits share, handed to the
+/// current verifier `$verifier` of `Loaded` (they depend on the crypto
+/// provider only, never on the CAs).
+macro_rules! signatures_of {
+    ($verifier:ident) => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.loaded
+                .load()
+                .$verifier
+                .verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.loaded
+                .load()
+                .$verifier
+                .verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.loaded.load().$verifier.supported_verify_schemes()
+        }
+    };
+}
+
 impl ResolvesServerCert for LiveTls {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.loaded.load().certified.clone())
@@ -285,33 +320,7 @@ impl ClientCertVerifier for LiveTls {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.loaded
-            .load()
-            .clients
-            .verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.loaded
-            .load()
-            .clients
-            .verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.loaded.load().clients.supported_verify_schemes()
-    }
+    signatures_of!(clients);
 }
 
 impl ServerCertVerifier for LiveTls {
@@ -332,33 +341,7 @@ impl ServerCertVerifier for LiveTls {
         )
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.loaded
-            .load()
-            .servers
-            .verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.loaded
-            .load()
-            .servers
-            .verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.loaded.load().servers.supported_verify_schemes()
-    }
+    signatures_of!(servers);
 }
 
 #[cfg(test)]
