@@ -93,6 +93,10 @@ impl Group {
                 };
                 c.raft.id = i as u64 + 1;
                 c.raft.replicas = replicas.clone();
+                // This measures the group's capacity through one writer's
+                // connection: the per-connection request limit is lifted.
+                c.limits.requests_per_second = 1_000_000;
+                c.limits.request_burst = 1_000_000;
                 c
             })
             .collect();
