@@ -368,13 +368,12 @@ fn a_ca_rotation_keeps_every_agent_connected() {
     }
     let arbiters: Vec<String> = quic.iter().map(|q| format!("\"127.0.0.1:{q}\"")).collect();
     let http: Vec<u16> = (0..NODES).map(|_| free_tcp()).collect();
-    for i in 0..NODES {
+    for (i, h) in http.iter().enumerate() {
         // node-2 checks no files: it reloads on SIGHUP only.
         let check_ms = if i == NODES - 1 { 0 } else { 200 };
         let toml = format!(
             "node_id = \"node-{i}\"\ndata_dir = \"{data}\"\nhttp_listen = \"127.0.0.1:{h}\"\ndns_listen = \"127.0.0.1:0\"\narbiters = [{arbiters}]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n{tls}",
             data = d.join(format!("agent-{i}")).display(),
-            h = http[i],
             arbiters = arbiters.join(", "),
             tls = tls(&format!("agent-node-{i}"), check_ms),
         );
@@ -462,9 +461,9 @@ fn a_ca_rotation_keeps_every_agent_connected() {
     );
     step(&["--retire-old-ca"], "trusts the new CA alone", &cas(1));
 
-    for i in 0..NODES {
+    for (i, h) in http.iter().enumerate() {
         let metrics = rt.block_on(async {
-            reqwest::get(format!("http://127.0.0.1:{}/metrics", http[i]))
+            reqwest::get(format!("http://127.0.0.1:{h}/metrics"))
                 .await
                 .unwrap()
                 .text()

@@ -24,6 +24,11 @@
 //! log: `PUT /v1/remote/{region}` (replace one region's view), `POST
 //! /v1/remote/{region}/heard` (that region confirmed the view at a version
 //! is current) and `GET /v1/remote` (every view with its age).
+//!
+//! Calls with the token are bounded by `[limits] admin_calls_per_second`
+//! (one more is answered 429 with `Retry-After`); `/metrics` is not.
+//! `/v1/status` also shows the TLS material this replica presents and
+//! trusts (`tls`), as last reloaded.
 
 use std::sync::Arc;
 

@@ -73,14 +73,7 @@ impl Guards {
     /// Counts a hit of `limit`, and logs it at the 1st, 2nd, 4th, 8th… hit
     /// (a flood must not flood the log too).
     fn hit(&self, limit: Limit, detail: &str) {
-        self.metrics.hit(limit);
-        let hits = self
-            .metrics
-            .limit_hits
-            .get_or_create(&crate::server::metrics::LimitLabel {
-                limit: limit.as_str(),
-            })
-            .get();
+        let hits = self.metrics.hit(limit);
         if hits.is_power_of_two() {
             tracing::warn!(limit = limit.as_str(), hits, detail, "arbiter limit hit");
         }

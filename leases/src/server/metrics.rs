@@ -375,13 +375,14 @@ impl Metrics {
 }
 
 impl Metrics {
-    /// Counts one hit of `limit`.
-    pub fn hit(&self, limit: crate::limits::Limit) {
+    /// Counts one hit of `limit`; answers how many there have been.
+    pub fn hit(&self, limit: crate::limits::Limit) -> u64 {
         self.limit_hits
             .get_or_create(&LimitLabel {
                 limit: limit.as_str(),
             })
-            .inc();
+            .inc()
+            + 1
     }
 }
 
