@@ -784,6 +784,15 @@ async fn limit_hits(server: &ArbiterServer, limit: &str) -> f64 {
     .await
 }
 
+/// An arbiter with `tune` applied (its `[limits]`, mostly), its CA and
+/// the directory it lives in.
+async fn limited(tune: impl FnOnce(&mut ArbiterConfig)) -> (Ca, tempfile::TempDir, ArbiterServer) {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path(), tune).await;
+    (ca, dir, server)
+}
+
 /// A welcomed session of node `node`, with the certificate `material`.
 async fn session_of(
     material: &TlsMaterial,
@@ -821,9 +830,7 @@ async fn close_reason(conn: &ArbiterConn) -> String {
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_session_of_a_node_replaces_the_first() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let (ca, _dir, server) = limited(|_| {}).await;
     let seed = material(&ca, Role::Agent, "seed");
     let (old, _old_w, _old_r) = session_of(&seed, &server, "seed", 1).await;
     let (other, _ow, _or) =
@@ -863,9 +870,7 @@ async fn a_second_session_of_a_node_replaces_the_first() {
 /// closed at once with the reason; closing one frees its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_identity_limit_are_closed_with_the_reason() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| c.limits.connections_per_identity = 2).await;
+    let (ca, _dir, server) = limited(|c| c.limits.connections_per_identity = 2).await;
     let addr = server.quic_addr.to_string();
     let client = ArbiterClient::new(&material(&ca, Role::Controller, "deployer")).unwrap();
     let first = client.connect(&addr).await.unwrap();
@@ -920,9 +925,7 @@ async fn connections_over_the_identity_limit_are_closed_with_the_reason() {
 /// retry) and reaches nothing; another connection is not slowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_over_the_rate_are_refused_with_the_reason() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| {
+    let (ca, _dir, server) = limited(|c| {
         c.limits.requests_per_second = 1;
         c.limits.request_burst = 2;
     })
@@ -989,9 +992,7 @@ async fn futures_all<T: Send + 'static>(
 /// and the hit is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_messages_over_the_rate_are_held_back_not_lost() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| {
+    let (ca, _dir, server) = limited(|c| {
         c.limits.session_messages_per_second = 20;
         c.limits.session_message_burst = 2;
     })
@@ -1029,9 +1030,7 @@ async fn session_messages_over_the_rate_are_held_back_not_lost() {
 /// counted; connections already made are not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_over_the_address_rate_are_refused() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| {
+    let (ca, _dir, server) = limited(|c| {
         c.limits.handshakes_per_second = 1;
         c.limits.handshake_burst = 3;
     })
@@ -1061,9 +1060,7 @@ async fn handshakes_over_the_address_rate_are_refused() {
 /// `rate_limited` with `Retry-After`; `/metrics` is not counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_calls_over_the_token_rate_get_429() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| {
+    let (_ca, _dir, server) = limited(|c| {
         c.limits.admin_calls_per_second = 1;
         c.limits.admin_call_burst = 500;
     })
@@ -1108,9 +1105,7 @@ async fn admin_calls_over_the_token_rate_get_429() {
 /// arbiter's own certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_certificate_expires_is_closed_with_the_reason() {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |_| {}).await;
+    let (ca, _dir, server) = limited(|_| {}).await;
     let identity = Identity::new(
         Label::new("r1").unwrap(),
         Role::Agent,
