@@ -214,7 +214,7 @@ impl DevRegions {
                     .map(|(j, peer)| {
                         (
                             Label::new(peer).expect("r<k> is a valid label"),
-                            cas[j].cert_der().clone(),
+                            vec![cas[j].cert_der().clone()],
                         )
                     })
                     .collect(),

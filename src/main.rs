@@ -586,7 +586,7 @@ struct BudgetArgs {
     clap::ArgGroup::new("identities")
         .required(true)
         .multiple(true)
-        .args(["agent", "arbiter", "bridge", "controller", "operator"])
+        .args(["agent", "arbiter", "bridge", "controller", "operator", "renew", "rotate_ca", "retire_old_ca"])
 ))]
 struct CertsArgs {
     /// Directory for the CA and certificates; created when missing.
@@ -623,6 +623,22 @@ struct CertsArgs {
     /// repeatable.
     #[arg(long, value_name = "ADDR")]
     ip: Vec<std::net::IpAddr>,
+    /// Reissue every certificate in DIR from DIR's CA, each with a fresh
+    /// key and the identity and names it had; the CA is never replaced.
+    /// Processes reload the copied files by themselves.
+    #[arg(long, conflicts_with_all = ["agent", "arbiter", "bridge", "controller", "operator", "dns", "ip", "rotate_ca", "retire_old_ca"])]
+    renew: bool,
+    /// Start a CA rotation: a new CA whose key becomes ca.key (the old key
+    /// is kept as ca.key.previous) and whose certificate goes first in
+    /// ca.crt, ahead of the old one, so processes given that ca.crt trust
+    /// both. Then `--renew`, then `--retire-old-ca`.
+    #[arg(long, conflicts_with_all = ["agent", "arbiter", "bridge", "controller", "operator", "dns", "ip", "retire_old_ca"])]
+    rotate_ca: bool,
+    /// End a CA rotation: ca.crt keeps only the CA of ca.key, ca.key.previous
+    /// is deleted. Refused while a certificate in DIR is not that CA's
+    /// (run `--renew` first).
+    #[arg(long, conflicts_with_all = ["agent", "arbiter", "bridge", "controller", "operator", "dns", "ip"])]
+    retire_old_ca: bool,
 }
 
 /// Validates `--region` at the edge, so clap reports a bad one as a usage
@@ -751,8 +767,51 @@ fn budget(args: &BudgetArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Renews certificates, or starts or ends a CA rotation, and lists every
+/// file written or deleted and what to do next.
+fn rotation_step(args: &CertsArgs) -> anyhow::Result<ExitCode> {
+    let (step, next) = if args.renew {
+        (
+            tls::renew_certs(&args.out, &args.region)?,
+            "copy each renewed certificate and key to its host (ca.crt is unchanged); every process reloads them within [tls] check_interval_ms, or at once on SIGHUP",
+        )
+    } else if args.rotate_ca {
+        (
+            tls::rotate_ca(&args.out, &args.region)?,
+            "copy ca.crt (now both CAs) to every host and to the other regions' bridges ([[peers]] ca); once every process has reloaded it, run `rollcall certs --renew` with the same --out and --region",
+        )
+    } else {
+        (
+            tls::retire_old_cas(&args.out, &args.region)?,
+            "copy ca.crt (now the current CA alone) to every host and to the other regions' bridges",
+        )
+    };
+    for file in &step.written {
+        println!("wrote {}", file.display());
+    }
+    for file in &step.deleted {
+        println!("deleted {}", file.display());
+    }
+    if step.written.is_empty() && step.deleted.is_empty() {
+        println!(
+            "nothing to do: {} holds one CA",
+            args.out.join(tls::CA_CERT_FILE).display()
+        );
+    } else {
+        println!(
+            "{} holds {} CA certificate(s); next: {next}",
+            args.out.join(tls::CA_CERT_FILE).display(),
+            step.cas
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Issues the requested certificates and lists every file written.
 fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
+    if args.renew || args.rotate_ca || args.retire_old_ca {
+        return rotation_step(args);
+    }
     let agents: Vec<PrincipalName> = args.agent.iter().map(|(name, _)| name.clone()).collect();
     let identities: Vec<Identity> = [
         (Role::Agent, &agents),
@@ -831,36 +890,67 @@ fn init_process() {
 
 /// Waits for Ctrl-C or SIGTERM.
 async fn stop_signal() {
+    serve_until_stopped(&[]).await;
+}
+
+/// Waits for Ctrl-C or SIGTERM; each SIGHUP meanwhile reloads the TLS
+/// material every one of `watchers` keeps (without watchers SIGHUP keeps
+/// its default action, so `rollcall dev` still ends with its terminal).
+async fn serve_until_stopped(watchers: &[tls::Watcher]) {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            let _ = ctrl_c.await;
+            return;
+        };
+        let mut hup = match watchers.is_empty() {
+            true => None,
+            false => signal(SignalKind::hangup()).ok(),
+        };
+        tokio::pin!(ctrl_c);
+        loop {
+            tokio::select! {
+                _ = &mut ctrl_c => return,
+                _ = term.recv() => return,
+                Some(_) = async { hup.as_mut()?.recv().await } => {
+                    tracing::info!(watchers = watchers.len(), "SIGHUP: reloading the TLS material");
+                    for watcher in watchers {
+                        watcher.reload_now();
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
+        let _ = watchers;
         let _ = ctrl_c.await;
     }
 }
 
-fn tls_material(paths: Option<&TlsPaths>, field: &str) -> anyhow::Result<tls::TlsMaterial> {
+fn tls_files(paths: Option<&TlsPaths>, field: &str) -> anyhow::Result<tls::TlsFiles> {
     let paths = paths.with_context(|| format!("{field} is not set: generate certificates with `rollcall certs` and name them in [tls] (ca, cert, key)"))?;
-    let files = tls::TlsFiles {
+    Ok(tls::TlsFiles {
         ca: paths.ca.clone(),
         cert: paths.cert.clone(),
         key: paths.key.clone(),
-    };
-    Ok(tls::TlsMaterial::load(&files)?)
+    })
+}
+
+/// Keeps `reload`'s material current: its files are read every
+/// `[tls] check_interval_ms` (never when 0) and on SIGHUP.
+fn tls_watcher(
+    what: &'static str,
+    reload: std::sync::Arc<dyn tls::Reload>,
+    paths: Option<&TlsPaths>,
+) -> tls::Watcher {
+    let every = paths
+        .map(|p| p.check_interval_ms)
+        .filter(|ms| *ms > 0)
+        .map(std::time::Duration::from_millis);
+    tls::Watcher::spawn(what, reload, every)
 }
 
 /// Refuses `ROLLCALL_FAULTS` in a build without the fault points, rather
@@ -894,7 +984,9 @@ async fn run_arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
     config
         .validate()
         .context("arbiter config after command-line overrides")?;
-    let material = tls_material(config.tls.as_ref(), "arbiter.tls")?;
+    let files = tls_files(config.tls.as_ref(), "arbiter.tls")?;
+    let material = tls::TlsMaterial::load(&files)?;
+    let paths = config.tls.clone();
     let server = rollcall_leases::server::ArbiterServer::start(config, &material).await?;
     println!(
         "arbiter serving: QUIC {}, admin http://{} (operator token in {})",
@@ -902,7 +994,11 @@ async fn run_arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
         server.admin_addr,
         server.token_file.display()
     );
-    stop_signal().await;
+    let reload = std::sync::Arc::new(tls::FileReload {
+        files,
+        live: server.tls().clone(),
+    });
+    serve_until_stopped(&[tls_watcher("arbiter", reload, paths.as_ref())]).await;
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -918,17 +1014,29 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
     config
         .validate()
         .context("agent config after command-line overrides")?;
-    let material = match config.arbiters.is_empty() {
+    let files = match config.arbiters.is_empty() {
         true => None,
-        false => Some(tls_material(config.tls.as_ref(), "agent.tls")?),
+        false => Some(tls_files(config.tls.as_ref(), "agent.tls")?),
     };
+    let material = files.as_ref().map(tls::TlsMaterial::load).transpose()?;
     let handle = rollcall_node::agent::Agent::start(config.clone(), material.as_ref()).await?;
     println!(
         "agent serving: http://{} (node token in {})",
         handle.http_addr,
         config.data_dir.join("agent.token").display()
     );
-    stop_signal().await;
+    let watchers: Vec<tls::Watcher> = files
+        .zip(handle.agent.tls().cloned())
+        .map(|(files, live)| {
+            tls_watcher(
+                "agent",
+                std::sync::Arc::new(tls::FileReload { files, live }),
+                config.tls.as_ref(),
+            )
+        })
+        .into_iter()
+        .collect();
+    serve_until_stopped(&watchers).await;
     handle.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -953,7 +1061,8 @@ async fn run_bridge(args: BridgeArgs) -> anyhow::Result<ExitCode> {
         },
         config.arbiter.admin.join(", ")
     );
-    stop_signal().await;
+    let watcher = tls_watcher("bridge", bridge.tls_reload(), config.tls.as_ref());
+    serve_until_stopped(&[watcher]).await;
     bridge.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

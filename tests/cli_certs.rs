@@ -196,3 +196,102 @@ fn an_agent_given_addresses_gets_them_as_ip_sans_and_a_bad_one_is_named() {
         "a refused command writes nothing"
     );
 }
+
+/// Every certificate in a PEM file.
+fn certs_in(path: &Path) -> Vec<CertificateDer<'static>> {
+    let pem = fs::read(path).expect("file exists");
+    CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .expect("PEM certificates")
+}
+
+fn serial(path: &Path) -> String {
+    rollcall_leases::tls::CertStatus::of(&certs_in(path)[0])
+        .expect("a certificate")
+        .serial
+}
+
+#[test]
+fn renew_reissues_every_certificate_and_keeps_the_ca() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path();
+    let first = rollcall_certs(
+        out,
+        &["--region", "r1", "--agent", "node-1", "--arbiter", "arb-1"],
+    );
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let ca_before = fs::read(out.join("ca.crt")).expect("ca.crt");
+    let agent = out.join("agent-node-1.crt");
+    let serial_before = serial(&agent);
+
+    let renewed = rollcall_certs(out, &["--region", "r1", "--renew"]);
+    let stdout = text(&renewed.stdout);
+    assert!(renewed.status.success(), "{}", text(&renewed.stderr));
+    for file in ["agent-node-1.crt", "agent-node-1.key", "arbiter-arb-1.crt"] {
+        assert!(stdout.contains(file), "{file}: {stdout}");
+    }
+    assert!(stdout.contains("holds 1 CA"), "{stdout}");
+    assert_eq!(fs::read(out.join("ca.crt")).expect("ca.crt"), ca_before);
+    assert_ne!(serial(&agent), serial_before);
+    assert_eq!(identity_in(&agent).to_uri(), "rollcall://r1/agent/node-1");
+    #[cfg(unix)]
+    assert_owner_only(&out.join("agent-node-1.key"));
+
+    // Renewing names no identity: they come from the directory.
+    let mixed = rollcall_certs(out, &["--region", "r1", "--renew", "--agent", "node-2"]);
+    assert!(!mixed.status.success());
+    assert!(
+        text(&mixed.stderr).contains("--renew"),
+        "{}",
+        text(&mixed.stderr)
+    );
+    // And needs a CA to renew from.
+    let empty = tempfile::tempdir().expect("temp dir");
+    let none = rollcall_certs(empty.path(), &["--region", "r1", "--renew"]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(
+        text(&none.stderr).contains("holds no CA"),
+        "{}",
+        text(&none.stderr)
+    );
+}
+
+#[test]
+fn a_ca_rotation_is_rotate_renew_retire() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path();
+    let first = rollcall_certs(out, &["--region", "r1", "--agent", "node-1"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let old_ca = certs_in(&out.join("ca.crt"));
+
+    let rotated = rollcall_certs(out, &["--region", "r1", "--rotate-ca"]);
+    assert!(rotated.status.success(), "{}", text(&rotated.stderr));
+    let bundle = certs_in(&out.join("ca.crt"));
+    assert_eq!(bundle.len(), 2);
+    assert_eq!(bundle[1], old_ca[0], "the old CA stays trusted, second");
+    assert!(out.join("ca.key.previous").is_file());
+    assert!(
+        text(&rotated.stdout).contains("--renew"),
+        "{}",
+        text(&rotated.stdout)
+    );
+
+    // Retiring now would cut node-1 off: refused, nothing changed.
+    let early = rollcall_certs(out, &["--region", "r1", "--retire-old-ca"]);
+    let stderr = text(&early.stderr);
+    assert_eq!(early.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("agent-node-1.crt"), "{stderr}");
+    assert!(stderr.contains("--renew"), "{stderr}");
+    assert_eq!(certs_in(&out.join("ca.crt")).len(), 2);
+
+    let renewed = rollcall_certs(out, &["--region", "r1", "--renew"]);
+    assert!(renewed.status.success(), "{}", text(&renewed.stderr));
+    let retired = rollcall_certs(out, &["--region", "r1", "--retire-old-ca"]);
+    assert!(retired.status.success(), "{}", text(&retired.stderr));
+    assert_eq!(certs_in(&out.join("ca.crt")), vec![bundle[0].clone()]);
+    assert!(!out.join("ca.key.previous").exists());
+    // Identities issued later come from the new CA.
+    let added = rollcall_certs(out, &["--region", "r1", "--agent", "node-2"]);
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    assert!(text(&added.stdout).contains("reused CA"));
+}

@@ -68,11 +68,23 @@ fn spawn(args: &[&str], log: &Path) -> Child {
 }
 
 fn get(url: &str) -> Option<serde_json::Value> {
+    get_as(url, None)
+}
+
+/// `GET url`, with a bearer token when one is given.
+fn get_as(url: &str, token: Option<&str>) -> Option<serde_json::Value> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async { reqwest::get(url).await.ok()?.json().await.ok() })
+    rt.block_on(async {
+        let request = reqwest::Client::new().get(url);
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        request.send().await.ok()?.json().await.ok()
+    })
 }
 
 fn ready_ids(http: u16) -> Option<Vec<String>> {
@@ -256,4 +268,268 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         .collect();
     assert_eq!(verdicts.len(), 1, "{audit}");
     assert!(verdicts[0]["detail"].as_str().unwrap().contains("node-3"));
+}
+
+/// `rollcall certs --out DIR --region r1 ARGS…`, which must succeed.
+fn certs(dir: &Path, args: &[&str]) {
+    let output = rollcall()
+        .arg("certs")
+        .arg("--out")
+        .arg(dir)
+        .args(["--region", "r1"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "rollcall certs {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The serial of the certificate in `path`.
+fn serial_of(path: &Path) -> String {
+    let pem = std::fs::read(path).unwrap();
+    let der =
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::from_pem_slice(
+            &pem,
+        )
+        .unwrap();
+    rollcall_leases::tls::CertStatus::of(&der).unwrap().serial
+}
+
+/// Issue 20, item 3: a CA rotation of a running cluster (three arbiter
+/// replicas, three agents; real processes, files and QUIC) through the
+/// operator's interfaces: `rollcall certs --rotate-ca`, `--renew` and
+/// `--retire-old-ca` in the directory every process reads its files from.
+/// Two agents and the replicas notice the files change; the third checks
+/// no files and reloads on SIGHUP. After each step every process shows the
+/// new material in `/v1/status`; every agent stays connected throughout
+/// (never reconnects), its writes commit at the end, and a certificate of
+/// the retired CA no longer gets in.
+#[test]
+fn a_ca_rotation_keeps_every_agent_connected() {
+    const REPLICAS: usize = 3;
+    const NODES: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = d.join("certs");
+    let mut identities: Vec<String> = Vec::new();
+    for k in 1..=REPLICAS {
+        identities.extend(["--arbiter".into(), format!("arbiter-{k}")]);
+    }
+    for i in 0..NODES {
+        identities.extend(["--agent".into(), format!("node-{i}")]);
+    }
+    let identities: Vec<&str> = identities.iter().map(String::as_str).collect();
+    certs(&c, &identities);
+    // node-0's first certificate, kept to try once its CA is retired.
+    let old = d.join("old");
+    std::fs::create_dir(&old).unwrap();
+    for file in ["ca.crt", "agent-node-0.crt", "agent-node-0.key"] {
+        std::fs::copy(c.join(file), old.join(file)).unwrap();
+    }
+
+    let quic: Vec<u16> = (0..REPLICAS).map(|_| free_udp()).collect();
+    let admin: Vec<u16> = (0..REPLICAS).map(|_| free_tcp()).collect();
+    let replicas: String = (0..REPLICAS)
+        .map(|k| {
+            format!(
+                "[[raft.replicas]]\nid = {}\naddr = \"127.0.0.1:{}\"\n",
+                k + 1,
+                quic[k]
+            )
+        })
+        .collect();
+    let tls = |name: &str, check_ms: u64| {
+        format!(
+            "[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/{name}.crt\"\nkey = \"{c}/{name}.key\"\ncheck_interval_ms = {check_ms}\n",
+            c = c.display()
+        )
+    };
+    let mut processes = Processes(Vec::new(), Vec::new());
+    for k in 0..REPLICAS {
+        let toml = format!(
+            "name = \"arbiter-{n}\"\nlisten = \"127.0.0.1:{q}\"\nadmin = \"127.0.0.1:{a}\"\ndata_dir = \"{data}\"\n[raft]\nid = {n}\n{replicas}{tls}",
+            n = k + 1,
+            q = quic[k],
+            a = admin[k],
+            data = d.join(format!("arbiter-{}", k + 1)).display(),
+            tls = tls(&format!("arbiter-arbiter-{}", k + 1), 200),
+        );
+        let path = d.join(format!("arbiter-{}.toml", k + 1));
+        std::fs::write(&path, toml).unwrap();
+        let log = d.join(format!("arbiter-{}.log", k + 1));
+        processes.0.push(spawn(
+            &["arbiter", "--config", path.to_str().unwrap()],
+            &log,
+        ));
+        processes.1.push(log);
+    }
+    let arbiters: Vec<String> = quic.iter().map(|q| format!("\"127.0.0.1:{q}\"")).collect();
+    let http: Vec<u16> = (0..NODES).map(|_| free_tcp()).collect();
+    for (i, h) in http.iter().enumerate() {
+        // node-2 checks no files: it reloads on SIGHUP only.
+        let check_ms = if i == NODES - 1 { 0 } else { 200 };
+        let toml = format!(
+            "node_id = \"node-{i}\"\ndata_dir = \"{data}\"\nhttp_listen = \"127.0.0.1:{h}\"\ndns_listen = \"127.0.0.1:0\"\narbiters = [{arbiters}]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n{tls}",
+            data = d.join(format!("agent-{i}")).display(),
+            arbiters = arbiters.join(", "),
+            tls = tls(&format!("agent-node-{i}"), check_ms),
+        );
+        let path = d.join(format!("agent-{i}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let log = d.join(format!("agent-{i}.log"));
+        processes
+            .0
+            .push(spawn(&["agent", "--config", path.to_str().unwrap()], &log));
+        processes.1.push(log);
+    }
+    let hup = processes.0[REPLICAS + NODES - 1].id().to_string();
+
+    let agent_status = |i: usize| get(&format!("http://127.0.0.1:{}/v1/status", http[i]));
+    let arbiter_status = |k: usize| {
+        let token =
+            std::fs::read_to_string(d.join(format!("arbiter-{}/admin.token", k + 1))).ok()?;
+        get_as(
+            &format!("http://127.0.0.1:{}/v1/status", admin[k]),
+            Some(token.trim()),
+        )
+    };
+    for i in 0..NODES {
+        wait_for("agent connected", || {
+            agent_status(i).is_some_and(|s| s["arbiter"]["connected"] == true)
+        });
+    }
+    // One instance per agent, to write through at the end.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let call = |i: usize, method: reqwest::Method, path: &str, body: Option<serde_json::Value>| {
+        let token =
+            std::fs::read_to_string(d.join(format!("agent-{i}")).join("agent.token")).unwrap();
+        rt.block_on(async {
+            let request = reqwest::Client::new()
+                .request(method, format!("http://127.0.0.1:{}{path}", http[i]))
+                .bearer_auth(token.trim());
+            let request = match body {
+                Some(body) => request.json(&body),
+                None => request,
+            };
+            request.send().await.unwrap().status()
+        })
+    };
+    for i in 0..NODES {
+        let body = serde_json::json!({"service": "web", "instance_id": format!("web-{i}"), "address": "127.0.0.1", "port": 9000 + i});
+        let status = call(i, reqwest::Method::PUT, "/v1/agent/instances", Some(body));
+        assert_eq!(status, reqwest::StatusCode::OK, "register on agent {i}");
+    }
+
+    // Each step: the files change; node-2 gets SIGHUP; every process shows
+    // the new material, and no agent's session ever drops meanwhile.
+    let step = |args: &[&str], what: &str, shows: &dyn Fn(&serde_json::Value, &Path) -> bool| {
+        certs(&c, args);
+        let signal = Command::new("kill").args(["-HUP", &hup]).status().unwrap();
+        assert!(signal.success());
+        for k in 0..REPLICAS {
+            let cert = c.join(format!("arbiter-arbiter-{}.crt", k + 1));
+            wait_for(&format!("arbiter-{} {what}", k + 1), || {
+                arbiter_status(k).is_some_and(|s| shows(&s["tls"], &cert))
+            });
+        }
+        for i in 0..NODES {
+            let cert = c.join(format!("agent-node-{i}.crt"));
+            wait_for(&format!("agent {i} {what}"), || {
+                let status = agent_status(i).expect("the agent answers");
+                assert_eq!(
+                    status["arbiter"]["connected"], true,
+                    "agent {i} lost its session during the rotation ({what})"
+                );
+                shows(&status["tls"], &cert)
+            });
+        }
+    };
+    let cas = |n: usize| {
+        move |tls: &serde_json::Value, _: &Path| tls["cas"].as_array().map(Vec::len) == Some(n)
+    };
+    step(&["--rotate-ca"], "trusts both CAs", &cas(2));
+    step(
+        &["--renew"],
+        "presents its renewed certificate",
+        &|tls, cert| tls["leaf"]["serial"].as_str() == Some(serial_of(cert).as_str()),
+    );
+    step(&["--retire-old-ca"], "trusts the new CA alone", &cas(1));
+
+    for (i, h) in http.iter().enumerate() {
+        let metrics = rt.block_on(async {
+            reqwest::get(format!("http://127.0.0.1:{h}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        });
+        let reconnects = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("rollcall_agent_reconnects_total "))
+            .unwrap_or_else(|| panic!("agent {i} has no reconnect counter"));
+        assert_eq!(reconnects.trim(), "0", "agent {i} reconnected");
+        let drained = call(
+            i,
+            reqwest::Method::PUT,
+            &format!("/v1/agent/instances/web-{i}/drain"),
+            None,
+        );
+        assert_eq!(
+            drained,
+            reqwest::StatusCode::OK,
+            "a drain through agent {i} commits"
+        );
+    }
+
+    // A new handshake: the renewed certificate gets in, the retired CA's
+    // does not (the arbiter presents the new CA's certificate, so the old
+    // leaf is offered with the new bundle to reach the arbiter's check).
+    let current = rollcall_leases::tls::TlsMaterial::load(&rollcall_leases::tls::TlsFiles {
+        ca: c.join("ca.crt"),
+        cert: c.join("agent-node-0.crt"),
+        key: c.join("agent-node-0.key"),
+    })
+    .unwrap();
+    let retired = rollcall_leases::tls::TlsMaterial::load(&rollcall_leases::tls::TlsFiles {
+        ca: old.join("ca.crt"),
+        cert: old.join("agent-node-0.crt"),
+        key: old.join("agent-node-0.key"),
+    })
+    .unwrap();
+    let retired = rollcall_leases::tls::TlsMaterial {
+        cas: current.cas.clone(),
+        ..retired
+    };
+    let address = format!("127.0.0.1:{}", quic[0]);
+    let answer = |material: &rollcall_leases::tls::TlsMaterial| {
+        rt.block_on(async {
+            let client = rollcall_leases::client::ArbiterClient::new(material).ok()?;
+            let conn = tokio::time::timeout(PATIENCE, client.connect(&address))
+                .await
+                .ok()?
+                .ok()?;
+            tokio::time::timeout(
+                PATIENCE,
+                conn.request(&rollcall_leases::protocol::Request::NodeInstances),
+            )
+            .await
+            .ok()?
+            .ok()
+        })
+    };
+    assert!(
+        answer(&current).is_some(),
+        "the renewed certificate gets an answer"
+    );
+    assert!(
+        answer(&retired).is_none(),
+        "the retired CA's certificate gets none"
+    );
 }

@@ -337,15 +337,15 @@ mod tests {
     /// nothing else.
     #[test]
     fn example_tls_table_parses_and_validates() {
-        let text = uncommented_example(&["[tls]", "ca = ", "cert = ", "key = "]);
+        let text = uncommented_example(&crate::security::TLS_EXAMPLE_LINES);
         let mut config = AgentConfig::from_toml_str(&text).expect("uncommented example must load");
         assert_eq!(
             config.tls.take(),
-            Some(TlsPaths {
-                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
-                cert: PathBuf::from("/etc/rollcall/certs/agent-node-17.crt"),
-                key: PathBuf::from("/etc/rollcall/certs/agent-node-17.key"),
-            })
+            Some(TlsPaths::new(
+                PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                PathBuf::from("/etc/rollcall/certs/agent-node-17.crt"),
+                PathBuf::from("/etc/rollcall/certs/agent-node-17.key"),
+            ))
         );
         assert_eq!(config, AgentConfig::default());
     }
@@ -356,11 +356,7 @@ mod tests {
     fn example_names_every_key() {
         let example = include_str!("../examples/agent.toml");
         let config = AgentConfig {
-            tls: Some(TlsPaths {
-                ca: "ca".into(),
-                cert: "cert".into(),
-                key: "key".into(),
-            }),
+            tls: Some(TlsPaths::new("ca".into(), "cert".into(), "key".into())),
             ..AgentConfig::default()
         };
         let full = toml::to_string(&config).expect("serializable");

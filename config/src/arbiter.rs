@@ -49,6 +49,10 @@ pub struct ArbiterConfig {
     pub data_dir: PathBuf,
     /// `[http_limits]`: connections and timeouts of the admin endpoint.
     pub http_limits: crate::HttpLimits,
+    /// `[limits]`: what one identity, connection or source address may
+    /// take of this replica (handshakes, connections, requests, session
+    /// messages, admin calls).
+    pub limits: crate::LimitsConfig,
     /// `[lease]`: node leases and the silence needed for gossip verdicts.
     pub lease: LeaseConfig,
     /// `[guard]`: the mass-expiry guard.
@@ -89,6 +93,7 @@ impl Default for ArbiterConfig {
             admin: SocketAddr::from(([127, 0, 0, 1], 7071)),
             data_dir: PathBuf::from("./rollcall-data/arbiter"),
             http_limits: crate::HttpLimits::default(),
+            limits: crate::LimitsConfig::default(),
             lease: LeaseConfig::default(),
             guard: GuardConfig::default(),
             catalog: CatalogConfig::default(),
@@ -396,6 +401,7 @@ impl ConfigFile for ArbiterConfig {
         }
         rules::non_empty_path("arbiter.data_dir", &self.data_dir)?;
         self.http_limits.validate("arbiter.http_limits")?;
+        self.limits.validate("arbiter.limits")?;
         self.validate_lease()?;
         self.validate_guard()?;
         self.validate_catalog()?;
@@ -692,29 +698,31 @@ mod tests {
     /// validate and change nothing else.
     #[test]
     fn example_optional_tables_parse_and_validate() {
-        let text = uncommented_example(&[
-            "[tls]",
-            "ca = ",
-            "cert = ",
-            "key = ",
-            "[[controllers]]",
-            "name = ",
-            "services = ",
-            "[[watch_rules]]",
-            "nodes = ",
-            "[[registration_rules]]",
-            "zones = ",
-            "any_address = ",
-        ]);
+        let text = uncommented_example(
+            &[
+                &crate::security::TLS_EXAMPLE_LINES[..],
+                &[
+                    "[[controllers]]",
+                    "name = ",
+                    "services = ",
+                    "[[watch_rules]]",
+                    "nodes = ",
+                    "[[registration_rules]]",
+                    "zones = ",
+                    "any_address = ",
+                ],
+            ]
+            .concat(),
+        );
         let mut config =
             ArbiterConfig::from_toml_str(&text).expect("uncommented example must load");
         assert_eq!(
             config.tls.take(),
-            Some(TlsPaths {
-                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
-                cert: PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.crt"),
-                key: PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.key"),
-            })
+            Some(TlsPaths::new(
+                PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.crt"),
+                PathBuf::from("/etc/rollcall/certs/arbiter-arbiter-1.key"),
+            ))
         );
         assert_eq!(
             std::mem::take(&mut config.controllers),
@@ -748,11 +756,7 @@ mod tests {
     fn example_names_every_key() {
         let example = include_str!("../examples/arbiter.toml");
         let config = ArbiterConfig {
-            tls: Some(TlsPaths {
-                ca: "ca".into(),
-                cert: "cert".into(),
-                key: "key".into(),
-            }),
+            tls: Some(TlsPaths::new("ca".into(), "cert".into(), "key".into())),
             controllers: vec![ControllerGrant {
                 name: "c".to_owned(),
                 services: vec![pattern("*")],

@@ -217,23 +217,21 @@ mod tests {
     /// they must parse, validate and change nothing else.
     #[test]
     fn example_optional_tables_parse_and_validate() {
-        let text = uncommented_example(&[
-            "[tls]",
-            "ca = ",
-            "cert = ",
-            "key = ",
-            "[[peers]]",
-            "region = ",
-            "address = ",
-        ]);
+        let text = uncommented_example(
+            &[
+                &crate::security::TLS_EXAMPLE_LINES[..],
+                &["[[peers]]", "region = ", "address = "],
+            ]
+            .concat(),
+        );
         let mut config = BridgeConfig::from_toml_str(&text).expect("uncommented example loads");
         assert_eq!(
             config.tls.take(),
-            Some(TlsPaths {
-                ca: PathBuf::from("/etc/rollcall/certs/ca.crt"),
-                cert: PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.crt"),
-                key: PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.key"),
-            })
+            Some(TlsPaths::new(
+                PathBuf::from("/etc/rollcall/certs/ca.crt"),
+                PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.crt"),
+                PathBuf::from("/etc/rollcall/certs/bridge-bridge-1.key"),
+            ))
         );
         assert_eq!(
             std::mem::take(&mut config.peers),
@@ -252,11 +250,7 @@ mod tests {
     fn example_names_every_key() {
         let example = include_str!("../examples/bridge.toml");
         let config = BridgeConfig {
-            tls: Some(TlsPaths {
-                ca: "ca".into(),
-                cert: "cert".into(),
-                key: "key".into(),
-            }),
+            tls: Some(TlsPaths::new("ca".into(), "cert".into(), "key".into())),
             peers: vec![BridgePeer {
                 region: "r2".into(),
                 address: "b:1".into(),

@@ -21,6 +21,7 @@ mod error;
 mod file;
 mod gossip;
 mod http;
+mod limits;
 mod policy;
 mod rules;
 mod security;
@@ -50,11 +51,12 @@ pub use error::ConfigError;
 pub use file::ConfigFile;
 pub use gossip::{GossipConfig, GossipPreset, SwimSettings};
 pub use http::HttpLimits;
+pub use limits::LimitsConfig;
 pub use policy::{
     PolicyFile, ServicePolicy, SingleWriter, TrafficClass, DEFAULT_CAPACITY_LIMIT,
     MAX_POLICIES_PER_FILE, MAX_POLICY_REGIONS,
 };
 pub use security::{
     AddressRule, ControllerGrant, NodePattern, RegistrationConfig, RegistrationRule,
-    ServicePattern, TlsPaths, WatchRule,
+    ServicePattern, TlsPaths, WatchRule, DEFAULT_TLS_CHECK_INTERVAL_MS,
 };

@@ -22,13 +22,56 @@ pub struct TlsPaths {
     pub cert: PathBuf,
     /// Its private key (keep it mode 0600).
     pub key: PathBuf,
+    /// How often the three files are read to see whether they changed, in
+    /// ms; changed files are reloaded without a restart (new handshakes use
+    /// them, established sessions keep theirs), and SIGHUP reloads at once.
+    /// `0`: only SIGHUP. Default 5000; otherwise 100 to 3,600,000.
+    #[serde(default = "default_check_interval_ms")]
+    pub check_interval_ms: u64,
+}
+
+/// The starts of the commented `[tls]` lines of every example file, for
+/// the examples' tests that uncomment them.
+#[cfg(test)]
+pub(crate) const TLS_EXAMPLE_LINES: [&str; 5] = [
+    "[tls]",
+    "ca = ",
+    "cert = ",
+    "key = ",
+    "check_interval_ms = ",
+];
+
+/// `[tls] check_interval_ms` when the file leaves it out.
+pub const DEFAULT_TLS_CHECK_INTERVAL_MS: u64 = 5_000;
+
+fn default_check_interval_ms() -> u64 {
+    DEFAULT_TLS_CHECK_INTERVAL_MS
 }
 
 impl TlsPaths {
+    /// The three files, checked every `DEFAULT_TLS_CHECK_INTERVAL_MS`.
+    pub fn new(ca: PathBuf, cert: PathBuf, key: PathBuf) -> TlsPaths {
+        TlsPaths {
+            ca,
+            cert,
+            key,
+            check_interval_ms: DEFAULT_TLS_CHECK_INTERVAL_MS,
+        }
+    }
+
     pub(crate) fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
         rules::non_empty_file(&format!("{prefix}.ca"), &self.ca)?;
         rules::non_empty_file(&format!("{prefix}.cert"), &self.cert)?;
-        rules::non_empty_file(&format!("{prefix}.key"), &self.key)
+        rules::non_empty_file(&format!("{prefix}.key"), &self.key)?;
+        if self.check_interval_ms != 0 {
+            rules::between(
+                &format!("{prefix}.check_interval_ms"),
+                self.check_interval_ms,
+                100,
+                3_600_000,
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -19,13 +19,21 @@
 //!   must hold each change: one that does not is reported as undelivered;
 //! - committed transitions per second, durable (fsync on every group
 //!   commit), with 64 concurrent writers;
-//! - deliveries per second and bytes per second to the agents meanwhile.
+//! - deliveries per second and bytes per second to the agents meanwhile;
+//! - issue 20's flood (on a second arbiter, with the `[limits]`
+//!   defaults; the first lifts the per-connection request limit, since its
+//!   one writer carries every change): one identity writes its own
+//!   instances as fast as it can on 4 connections with 32 requests in
+//!   flight each, and opens new sessions of its node back to back (8 at a time), while
+//!   the writer makes lone changes: their Committed answer -> applied at
+//!   every subscribed agent, against the 3 s leave budget, and what the
+//!   flood got through (writes committed and refused, sessions, limit hits).
 //!
 //! Run: `cargo bench -p rollcall-leases --bench control_plane`.
 //! `cargo test` runs it as a smoke test instead (no `--bench` argument):
-//! 8 agents, 40 services, about 3 s of load, and it fails unless every
-//! change reached every subscriber and every figure has its samples. It
-//! asserts no timing.
+//! 8 agents, 40 services, about 5 s of load (2 s of it the flood), and it
+//! fails unless every change reached every subscriber and every figure
+//! has its samples. It asserts no timing.
 
 mod support;
 
@@ -39,7 +47,9 @@ use rollcall_config::{AgentConfig, ArbiterConfig};
 use rollcall_leases::client::{ArbiterClient, ArbiterConn, SessionReader, SessionWriter};
 use rollcall_leases::codec::{decode_service_snapshot, encode_session_down};
 use rollcall_leases::identity::Identity;
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::protocol::{
+    RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
+};
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{
@@ -385,171 +395,249 @@ fn read_into(mut reader: SessionReader) -> tokio::sync::mpsc::UnboundedReceiver<
     rx
 }
 
-async fn run(sizes: Sizes) -> usize {
-    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = ArbiterConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.path().join("arbiter"),
-        // Tests register addresses no node declared.
-        registration: rollcall_config::RegistrationConfig {
-            addresses: rollcall_config::AddressRule::Any,
-        },
-        ..ArbiterConfig::default()
-    };
-    let server = ArbiterServer::start(config, &material(&ca, Role::Arbiter, "arbiter-1"))
-        .await
-        .unwrap();
-    let addr = server.quic_addr.to_string();
-    println!("durability: every group commit is one redb write transaction with immediate durability (fsync) before any answer; data dir {}", dir.path().display());
+/// An arbiter, a writer holding a lease with one instance per service,
+/// and the agents, each subscribed to its pick of the services and holding
+/// a view of each.
+struct Cluster {
+    server: ArbiterServer,
+    addr: String,
+    ca: Ca,
+    /// The writer's connection (its session is kept alive by a task).
+    conn: ArbiterConn,
+    followers: Followers,
+    watched: Vec<usize>,
+    progress: Progress,
+    counters: Arc<Counters>,
+    /// The agents' clients and connections, held open.
+    keep: Vec<(ArbiterClient, ArbiterConn)>,
+    _dir: tempfile::TempDir,
+}
 
-    // The writer holds a lease and registers one instance per service.
-    let writer = ArbiterClient::new(&material(&ca, Role::Agent, "writer")).unwrap();
-    let conn = writer.connect(&addr).await.unwrap();
+/// A welcomed session of node `node` on `client`; the reader goes to a
+/// `BenchAgent`.
+async fn open_session(
+    client: &ArbiterClient,
+    addr: &str,
+    node: &str,
+) -> Result<(ArbiterConn, SessionWriter, SessionReader), String> {
+    let conn = client.connect(addr).await.map_err(|e| e.to_string())?;
     let hello = SessionUp::Hello {
-        node: NodeId::new("writer").unwrap(),
+        node: NodeId::new(node).unwrap(),
         epoch: AgentEpoch(1),
         zone: Label::new("z1").unwrap(),
         addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
-    let (writer_session, mut writer_reader) = conn.open_session(&hello).await.unwrap();
-    assert!(matches!(
-        writer_reader.next().await.unwrap(),
-        SessionDown::Welcome { .. }
-    ));
-    let counters: Arc<Counters> = Arc::default();
-    let progress: Progress = Arc::new(Mutex::new(HashMap::new()));
-    // The writer's own session follows nothing; it only keeps its lease.
-    tokio::spawn(
-        BenchAgent {
-            index: usize::MAX,
-            writer: writer_session,
-            views: HashMap::new(),
-            retries: BTreeMap::new(),
-            progress: progress.clone(),
-            counters: Arc::default(),
+    let (w, mut r) = conn.open_session(&hello).await.map_err(|e| e.to_string())?;
+    match r.next().await.map_err(|e| e.to_string())? {
+        SessionDown::Welcome { .. } => Ok((conn, w, r)),
+        other => Err(format!("expected Welcome, got {other:?}")),
+    }
+}
+
+/// A READY registration of `instance` of `service` on node `node` (its
+/// agent run 1) at `address`.
+fn registration(
+    instance: InstanceId,
+    service: ServiceKey,
+    node: &str,
+    address: Ipv4Addr,
+) -> Registration {
+    Registration {
+        instance_id: instance,
+        service,
+        node: NodeId::new(node).unwrap(),
+        epoch: AgentEpoch(1),
+        address: IpAddr::V4(address),
+        port: 8080,
+        zone: None,
+        version: Version::new("v1").unwrap(),
+        weight: Weight::DEFAULT,
+        labels: Vec::new(),
+        initial: State::Ready,
+    }
+}
+
+/// Sends `request` until it is not refused as unavailable (over a rate
+/// limit: an agent keeps such a write pending and retries), bounded.
+async fn request_until_taken(conn: &ArbiterConn, request: &Request) -> Response {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match conn.request(request).await.unwrap() {
+            Response::Rejected {
+                kind: RejectKind::Unavailable,
+                message,
+            } => {
+                assert!(
+                    Instant::now() < deadline,
+                    "still refused after 60 s: {message}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
         }
-        .run(read_into(writer_reader)),
-    );
-    let mut registrations = Vec::new();
-    for chunk in (0..sizes.services).collect::<Vec<_>>().chunks(100) {
-        for &i in chunk {
-            let conn = conn.clone();
-            registrations.push(tokio::spawn(async move {
-                let reg = Registration {
-                    instance_id: instance(i),
-                    service: service(i),
-                    node: NodeId::new("writer").unwrap(),
-                    epoch: AgentEpoch(1),
-                    address: IpAddr::V4(Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, 1)),
-                    port: 8080,
-                    zone: None,
-                    version: Version::new("v1").unwrap(),
-                    weight: Weight::DEFAULT,
-                    labels: Vec::new(),
-                    initial: State::Ready,
-                };
-                conn.request(&Request::Register(reg)).await.unwrap()
-            }));
+    }
+}
+
+impl Cluster {
+    async fn start(sizes: Sizes, tune: impl FnOnce(&mut ArbiterConfig)) -> Cluster {
+        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ArbiterConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("arbiter"),
+            // Tests register addresses no node declared.
+            registration: rollcall_config::RegistrationConfig {
+                addresses: rollcall_config::AddressRule::Any,
+            },
+            ..ArbiterConfig::default()
+        };
+        tune(&mut config);
+        let server = ArbiterServer::start(config, &material(&ca, Role::Arbiter, "arbiter-1"))
+            .await
+            .unwrap();
+        let addr = server.quic_addr.to_string();
+        println!("durability: every group commit is one redb write transaction with immediate durability (fsync) before any answer; data dir {}", dir.path().display());
+
+        // The writer holds a lease and registers one instance per service.
+        let writer = ArbiterClient::new(&material(&ca, Role::Agent, "writer")).unwrap();
+        let (conn, writer_session, writer_reader) =
+            open_session(&writer, &addr, "writer").await.unwrap();
+        let counters: Arc<Counters> = Arc::default();
+        let progress: Progress = Arc::new(Mutex::new(HashMap::new()));
+        // The writer's own session follows nothing; it only keeps its lease.
+        tokio::spawn(
+            BenchAgent {
+                index: usize::MAX,
+                writer: writer_session,
+                views: HashMap::new(),
+                retries: BTreeMap::new(),
+                progress: progress.clone(),
+                counters: Arc::default(),
+            }
+            .run(read_into(writer_reader)),
+        );
+        let mut registrations = Vec::new();
+        for chunk in (0..sizes.services).collect::<Vec<_>>().chunks(100) {
+            for &i in chunk {
+                let conn = conn.clone();
+                registrations.push(tokio::spawn(async move {
+                    let address = Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, 1);
+                    let reg = registration(instance(i), service(i), "writer", address);
+                    request_until_taken(&conn, &Request::Register(reg)).await
+                }));
+            }
+            for r in registrations.drain(..) {
+                assert!(matches!(r.await.unwrap(), Response::Committed { .. }));
+            }
         }
-        for r in registrations.drain(..) {
-            assert!(matches!(r.await.unwrap(), Response::Committed { .. }));
+
+        // The agents, each subscribed to a fixed pseudo-random pick of services.
+        let mut followers = Followers {
+            by_service: vec![Vec::new(); sizes.services],
+        };
+        let mut keep = Vec::new();
+        for a in 0..sizes.agents {
+            let node = format!("agent-{a:03}");
+            let client = ArbiterClient::new(&material(&ca, Role::Agent, &node)).unwrap();
+            let (conn, mut w, r) = open_session(&client, &addr, &node).await.unwrap();
+            // A fixed, well spread pick (Knuth's multiplicative hash).
+            let mut picks: Vec<usize> = (0..sizes.subs_per_agent)
+                .map(|k| {
+                    (((a * sizes.subs_per_agent + k) as u64 * 2_654_435_761)
+                        % sizes.services as u64) as usize
+                })
+                .collect();
+            picks.sort_unstable();
+            picks.dedup();
+            let mut views = HashMap::new();
+            for &s in &picks {
+                followers.by_service[s].push(a);
+                views.insert(service(s), None);
+                w.send(&SessionUp::Subscribe {
+                    shard: ShardId(0),
+                    service: service(s),
+                    have: None,
+                })
+                .await
+                .unwrap();
+            }
+            keep.push((client, conn));
+            tokio::spawn(
+                BenchAgent {
+                    index: a,
+                    writer: w,
+                    views,
+                    retries: BTreeMap::new(),
+                    progress: progress.clone(),
+                    counters: counters.clone(),
+                }
+                .run(read_into(r)),
+            );
+        }
+        // Every agent holds a view of each service it follows.
+        let subscriptions: usize = followers.by_service.iter().map(Vec::len).sum();
+        let synced_by = Instant::now() + Duration::from_secs(60);
+        while progress.lock().unwrap().len() < subscriptions {
+            assert!(
+                Instant::now() < synced_by,
+                "the agents did not sync their subscriptions within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let watched: Vec<usize> = (0..sizes.services)
+            .filter(|s| !followers.by_service[*s].is_empty())
+            .collect();
+        println!(
+            "{} agents subscribed to {} services each; {} of {} services have subscribers",
+            sizes.agents,
+            sizes.subs_per_agent,
+            watched.len(),
+            sizes.services
+        );
+        Cluster {
+            server,
+            addr,
+            ca,
+            conn,
+            followers,
+            watched,
+            progress,
+            counters,
+            keep,
+            _dir: dir,
         }
     }
 
-    // The agents, each subscribed to a fixed pseudo-random pick of services.
-    let mut followers = Followers {
-        by_service: vec![Vec::new(); sizes.services],
-    };
-    let mut keep = Vec::new();
-    for a in 0..sizes.agents {
-        let node = format!("agent-{a:03}");
-        let client = ArbiterClient::new(&material(&ca, Role::Agent, &node)).unwrap();
-        let conn = client.connect(&addr).await.unwrap();
-        let hello = SessionUp::Hello {
-            node: NodeId::new(&node).unwrap(),
-            epoch: AgentEpoch(1),
-            zone: Label::new("z1").unwrap(),
-            addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
-        };
-        let (mut w, mut r) = conn.open_session(&hello).await.unwrap();
-        assert!(matches!(
-            r.next().await.unwrap(),
-            SessionDown::Welcome { .. }
-        ));
-        // A fixed, well spread pick (Knuth's multiplicative hash).
-        let mut picks: Vec<usize> = (0..sizes.subs_per_agent)
-            .map(|k| {
-                (((a * sizes.subs_per_agent + k) as u64 * 2_654_435_761) % sizes.services as u64)
-                    as usize
-            })
-            .collect();
-        picks.sort_unstable();
-        picks.dedup();
-        let mut views = HashMap::new();
-        for &s in &picks {
-            followers.by_service[s].push(a);
-            views.insert(service(s), None);
-            w.send(&SessionUp::Subscribe {
-                shard: ShardId(0),
-                service: service(s),
-                have: None,
-            })
-            .await
-            .unwrap();
-        }
-        keep.push((client, conn));
-        tokio::spawn(
-            BenchAgent {
-                index: a,
-                writer: w,
-                views,
-                retries: BTreeMap::new(),
-                progress: progress.clone(),
-                counters: counters.clone(),
-            }
-            .run(read_into(r)),
-        );
+    async fn stop(self) {
+        drop(self.keep);
+        self.server.shutdown().await;
     }
-    // Every agent holds a view of each service it follows.
-    let subscriptions: usize = followers.by_service.iter().map(Vec::len).sum();
-    let synced_by = Instant::now() + Duration::from_secs(60);
-    while progress.lock().unwrap().len() < subscriptions {
-        assert!(
-            Instant::now() < synced_by,
-            "the agents did not sync their subscriptions within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let watched: Vec<usize> = (0..sizes.services)
-        .filter(|s| !followers.by_service[*s].is_empty())
-        .collect();
-    println!(
-        "{} agents subscribed to {} services each; {} of {} services have subscribers",
-        sizes.agents,
-        sizes.subs_per_agent,
-        watched.len(),
-        sizes.services
-    );
+}
+
+async fn run(sizes: Sizes) -> usize {
+    // This arbiter measures capacity: one writer's connection carries every
+    // change, so the per-connection request limit is lifted here (the
+    // flood phase below runs with the defaults).
+    let cluster = Cluster::start(sizes, |c| {
+        c.limits.requests_per_second = 1_000_000;
+        c.limits.request_burst = 1_000_000;
+    })
+    .await;
+    let Cluster {
+        conn,
+        followers,
+        watched,
+        progress,
+        counters,
+        ..
+    } = &cluster;
     let flips = Arc::new(Mutex::new(HashMap::new()));
     let mut undelivered = 0;
 
     // Lone changes: one at a time, 20 ms apart.
-    let mut changes = Vec::new();
-    for k in 0..sizes.lone_changes {
-        let i = watched[(k * 31) % watched.len()];
-        let submitted = Instant::now();
-        let revision = transition(&conn, i, next_state(&flips, i)).await.unwrap();
-        changes.push(Change {
-            service: i,
-            revision,
-            submitted,
-            committed: Instant::now(),
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    undelivered += measure_latency("lone change", &changes, &followers, &progress).await;
+    let changes = lone_changes(conn, watched, &flips, sizes.lone_changes).await;
+    undelivered += measure_latency("lone change", &changes, followers, progress).await;
 
     // A stream of changes at a fixed rate (500/s in the full run), open loop.
     let changes = Arc::new(Mutex::new(Vec::new()));
@@ -581,22 +669,175 @@ async fn run(sizes: Sizes) -> usize {
     undelivered += measure_latency(
         &format!("{rate:.0} changes/s stream"),
         &changes,
-        &followers,
-        &progress,
+        followers,
+        progress,
     )
     .await;
 
     // Durable throughput with concurrent writers.
     for &writers in sizes.writers {
-        throughput(&conn, writers, sizes, &flips, &counters).await;
+        throughput(conn, writers, sizes, &flips, counters).await;
     }
     println!(
         "agents applied {} snapshots and were told to retry {} times over the run",
         counters.snapshots.load(Ordering::Relaxed),
         counters.retries.load(Ordering::Relaxed)
     );
-    drop(keep);
-    server.shutdown().await;
+    cluster.stop().await;
+    undelivered += flood(sizes).await;
+    undelivered
+}
+
+/// `count` lone changes of watched services, 20 ms apart.
+async fn lone_changes(
+    conn: &ArbiterConn,
+    watched: &[usize],
+    flips: &Mutex<HashMap<usize, bool>>,
+    count: usize,
+) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for k in 0..count {
+        let i = watched[(k * 31) % watched.len()];
+        let submitted = Instant::now();
+        let revision = transition(conn, i, next_state(flips, i)).await.unwrap();
+        changes.push(Change {
+            service: i,
+            revision,
+            submitted,
+            committed: Instant::now(),
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    changes
+}
+
+/// What one flooding identity got done.
+#[derive(Default)]
+struct Flooded {
+    writes_committed: AtomicU64,
+    writes_refused: AtomicU64,
+    sessions_welcomed: AtomicU64,
+    sessions_failed: AtomicU64,
+}
+
+/// Issue 20, item 4: one identity (`flooder`, an agent certificate) floods
+/// the arbiter, with the `[limits]` defaults, while the writer makes lone
+/// changes the agents follow: the flooder writes its own instances as fast
+/// as it can on several connections with many requests in flight each, and
+/// opens new sessions of its node as fast as it can (each replaces the
+/// last). Measured: the other changes' commit -> applied at every
+/// subscribed agent (to hold within the 3 s leave budget at p99), and what
+/// the flood got through. The smoke run judges delivery and samples only.
+async fn flood(sizes: Sizes) -> usize {
+    const FLOOD_CONNECTIONS: usize = 4;
+    const IN_FLIGHT_PER_CONNECTION: usize = 32;
+    const FLOOD_INSTANCES: usize = 200;
+    const SESSION_OPENERS: usize = 8;
+    let cluster = Cluster::start(sizes, |_| {}).await;
+    let flood_for = Duration::from_secs(if support::full_run() { 10 } else { 2 });
+    let flooder = ArbiterClient::new(&material(&cluster.ca, Role::Agent, "flooder")).unwrap();
+    // Its instances, registered at the pace the limits allow.
+    let (_session, _w, _r) = open_session(&flooder, &cluster.addr, "flooder")
+        .await
+        .unwrap();
+    let setup = flooder.connect(&cluster.addr).await.unwrap();
+    for i in 0..FLOOD_INSTANCES {
+        let reg = registration(
+            InstanceId::new(&format!("flood-{i}")).unwrap(),
+            ServiceKey::new("default", "flood", "http").unwrap(),
+            "flooder",
+            Ipv4Addr::new(10, 99, (i / 250) as u8, (i % 250) as u8),
+        );
+        assert!(matches!(
+            request_until_taken(&setup, &Request::Register(reg)).await,
+            Response::Committed { .. }
+        ));
+    }
+    let flooded = Arc::new(Flooded::default());
+    let deadline = Instant::now() + flood_for;
+    let mut tasks = Vec::new();
+    for c in 0..FLOOD_CONNECTIONS {
+        let conn = flooder.connect(&cluster.addr).await.unwrap();
+        for t in 0..IN_FLIGHT_PER_CONNECTION {
+            let (conn, flooded) = (conn.clone(), flooded.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut k = c * IN_FLIGHT_PER_CONNECTION + t;
+                let mut up = false;
+                while Instant::now() < deadline {
+                    k = (k + 7) % FLOOD_INSTANCES;
+                    up = !up;
+                    let request = Request::Transition {
+                        instance_id: InstanceId::new(&format!("flood-{k}")).unwrap(),
+                        generation: Generation(1),
+                        to: if up { State::Ready } else { State::Unhealthy },
+                        reason: Reason::new("flood").unwrap(),
+                    };
+                    match conn.request(&request).await {
+                        Ok(Response::Committed { .. }) => &flooded.writes_committed,
+                        _ => &flooded.writes_refused,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    // New sessions of the flooder's node, as fast as they are answered,
+    // SESSION_OPENERS at a time (each replaces the one before).
+    for _ in 0..SESSION_OPENERS {
+        let (flooder, flooded, addr) = (flooder.clone(), flooded.clone(), cluster.addr.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut last = None;
+            while Instant::now() < deadline {
+                match open_session(&flooder, &addr, "flooder").await {
+                    Ok(session) => {
+                        flooded.sessions_welcomed.fetch_add(1, Ordering::Relaxed);
+                        last = Some(session);
+                    }
+                    Err(_) => {
+                        flooded.sessions_failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            drop(last);
+        }));
+    }
+    // Meanwhile, the other agents' service changes, 20 ms apart.
+    let flips = Mutex::new(HashMap::new());
+    let mut changes = Vec::new();
+    while Instant::now() < deadline {
+        changes.extend(lone_changes(&cluster.conn, &cluster.watched, &flips, 1).await);
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let secs = flood_for.as_secs_f64();
+    println!(
+        "flood from one identity for {secs:.0} s ({FLOOD_CONNECTIONS} connections x {IN_FLIGHT_PER_CONNECTION} writes in flight, {SESSION_OPENERS} openers of new sessions back to back): {:.0} writes/s committed, {:.0}/s refused; {} sessions welcomed, {} failed",
+        flooded.writes_committed.load(Ordering::Relaxed) as f64 / secs,
+        flooded.writes_refused.load(Ordering::Relaxed) as f64 / secs,
+        flooded.sessions_welcomed.load(Ordering::Relaxed),
+        flooded.sessions_failed.load(Ordering::Relaxed),
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", cluster.server.admin_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("rollcall_arbiter_limit_hits_total"))
+    {
+        println!("  {line}");
+    }
+    let undelivered = measure_latency(
+        "other agents' changes during the flood",
+        &changes,
+        &cluster.followers,
+        &cluster.progress,
+    )
+    .await;
+    cluster.stop().await;
     undelivered
 }
 

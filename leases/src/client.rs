@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::codec::{self, CodecError, FrameError, MAX_SESSION_DOWN_BYTES, MAX_SMALL_MESSAGE_BYTES};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
-use crate::tls::{self, TlsError, TlsMaterial};
+use std::sync::Arc;
+
+use crate::tls::{LiveTls, TlsError, TlsMaterial, ALPN};
 
 /// Why talking to the arbiter failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,17 +45,18 @@ pub enum ClientError {
 }
 
 /// A QUIC client endpoint able to connect to arbiters (cheap to clone:
-/// clones share the endpoint).
+/// clones share the endpoint and the TLS material).
 #[derive(Clone)]
 pub struct ArbiterClient {
     endpoint: quinn::Endpoint,
+    tls: Arc<LiveTls>,
 }
 
 impl ArbiterClient {
     /// A client presenting `material`'s certificate, from a socket on any
     /// address.
     pub fn new(material: &TlsMaterial) -> Result<Self, ClientError> {
-        Self::bound(material, ([0, 0, 0, 0], 0).into())
+        Self::with_tls(LiveTls::new(material)?)
     }
 
     /// A client presenting `material`'s certificate, from a socket bound to
@@ -61,7 +64,18 @@ impl ArbiterClient {
     /// address (127.0.0.0/8), so the arbiter sees as many sources as a
     /// fleet has hosts.
     pub fn bound(material: &TlsMaterial, bind: SocketAddr) -> Result<Self, ClientError> {
-        let mut config = tls::client_config(material)?;
+        Self::with_tls_bound(LiveTls::new(material)?, bind)
+    }
+
+    /// A client presenting what `tls` holds at each handshake, so material
+    /// replaced there is used from the next connection on.
+    pub fn with_tls(tls: Arc<LiveTls>) -> Result<Self, ClientError> {
+        Self::with_tls_bound(tls, ([0, 0, 0, 0], 0).into())
+    }
+
+    /// [`ArbiterClient::with_tls`] from a socket bound to `bind`.
+    pub fn with_tls_bound(tls: Arc<LiveTls>, bind: SocketAddr) -> Result<Self, ClientError> {
+        let mut config = tls.client_config(ALPN)?;
         let mut transport = quinn::TransportConfig::default();
         transport.keep_alive_interval(Some(Duration::from_secs(1)));
         transport.max_idle_timeout(Some(
@@ -75,7 +89,13 @@ impl ArbiterClient {
             source,
         })?;
         endpoint.set_default_client_config(config);
-        Ok(ArbiterClient { endpoint })
+        Ok(ArbiterClient { endpoint, tls })
+    }
+
+    /// The TLS material it presents (its `replace` takes effect at the next
+    /// connection).
+    pub fn tls(&self) -> &Arc<LiveTls> {
+        &self.tls
     }
 
     /// Connects to `address` (`host:port`); the host is also the name the
@@ -169,6 +189,12 @@ impl ArbiterConn {
     /// Why the connection closed, once it has.
     pub async fn closed(&self) -> String {
         self.conn.closed().await.to_string()
+    }
+
+    /// Resolves once the arbiter's certificate (as the handshake verified
+    /// it) has expired, with the reason to close the session with.
+    pub async fn certificate_expired(&self) -> String {
+        crate::tls::peer_certificate_expired(&self.conn).await
     }
 }
 

@@ -242,6 +242,26 @@ pub fn ip_sans_from_cert_der(der: &[u8]) -> Vec<std::net::IpAddr> {
     addresses
 }
 
+/// The DNS SANs of a certificate (the names a server certificate answers
+/// to), in order; an unparsable certificate has none. For reissuing a
+/// certificate as it was (`rollcall certs --renew`).
+pub fn dns_sans_from_cert_der(der: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(sans)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    sans.value
+        .general_names
+        .iter()
+        .filter_map(|general| match general {
+            x509_parser::extensions::GeneralName::DNSName(name) => Some((*name).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Whether a URI's scheme is `rollcall` in any case, so a miscased rollcall
 /// URI is reported rather than silently ignored.
 fn has_our_scheme(uri: &str) -> bool {

@@ -32,6 +32,8 @@
 //! - `remote`: the non-authoritative view of other regions the region
 //!   bridge reports (R9), held in arbiter memory only.
 //! - `identity`, `secret`: principals from certificates, tokens.
+//! - `limits`: token buckets and counts per identity, connection or
+//!   source address (the arbiter's `[limits]`).
 //! - `fault`: the chaos suite's wire fault points, only in builds with the
 //!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
 //!
@@ -61,6 +63,7 @@ pub mod identity;
 pub mod ids;
 pub mod leader;
 pub mod lease;
+pub mod limits;
 pub mod name;
 pub mod params;
 pub mod peer_protocol;

@@ -28,7 +28,7 @@ use crate::server::connection::PeerContext;
 use crate::server::core::{Core, Replica};
 use crate::server::metrics::Metrics;
 use crate::server::peer::{Peers, RaftNet};
-use crate::tls::{self, TlsError, TlsMaterial};
+use crate::tls::{self, LiveTls, TlsError, TlsMaterial};
 
 /// Why the arbiter could not start.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,7 @@ pub struct ArbiterServer {
     catalog: crate::raft::AppliedCatalog,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
+    tls: Arc<LiveTls>,
     /// The one stop signal: the core, the admin server and the accept loop
     /// observe it.
     stop: crate::shutdown::Trigger,
@@ -115,7 +116,8 @@ impl ArbiterServer {
         let token = crate::secret::ensure_token(&token_file)
             .map_err(io(format!("writing {}", token_file.display())))?;
 
-        let mut server_config = tls::server_config(material)?;
+        let live = LiveTls::new(material)?;
+        let mut server_config = live.server_config(tls::ALPN)?;
         let mut transport = quinn::TransportConfig::default();
         transport.keep_alive_interval(Some(Duration::from_secs(1)));
         transport.max_idle_timeout(Some(
@@ -140,7 +142,7 @@ impl ArbiterServer {
             .map_err(io("reading the admin listener address"))?;
 
         let peers =
-            Peers::new(material, region.clone()).map_err(io("binding the peer client socket"))?;
+            Peers::new(&live, region.clone()).map_err(io("binding the peer client socket"))?;
         let raft_config = raft_config(&config)?;
         let id = config.raft.id;
         let node = openraft::Raft::new(id, raft_config, RaftNet(peers.clone()), log, state_machine)
@@ -227,6 +229,7 @@ impl ArbiterServer {
                 region: region.clone(),
                 timeout: write_timeout,
             },
+            connection::Guards::new(config.limits, metrics.clone()),
         ));
         let catalog = applied.clone();
         let app = admin::router(admin::AdminState {
@@ -237,6 +240,8 @@ impl ArbiterServer {
             metrics,
             token: token.into(),
             write_timeout,
+            tls: live.clone(),
+            calls: admin::AdminCalls::new(&config.limits),
         });
         let limits = crate::http::Limits::from(&config.http_limits);
         let admin_task = tokio::spawn(crate::http::serve(
@@ -257,12 +262,20 @@ impl ArbiterServer {
             catalog,
             peers,
             endpoint,
+            tls: live,
             stop,
             core_task,
             write_timeout,
             accept_task,
             admin_task,
         })
+    }
+
+    /// The TLS material this replica presents and trusts: a reload
+    /// (`tls::Watcher`, SIGHUP) replaces it here, for every handshake from
+    /// then on (agents', peers', and its own calls to its peers).
+    pub fn tls(&self) -> &Arc<LiveTls> {
+        &self.tls
     }
 
     /// This replica's Raft node (for tests and benchmarks: leadership,

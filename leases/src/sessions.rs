@@ -387,8 +387,16 @@ fn clip_list(items: &[String]) -> String {
 /// What the driver does for one session message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    /// Propose this lease grant; answer `Welcome` once it committed.
-    Grant(Envelope),
+    /// Propose this lease grant; answer `Welcome` once it committed. A node
+    /// holds one session per replica: the sessions in `replaced` (the same
+    /// node's earlier ones, already forgotten here) are closed with the
+    /// reason.
+    Grant {
+        /// The grant to propose.
+        envelope: Envelope,
+        /// Earlier sessions of the node, with the reason to close each.
+        replaced: Vec<(AgentId, String)>,
+    },
     /// Send `Refused` with the reason, then close the connection.
     Refuse(String),
     /// Close the connection with the reason.
@@ -549,47 +557,30 @@ impl Sessions {
         let Some(session) = self.sessions.get_mut(&agent) else {
             return (None, Step::Nothing);
         };
+        if let (
+            SessionUp::Hello {
+                node,
+                epoch,
+                zone,
+                addresses,
+            },
+            None,
+        ) = (&message, &session.held)
+        {
+            return self.hello(agent, (node, *epoch, zone), addresses, now_ms);
+        }
         let renewed = matches!(message, SessionUp::Renew);
         let heard = session
             .held
             .as_ref()
             .map(|(node, epoch)| (node.clone(), *epoch, renewed));
         let step = match (message, session.held.clone()) {
-            (
-                SessionUp::Hello {
-                    node,
-                    epoch,
-                    zone,
-                    addresses,
-                },
-                None,
-            ) => {
-                if let Err(reason) = self.rules.may_hold_lease(&session.identity, &node) {
-                    return (None, Step::Refuse(reason));
-                }
-                if let Err(reason) = declared_addresses(&session.certified, &addresses) {
-                    return (None, Step::Refuse(reason));
-                }
-                if session.certified.is_empty() {
-                    session.declared = addresses;
-                }
-                session.held = Some((node.clone(), epoch));
-                let envelope = Envelope {
-                    at_ms: now_ms,
-                    actor: session.identity.principal.clone(),
-                    command: Command::GrantLease {
-                        node: node.clone(),
-                        epoch,
-                        zone,
-                        ttl_ms: self.ttl_ms,
-                    },
-                };
-                return (Some((node, epoch, false)), Step::Grant(envelope));
-            }
             (SessionUp::Hello { .. }, Some(_)) => {
                 Step::Close("a second Hello on one session".into())
             }
-            (_, None) => Step::Close("the session must start with Hello".into()),
+            (SessionUp::Hello { .. }, None) | (_, None) => {
+                Step::Close("the session must start with Hello".into())
+            }
             (
                 SessionUp::Subscribe {
                     service,
@@ -635,6 +626,79 @@ impl Sessions {
             },
         };
         (heard, step)
+    }
+
+    /// The first Hello of `agent`'s session: a lease grant, or the reason
+    /// it is refused. One session per node: a Hello accepted from a node
+    /// that already holds a session here replaces that session (an agent
+    /// that reconnects while its old connection is half dead must get in
+    /// at once, not wait for QUIC's idle timeout), unless that session is
+    /// of a later agent run (a higher epoch), which an older run may not
+    /// displace.
+    fn hello(
+        &mut self,
+        agent: AgentId,
+        (node, epoch, zone): (&NodeId, AgentEpoch, &Label),
+        addresses: &[IpAddr],
+        now_ms: u64,
+    ) -> (Option<(NodeId, AgentEpoch, bool)>, Step) {
+        let Some(session) = self.sessions.get(&agent) else {
+            return (None, Step::Nothing);
+        };
+        if let Err(reason) = self.rules.may_hold_lease(&session.identity, node) {
+            return (None, Step::Refuse(reason));
+        }
+        if let Err(reason) = declared_addresses(&session.certified, addresses) {
+            return (None, Step::Refuse(reason));
+        }
+        let earlier: Vec<(AgentId, AgentEpoch)> = self
+            .sessions
+            .iter()
+            .filter(|(other, _)| **other != agent)
+            .filter_map(|(other, s)| match &s.held {
+                Some((held, held_epoch)) if held == node => Some((*other, *held_epoch)),
+                _ => None,
+            })
+            .collect();
+        if let Some((_, later)) = earlier.iter().find(|(_, e)| *e > epoch) {
+            return (
+                None,
+                Step::Refuse(format!(
+                    "node {node} holds a session of a later agent run (epoch {later}, this Hello names {epoch}): an older run cannot replace it; stop this agent process"
+                )),
+            );
+        }
+        let replaced = earlier
+            .into_iter()
+            .map(|(other, _)| {
+                self.sessions.remove(&other);
+                (
+                    other,
+                    format!("replaced by a newer session of node {node} (one session per node)"),
+                )
+            })
+            .collect();
+        let Some(session) = self.sessions.get_mut(&agent) else {
+            return (None, Step::Nothing);
+        };
+        if session.certified.is_empty() {
+            session.declared = addresses.to_vec();
+        }
+        session.held = Some((node.clone(), epoch));
+        let envelope = Envelope {
+            at_ms: now_ms,
+            actor: session.identity.principal.clone(),
+            command: Command::GrantLease {
+                node: node.clone(),
+                epoch,
+                zone: zone.clone(),
+                ttl_ms: self.ttl_ms,
+            },
+        };
+        (
+            Some((node.clone(), epoch, false)),
+            Step::Grant { envelope, replaced },
+        )
     }
 
     /// A request on a stream of `agent`'s connection at `now_ms`: the
@@ -1097,7 +1161,7 @@ mod tests {
             heard,
             Some((NodeId::new("n1").unwrap(), AgentEpoch(4), false))
         );
-        let Step::Grant(envelope) = step else {
+        let Step::Grant { envelope, .. } = step else {
             panic!("{step:?}")
         };
         assert_eq!(envelope.at_ms, 7);
@@ -1132,7 +1196,7 @@ mod tests {
         s.welcomed(1);
         assert!(s.live(1).is_none(), "no Hello yet: nothing to welcome");
         let (_, step) = s.message(1, hello("n1"), 7);
-        assert!(matches!(step, Step::Grant(_)));
+        assert!(matches!(step, Step::Grant { .. }));
         // The grant is proposed, not committed: the session holds the
         // lease, but nothing may go down its stream before the Welcome.
         assert!(s.held(1).is_some());
@@ -1144,6 +1208,55 @@ mod tests {
         );
         s.disconnect(1);
         assert!(s.live(1).is_none());
+    }
+
+    #[test]
+    fn a_new_session_of_a_node_replaces_the_old_one_unless_it_is_an_older_run() {
+        let mut s = sessions();
+        let with_epoch = |epoch| SessionUp::Hello {
+            node: NodeId::new("n1").unwrap(),
+            epoch: AgentEpoch(epoch),
+            zone: Label::new("z1").unwrap(),
+            addresses: LOOPBACK.to_vec(),
+        };
+        s.connect(1, identity(Role::Agent, "n1"), Vec::new());
+        let (_, step) = s.message(1, with_epoch(4), 1);
+        assert!(matches!(step, Step::Grant { ref replaced, .. } if replaced.is_empty()));
+        // Another node's session is nobody's business here.
+        s.connect(9, identity(Role::Agent, "n9"), Vec::new());
+        s.message(9, hello("n9"), 1);
+        // The same run reconnecting: the old session goes, with the reason.
+        s.connect(2, identity(Role::Agent, "n1"), Vec::new());
+        let (_, step) = s.message(2, with_epoch(4), 2);
+        let Step::Grant { replaced, .. } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(replaced.len(), 1);
+        assert_eq!(replaced[0].0, 1);
+        assert!(replaced[0]
+            .1
+            .contains("replaced by a newer session of node n1"));
+        assert!(
+            s.held(1).is_none() && s.identity(1).is_none(),
+            "forgotten at once"
+        );
+        assert_eq!(s.message(1, SessionUp::Renew, 3), (None, Step::Nothing));
+        // An older run cannot push out a later one, and holds nothing.
+        s.connect(3, identity(Role::Agent, "n1"), Vec::new());
+        let (heard, step) = s.message(3, with_epoch(3), 4);
+        assert_eq!(heard, None);
+        assert!(
+            matches!(&step, Step::Refuse(r) if r.contains("later agent run (epoch 4")),
+            "{step:?}"
+        );
+        assert!(s.held(2).is_some() && s.held(3).is_none());
+        // A later run does.
+        s.connect(4, identity(Role::Agent, "n1"), Vec::new());
+        let (_, step) = s.message(4, with_epoch(5), 5);
+        assert!(
+            matches!(step, Step::Grant { ref replaced, .. } if replaced.iter().map(|r| r.0).collect::<Vec<_>>() == vec![2])
+        );
+        assert!(s.held(9).is_some(), "n9 untouched");
     }
 
     #[test]
@@ -1447,7 +1560,7 @@ mod tests {
         s.connect(2, identity(Role::Agent, "n1"), vec![here]);
         assert!(matches!(
             s.message(2, hello_at(Vec::new()), 1).1,
-            Step::Grant(_)
+            Step::Grant { .. }
         ));
         assert!(s.request(2, register_at(here), &cat, 2).is_ok());
         assert!(s.request(2, register_at(there), &cat, 2).is_err());
@@ -1455,7 +1568,7 @@ mod tests {
         s.connect(3, identity(Role::Agent, "n1"), Vec::new());
         assert!(matches!(
             s.message(3, hello_at(vec![there]), 1).1,
-            Step::Grant(_)
+            Step::Grant { .. }
         ));
         assert!(s.request(3, register_at(there), &cat, 2).is_ok());
         assert!(s.request(3, register_at(here), &cat, 2).is_err());

@@ -1,12 +1,17 @@
 //! Certificates and the mutual-TLS configuration of control-plane links
 //! (R10): a per-region CA, leaf certificates that carry an `Identity` URI
-//! SAN, the files they are kept in, and quinn configurations that accept
-//! only peers holding a certificate signed by the region's CA.
+//! SAN, the files they are kept in (a CA file may be a bundle of several
+//! CAs, all trusted), and quinn configurations that accept only peers
+//! holding a certificate signed by a CA of the bundle. Submodules: `live`
+//! (material replaceable at run time), `watch` (reloading it when the
+//! files change or on request), `rotation` (renewing certificates and
+//! rotating a CA in a certificate directory).
 //!
 //! This module authenticates; it never authorises. `peer_identity` says who
 //! the peer is, and what that peer may do is the policy's decision. It holds
-//! no protocol logic: the only clock read is the validity period stamped on
-//! a certificate when it is issued.
+//! no protocol logic; it reads the clock only for certificates' validity
+//! (stamping it when issuing, checking it when loading, and waiting for a
+//! peer's to end).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -16,20 +21,28 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, SystemTime};
 
-use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
+use quinn::crypto::rustls::NoInitialCipherSuite;
 use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, DnsName, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, DnsName, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime};
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 use rustls::RootCertStore;
 
 use crate::endpoint::Role;
 use crate::identity::{identity_from_cert_der, Identity, IdentityError};
 use crate::name::Label;
+
+mod live;
+mod rotation;
+mod watch;
+
+pub use live::{CertStatus, LiveTls, TlsStatus};
+pub use rotation::{renew_certs, retire_old_cas, rotate_ca, RotationStep, PREVIOUS_CA_KEY_FILE};
+pub use watch::{expiring, FileReload, Reload, Watcher, EXPIRY_WARNING};
 
 /// The ALPN protocol every rollcall control-plane connection negotiates; a
 /// peer speaking anything else is refused during the handshake.
@@ -123,13 +136,77 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
     },
-    /// A CA file holds several certificates.
-    #[error("CA certificate file {} holds {count} certificates; rollcall trusts exactly one CA per region, so keep only the region's ca.crt", path.display())]
-    SeveralCas {
+    /// A certificate of a CA bundle is not a CA certificate.
+    #[error("certificate {position} of the CA bundle {} is not a CA certificate ({problem}); a CA file holds only CA certificates, such as the ca.crt written by `rollcall certs`", path.display())]
+    NotACa {
         /// The file.
         path: PathBuf,
-        /// How many certificates it holds.
+        /// Its place in the file, from 1.
+        position: usize,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A private key is not the key of the certificate beside it.
+    #[error("{} is not the key of {}: {reason}; install the pair `rollcall certs` wrote together (a reload retries when the files change again)", key.display(), cert.display())]
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// rustls's explanation.
+        reason: rustls::Error,
+    },
+    /// A process's own certificate is not valid under its own CA bundle.
+    #[error("{} is not valid under the CAs in {}: {reason}; renew it (`rollcall certs --renew`) or put the CA that signed it in the bundle", cert.display(), ca.display())]
+    NotTrusted {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The CA bundle file.
+        ca: PathBuf,
+        /// Why it does not verify (expired, not yet valid, unknown issuer).
+        reason: rustls::Error,
+    },
+    /// `--renew`, `--rotate-ca` or `--retire-old-ca` found no CA to work from.
+    #[error("{} holds no CA (ca.crt and ca.key); renewing and rotating work from an existing CA: run `rollcall certs` with identities first, or point --out at the region's certificate directory", dir.display())]
+    NoCa {
+        /// The certificate directory.
+        dir: PathBuf,
+    },
+    /// A leaf certificate in a directory names another region than its CA.
+    #[error("{} names {identity}, but this directory's CA is of region {region}; move it to region {}'s directory", path.display(), identity.region)]
+    LeafOfOtherRegion {
+        /// The certificate file.
+        path: PathBuf,
+        /// The identity it names.
+        identity: Box<Identity>,
+        /// The region of the directory's CA.
+        region: Label,
+    },
+    /// A CA rotation was asked for while one is under way.
+    #[error("{} holds {count} CA certificates: a rotation is under way; finish it (`rollcall certs --renew`, then `--retire-old-ca`) before starting another", path.display())]
+    RotationUnderWay {
+        /// The CA bundle.
+        path: PathBuf,
+        /// How many CAs it holds.
         count: usize,
+    },
+    /// Retiring the old CA would orphan a certificate it still vouches for.
+    #[error("{} is not valid under the current CA alone ({reason}): retiring the old CA would cut it off; run `rollcall certs --renew` first and copy the renewed certificates to their hosts", path.display())]
+    LeafOfRetiredCa {
+        /// The certificate file.
+        path: PathBuf,
+        /// Why it does not verify under the current CA.
+        reason: rustls::Error,
+    },
+    /// A reload named another identity than the process runs as.
+    #[error("{} names {found}, but this process runs as {running}; a reload may change the certificate, not who the process is (restart it to change that)", cert.display())]
+    IdentityChanged {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The identity the process runs as.
+        running: Box<Identity>,
+        /// The identity the new certificate names.
+        found: Box<Identity>,
     },
     /// A file that should hold a private key holds none.
     #[error("key file {} holds no PEM private key; generate one with `rollcall certs`", path.display())]
@@ -338,6 +415,19 @@ impl Ca {
         dns_names: &[String],
         ip_addrs: &[IpAddr],
     ) -> Result<IssuedCert, TlsError> {
+        self.issue_for(identity, dns_names, ip_addrs, LEAF_LIFETIME)
+    }
+
+    /// [`Ca::issue`] with another lifetime than `LEAF_LIFETIME` (from now;
+    /// validity starts an hour back): short-lived certificates, and tests
+    /// of what happens when one expires.
+    pub fn issue_for(
+        &self,
+        identity: &Identity,
+        dns_names: &[String],
+        ip_addrs: &[IpAddr],
+        lifetime: Duration,
+    ) -> Result<IssuedCert, TlsError> {
         if identity.region != self.region {
             return Err(TlsError::RegionMismatch {
                 identity: Box::new(identity.clone()),
@@ -391,7 +481,7 @@ impl Ca {
         params.use_authority_key_identifier_extension = true;
         let now = SystemTime::now();
         params.not_before = (now - BACKDATE).into();
-        params.not_after = (now + LEAF_LIFETIME).into();
+        params.not_after = (now + lifetime).into();
 
         let key = KeyPair::generate().map_err(generate)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(generate)?;
@@ -414,8 +504,31 @@ impl Ca {
             what: cert_what.to_owned(),
             problem,
         };
-        let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-            .map_err(|error| not_ours(format!("no PEM certificate: {error}")))?;
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|error| not_ours(format!("not valid PEM: {error}")))?;
+        if certs.is_empty() {
+            return Err(not_ours("no PEM certificate".to_owned()));
+        }
+        let key = KeyPair::from_pem(key_pem).map_err(|reason| TlsError::BadCaKey {
+            what: key_what.to_owned(),
+            reason,
+        })?;
+        // The file may be a bundle (a CA rotation): the issuer is the
+        // certificate whose public key is the key's.
+        let (index, cert_der) = certs
+            .into_iter()
+            .enumerate()
+            .find(|(_, der)| {
+                x509_parser::parse_x509_certificate(der).is_ok_and(|(_, cert)| {
+                    key.der_bytes() == cert.public_key().subject_public_key.data.as_ref()
+                })
+            })
+            .ok_or_else(|| TlsError::CaKeyMismatch {
+                cert: cert_what.to_owned(),
+                key: key_what.to_owned(),
+            })?;
         let (_, parsed) = x509_parser::parse_x509_certificate(&cert_der)
             .map_err(|error| not_ours(format!("not X.509: {error}")))?;
         if !parsed.is_ca() {
@@ -437,17 +550,6 @@ impl Ca {
                 ))
             })?;
 
-        let key = KeyPair::from_pem(key_pem).map_err(|reason| TlsError::BadCaKey {
-            what: key_what.to_owned(),
-            reason,
-        })?;
-        if key.der_bytes() != parsed.public_key().subject_public_key.data.as_ref() {
-            return Err(TlsError::CaKeyMismatch {
-                cert: cert_what.to_owned(),
-                key: key_what.to_owned(),
-            });
-        }
-
         // Leaves name their issuer by the CA's subject, byte for byte: make
         // sure the rebuilt issuer encodes the same subject as the stored
         // certificate, or every leaf it signs would fail to chain.
@@ -466,10 +568,14 @@ impl Ca {
             ));
         }
 
+        let cert_pem = pem_certificate_blocks(cert_pem)
+            .get(index)
+            .map(|block| format!("{block}\n"))
+            .ok_or_else(|| not_ours("its PEM blocks do not parse alike".to_owned()))?;
         Ok(Ca {
             region,
-            cert_pem: cert_pem.to_owned(),
-            cert_der: cert_der.into_owned(),
+            cert_pem,
+            cert_der: cert_der.clone(),
             issuer: Issuer::new(params, key),
         })
     }
@@ -653,7 +759,8 @@ pub fn write_certs(
 /// Where a process finds its TLS material.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsFiles {
-    /// The region's CA certificate (PEM), the only trust anchor.
+    /// The region's CA bundle (PEM): every CA certificate trusted to vouch
+    /// for peers; one, or during a CA rotation the old and the new.
     pub ca: PathBuf,
     /// This process's certificate chain (PEM), leaf first.
     pub cert: PathBuf,
@@ -673,11 +780,12 @@ impl TlsFiles {
     }
 }
 
-/// Decoded TLS material: what `server_config` and `client_config` need.
+/// Decoded TLS material: what a [`LiveTls`] presents and trusts.
 #[derive(Debug)]
 pub struct TlsMaterial {
-    /// The region's CA certificate, the only trust anchor.
-    pub ca_der: CertificateDer<'static>,
+    /// The CA bundle: every CA certificate trusted to vouch for peers (the
+    /// region's CA; during a CA rotation the old one and the new one).
+    pub cas: Vec<CertificateDer<'static>>,
     /// This process's certificate chain, leaf first.
     pub cert_chain: Vec<CertificateDer<'static>>,
     /// This process's private key.
@@ -685,16 +793,12 @@ pub struct TlsMaterial {
 }
 
 impl TlsMaterial {
-    /// Reads and decodes the three files; errors name the file at fault.
+    /// Reads and decodes the three files, then checks that they make a
+    /// usable whole now: the key is the certificate's, and the certificate
+    /// is valid under the bundle's CAs (not expired, signed by one of them).
+    /// Errors name the file at fault.
     pub fn load(files: &TlsFiles) -> Result<TlsMaterial, TlsError> {
-        let mut cas = read_certs(&files.ca, "CA certificate")?;
-        if cas.len() > 1 {
-            return Err(TlsError::SeveralCas {
-                path: files.ca.clone(),
-                count: cas.len(),
-            });
-        }
-        let ca_der = cas.remove(0);
+        let cas = read_ca_bundle(&files.ca)?;
         let cert_chain = read_certs(&files.cert, "certificate")?;
         let key_pem = read_limited(&files.key)?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| match error {
@@ -703,18 +807,20 @@ impl TlsMaterial {
             },
             other => bad_pem(&files.key, &other),
         })?;
-        Ok(TlsMaterial {
-            ca_der,
+        let material = TlsMaterial {
+            cas,
             cert_chain,
             key,
-        })
+        };
+        material.check(files, SystemTime::now())?;
+        Ok(material)
     }
 
     /// Material straight from a CA and a certificate it issued, without
     /// files: for `rollcall dev` and tests.
     pub fn from_issued(ca: &Ca, cert: &IssuedCert) -> TlsMaterial {
         TlsMaterial {
-            ca_der: ca.cert_der().clone(),
+            cas: vec![ca.cert_der().clone()],
             cert_chain: vec![cert.cert_der.clone()],
             key: cert.key_der.clone_key(),
         }
@@ -725,81 +831,60 @@ impl TlsMaterial {
         let leaf = self.cert_chain.first().ok_or(TlsError::EmptyChain)?;
         Ok(identity_from_cert_der(leaf)?)
     }
+
+    /// Whether the material loaded from `files` is usable at `now`.
+    fn check(&self, files: &TlsFiles, now: SystemTime) -> Result<(), TlsError> {
+        live::certified_key(&self.cert_chain, &self.key).map_err(|reason| {
+            TlsError::KeyMismatch {
+                cert: files.cert.clone(),
+                key: files.key.clone(),
+                reason,
+            }
+        })?;
+        let (leaf, intermediates) = self.cert_chain.split_first().ok_or(TlsError::EmptyChain)?;
+        let verifier = WebPkiClientVerifier::builder(Arc::new(roots(&self.cas)?))
+            .build()
+            .map_err(TlsError::Verifier)?;
+        let at = UnixTime::since_unix_epoch(
+            now.duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        );
+        verifier
+            .verify_client_cert(leaf, intermediates, at)
+            .map(|_| ())
+            .map_err(|reason| TlsError::NotTrusted {
+                cert: files.cert.clone(),
+                ca: files.ca.clone(),
+                reason,
+            })
+    }
 }
 
-/// A QUIC server configuration for a control-plane listener: presents this
-/// process's certificate, requires every client to present a certificate
-/// signed by the region's CA, negotiates `ALPN` over TLS 1.3 only, and uses
-/// the keep-alive and idle timeout documented on `KEEP_ALIVE_INTERVAL` and
-/// `MAX_IDLE_TIMEOUT`. 0-RTT is off: replayable early data has no place in
-/// a control plane.
+/// A QUIC server configuration for a control-plane listener over fixed
+/// material (see [`LiveTls::server_config`], which the servers use so that
+/// their material can be replaced).
 pub fn server_config(material: &TlsMaterial) -> Result<quinn::ServerConfig, TlsError> {
-    server_config_with(material, roots(material)?, ALPN)
+    LiveTls::new(material)?.server_config(ALPN)
 }
 
-/// [`server_config`] for another protocol on the same settings (the region
-/// bridge's): clients must present a certificate signed by one of `roots`,
-/// and `alpn` is the only protocol negotiated.
-pub fn server_config_with(
-    material: &TlsMaterial,
-    roots: RootCertStore,
-    alpn: &[u8],
-) -> Result<quinn::ServerConfig, TlsError> {
-    install_crypto_provider();
-    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-        .build()
-        .map_err(TlsError::Verifier)?;
-    let mut tls = rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(material.cert_chain.clone(), material.key.clone_key())
-        .map_err(|reason| TlsError::Rustls {
-            what: "certificate and key",
-            reason,
-        })?;
-    tls.alpn_protocols = vec![alpn.to_vec()];
-    let quic = QuicServerConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    config.transport_config(transport());
-    Ok(config)
-}
-
-/// A QUIC client configuration for control-plane connections: trusts only
-/// the region's CA to vouch for servers, presents this process's
-/// certificate, negotiates `ALPN` over TLS 1.3, with the same transport
-/// settings as `server_config`.
+/// A QUIC client configuration for control-plane connections over fixed
+/// material (see [`LiveTls::client_config`]).
 pub fn client_config(material: &TlsMaterial) -> Result<quinn::ClientConfig, TlsError> {
-    client_config_with(material, roots(material)?, ALPN)
+    LiveTls::new(material)?.client_config(ALPN)
 }
 
-/// [`client_config`] for another protocol on the same settings: only
-/// `roots` vouch for servers, and `alpn` is the only protocol offered.
-pub fn client_config_with(
-    material: &TlsMaterial,
-    roots: RootCertStore,
-    alpn: &[u8],
-) -> Result<quinn::ClientConfig, TlsError> {
-    install_crypto_provider();
-    let mut tls = rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
-        .with_root_certificates(roots)
-        .with_client_auth_cert(material.cert_chain.clone(), material.key.clone_key())
-        .map_err(|reason| TlsError::Rustls {
-            what: "certificate and key",
-            reason,
-        })?;
-    tls.alpn_protocols = vec![alpn.to_vec()];
-    let quic = QuicClientConfig::try_from(tls).map_err(TlsError::NoInitialCipherSuite)?;
-    let mut config = quinn::ClientConfig::new(Arc::new(quic));
-    config.transport_config(transport());
-    Ok(config)
+/// The verified certificate chain a QUIC peer presented (none when it
+/// presented none).
+fn peer_chain(conn: &quinn::Connection) -> Option<Vec<CertificateDer<'static>>> {
+    conn.peer_identity()
+        .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .map(|chain| *chain)
 }
 
 /// Who is at the other end of an established connection, from the leaf of
 /// the certificate chain the handshake verified.
 pub fn peer_identity(conn: &quinn::Connection) -> Result<Identity, TlsError> {
-    let chain = conn
-        .peer_identity()
-        .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .ok_or(TlsError::NoPeerCertificate)?;
+    let chain = peer_chain(conn).ok_or(TlsError::NoPeerCertificate)?;
     let leaf = chain.first().ok_or(TlsError::NoPeerCertificate)?;
     Ok(identity_from_cert_der(leaf)?)
 }
@@ -807,8 +892,7 @@ pub fn peer_identity(conn: &quinn::Connection) -> Result<Identity, TlsError> {
 /// The IP SANs of the certificate a verified QUIC peer presented (none
 /// when it presented none).
 pub fn peer_ip_sans(conn: &quinn::Connection) -> Vec<std::net::IpAddr> {
-    conn.peer_identity()
-        .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+    peer_chain(conn)
         .and_then(|chain| {
             chain
                 .first()
@@ -817,15 +901,42 @@ pub fn peer_ip_sans(conn: &quinn::Connection) -> Vec<std::net::IpAddr> {
         .unwrap_or_default()
 }
 
-/// The trust store: the region's CA and nothing else.
-fn roots(material: &TlsMaterial) -> Result<RootCertStore, TlsError> {
+/// Resolves once the certificate a verified QUIC peer presented has
+/// expired, with the reason to close the connection with; never when the
+/// peer presented none. A handshake checks validity only once, so every
+/// driver of a long-lived connection waits on this beside its streams: a
+/// session whose peer certificate expired is closed, and its peer must
+/// come back with a renewed one.
+pub async fn peer_certificate_expired(conn: &quinn::Connection) -> String {
+    let leaf = peer_chain(conn).and_then(|chain| chain.into_iter().next());
+    let Some(status) = leaf.and_then(|leaf| CertStatus::of(&leaf)) else {
+        return std::future::pending().await;
+    };
+    // Slept in steps, so a wall clock set forward is noticed within one.
+    const STEP_S: i64 = 3_600;
+    loop {
+        let left = status.not_after_unix_s - crate::clock::now_ms() as i64 / 1_000;
+        if left < 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(left.clamp(0, STEP_S) as u64 + 1)).await;
+    }
+    let who = peer_identity(conn).map_or_else(|_| "the peer".to_owned(), |id| id.to_string());
+    format!(
+        "the certificate of {who} expired at {}; renew it (`rollcall certs --renew`) and reconnect",
+        status.not_after
+    )
+}
+
+/// The trust store of a CA bundle: every CA in it.
+fn roots(cas: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    roots
-        .add(material.ca_der.clone())
-        .map_err(|reason| TlsError::Rustls {
+    for ca in cas {
+        roots.add(ca.clone()).map_err(|reason| TlsError::Rustls {
             what: "CA certificate",
             reason,
         })?;
+    }
     Ok(roots)
 }
 
@@ -846,17 +957,24 @@ enum Secrecy {
     Secret,
 }
 
-/// Creates or replaces `path` with `contents`. A secret file is restricted
-/// to its owner (0600 on unix) before anything is written into it, also
-/// when it already existed with a looser mode.
+/// Creates or replaces `path` with `contents`, whole: written to a
+/// temporary file beside it, synced and renamed over it, so a process
+/// reloading the file never reads half of it. A secret file is restricted
+/// to its owner (0600 on unix) before anything is written into it.
 fn write_file(path: &Path, contents: &[u8], secrecy: Secrecy) -> Result<(), TlsError> {
-    let io_error = |action| {
+    let io_error = |action, at: &Path| {
+        let at = at.to_owned();
         move |reason| TlsError::Io {
             action,
-            path: path.to_owned(),
+            path: at,
             reason,
         }
     };
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = path.with_file_name(format!(".{name}.tmp"));
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
@@ -864,17 +982,27 @@ fn write_file(path: &Path, contents: &[u8], secrecy: Secrecy) -> Result<(), TlsE
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    let mut file = options.open(path).map_err(io_error("create"))?;
+    let mut file = options
+        .open(&temporary)
+        .map_err(io_error("create", &temporary))?;
     #[cfg(unix)]
     if secrecy == Secrecy::Secret {
         use std::os::unix::fs::PermissionsExt;
         file.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(io_error("restrict permissions of"))?;
+            .map_err(io_error("restrict permissions of", &temporary))?;
     }
     #[cfg(not(unix))]
     let _ = secrecy;
-    file.write_all(contents).map_err(io_error("write"))?;
-    file.sync_all().map_err(io_error("sync"))
+    file.write_all(contents)
+        .map_err(io_error("write", &temporary))?;
+    file.sync_all().map_err(io_error("sync", &temporary))?;
+    fs::rename(&temporary, path).map_err(io_error("replace", path))?;
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        fs::File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io_error("sync", dir))?;
+    }
+    Ok(())
 }
 
 /// Reads at most `MAX_PEM_FILE_BYTES` of a file, refusing larger ones.
@@ -918,6 +1046,44 @@ fn read_certs(path: &Path, kind: &'static str) -> Result<Vec<CertificateDer<'sta
         });
     }
     Ok(certs)
+}
+
+/// Every certificate of a CA bundle file: at least one, each a CA
+/// certificate. A bundle of several is how a CA rotation is carried out:
+/// while it lasts, peers certified by either CA are accepted.
+pub fn read_ca_bundle(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let cas = read_certs(path, "CA certificate")?;
+    for (i, ca) in cas.iter().enumerate() {
+        let problem = match x509_parser::parse_x509_certificate(ca) {
+            Ok((_, cert)) if cert.is_ca() => continue,
+            Ok(_) => "it is a leaf certificate".to_owned(),
+            Err(error) => format!("not X.509: {error}"),
+        };
+        return Err(TlsError::NotACa {
+            path: path.to_owned(),
+            position: i + 1,
+            problem,
+        });
+    }
+    Ok(cas)
+}
+
+/// The PEM blocks of the certificates in `text`, in order, each from its
+/// BEGIN line to its END line.
+fn pem_certificate_blocks(text: &str) -> Vec<&str> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(len) = rest[start..].find(END) else {
+            break;
+        };
+        let end = start + len + END.len();
+        blocks.push(&rest[start..end]);
+        rest = &rest[end..];
+    }
+    blocks
 }
 
 /// The error for a file the PEM parser refused.
@@ -1047,7 +1213,7 @@ mod tests {
         let impostor = material(&impostor_ca, &id("r1", Role::Agent, "node-1"));
         // The impostor trusts the real CA, so only the server can refuse.
         let client = client_config(&TlsMaterial {
-            ca_der: ca.cert_der().clone(),
+            cas: vec![ca.cert_der().clone()],
             ..impostor
         })
         .expect("client config");
@@ -1073,7 +1239,8 @@ mod tests {
                 .with_root_certificates(roots)
                 .with_no_client_auth();
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = QuicClientConfig::try_from(tls).expect("QUIC-capable config");
+        let quic =
+            quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC-capable config");
         let client = quinn::ClientConfig::new(Arc::new(quic));
 
         let outcome = exchange(&server, client, "127.0.0.1").await;
@@ -1413,6 +1580,70 @@ mod tests {
         };
         let error = TlsMaterial::load(&missing).expect_err("missing CA");
         assert!(error.to_string().contains("nope.crt"), "{error}");
+    }
+
+    #[test]
+    fn load_takes_a_bundle_and_checks_key_issuer_and_validity() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (agent, other) = (id("r1", Role::Agent, "a"), id("r1", Role::Agent, "b"));
+        write_certs(
+            dir.path(),
+            &region("r1"),
+            &[agent.clone(), other.clone()],
+            &ServerNames::default(),
+        )
+        .expect("write");
+        let files = TlsFiles::in_dir(dir.path(), &agent);
+        let ca_pem = fs::read_to_string(&files.ca).expect("ca.crt");
+        let second = Ca::generate(&region("r1")).expect("CA");
+        let (second_pem, _) = second.to_pem();
+
+        // A bundle of two CAs: both are trusted.
+        fs::write(&files.ca, format!("{second_pem}{ca_pem}")).expect("bundle");
+        let loaded = TlsMaterial::load(&files).expect("a bundle loads");
+        assert_eq!(loaded.cas.len(), 2);
+        // And `rollcall certs` keeps issuing from the CA of ca.key.
+        let reread = Ca::read(dir.path()).expect("the bundle's CA of ca.key");
+        assert_eq!(reread.cert_der(), &loaded.cas[1]);
+
+        // A leaf in the bundle is refused, naming its place.
+        let leaf_pem = fs::read_to_string(&files.cert).expect("leaf");
+        fs::write(&files.ca, format!("{ca_pem}{leaf_pem}")).expect("bad bundle");
+        let error = TlsMaterial::load(&files).expect_err("a leaf is no CA");
+        assert!(
+            matches!(error, TlsError::NotACa { position: 2, .. }),
+            "{error}"
+        );
+        fs::write(&files.ca, &ca_pem).expect("restore");
+
+        // Another identity's key.
+        let mismatched = TlsFiles {
+            key: TlsFiles::in_dir(dir.path(), &other).key,
+            ..files.clone()
+        };
+        let error = TlsMaterial::load(&mismatched).expect_err("not its key");
+        assert!(matches!(error, TlsError::KeyMismatch { .. }), "{error}");
+        assert!(error.to_string().contains("agent-b.key"), "{error}");
+
+        // A certificate no CA of the bundle signed.
+        let strangers = dir.path().join("second.crt");
+        fs::write(&strangers, &second_pem).expect("other CA");
+        let untrusted = TlsFiles {
+            ca: strangers,
+            ..files.clone()
+        };
+        let error = TlsMaterial::load(&untrusted).expect_err("unknown issuer");
+        assert!(matches!(error, TlsError::NotTrusted { .. }), "{error}");
+
+        // An expired certificate (checked as of two years from now).
+        let material = TlsMaterial::load(&files).expect("valid now");
+        let later = SystemTime::now() + Duration::from_secs(2 * 365 * 24 * 3_600);
+        let error = material.check(&files, later).expect_err("expired by then");
+        assert!(matches!(error, TlsError::NotTrusted { .. }), "{error}");
+        assert!(
+            error.to_string().to_lowercase().contains("expired"),
+            "{error}"
+        );
     }
 
     #[test]

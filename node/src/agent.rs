@@ -39,7 +39,7 @@ use rollcall_config::AgentConfig;
 use rollcall_leases::client::{ArbiterClient, ClientError};
 use rollcall_leases::clock::now_ms;
 use rollcall_leases::protocol::SessionUp;
-use rollcall_leases::tls::TlsMaterial;
+use rollcall_leases::tls::{LiveTls, TlsMaterial};
 use rollcall_leases::{AgentEpoch, Label, NodeId, ServiceKey};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -103,6 +103,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 #[derive(Clone)]
 pub struct Agent {
     addr: Addr<AgentActor>,
+    tls: Option<Arc<LiveTls>>,
     views: Views,
     token: Arc<str>,
     epoch: AgentEpoch,
@@ -319,6 +320,7 @@ impl Agent {
                 other => Some(other),
             })
             .collect();
+        let tls = client.as_ref().map(|c| c.tls().clone());
         context.run(AgentActor {
             state,
             views: views.clone(),
@@ -341,6 +343,7 @@ impl Agent {
         });
 
         let agent = Agent {
+            tls,
             addr: addr.clone(),
             views: views.clone(),
             token: token.clone(),
@@ -436,6 +439,13 @@ impl Agent {
     /// This agent run's epoch.
     pub fn epoch(&self) -> AgentEpoch {
         self.epoch
+    }
+
+    /// The TLS material the agent presents to the arbiter, `None` without
+    /// arbiters: a reload (`tls::Watcher`, SIGHUP) replaces it here, for
+    /// every session from then on (the one up keeps its handshake).
+    pub fn tls(&self) -> Option<&Arc<LiveTls>> {
+        self.tls.as_ref()
     }
 
     /// The agent's config.
@@ -673,7 +683,9 @@ impl Handler<StatusMessage> for AgentActor {
     type Result = MessageResult<StatusMessage>;
 
     fn handle(&mut self, _: StatusMessage, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.state.status(now_ms()))
+        let mut status = self.state.status(now_ms());
+        status.tls = self.client.as_ref().map(|c| c.tls().status());
+        MessageResult(status)
     }
 }
 
@@ -695,6 +707,13 @@ impl Handler<MetricsMessage> for AgentActor {
             regions: &regions,
         };
         self.metrics.refresh(scrape, &mut self.reported, now_ms());
+        if let Some(client) = &self.client {
+            rollcall_leases::server::metrics::set_certificate_expiry(
+                &self.metrics.certificate_expiry,
+                &client.tls().status(),
+                now_ms() as i64 / 1_000,
+            );
+        }
         self.metrics.render()
     }
 }

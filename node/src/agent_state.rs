@@ -2663,6 +2663,8 @@ impl AgentState {
                 alive: alive.iter().cloned().collect(),
                 down: self.downs.nodes().cloned().collect(),
             }),
+            // The driver's: it holds the TLS material.
+            tls: None,
         }
     }
 

@@ -726,6 +726,11 @@ pub struct StatusResponse {
     pub pending_writes: u32,
     /// This node's view of its zone's gossip; `null` when gossip is off.
     pub gossip: Option<GossipStatus>,
+    /// The certificate this agent presents to the arbiter (its identity,
+    /// serial and notAfter) and the CAs it trusts; `null` when it has no
+    /// arbiter (no TLS material).
+    #[serde(default)]
+    pub tls: Option<rollcall_leases::tls::TlsStatus>,
 }
 
 /// The zone peers this node's gossip knows (like `consul members`).
@@ -1210,6 +1215,7 @@ mod tests {
                 alive: vec![NodeId::new("node-2").unwrap()],
                 down: vec![NodeId::new("node-3").unwrap()],
             }),
+            tls: None,
         };
         let value = serde_json::to_value(&status).unwrap();
         assert_eq!(
@@ -1226,6 +1232,7 @@ mod tests {
                 "node",
                 "pending_writes",
                 "subscriptions",
+                "tls",
                 "zone"
             ]
         );

@@ -153,6 +153,9 @@ pub struct AgentMetrics {
     pub remote_view_age: Family<RegionLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Highest home revision of the policies held, per home region.
     pub policy_revision: Family<RegionLabel, Gauge>,
+    /// Seconds until this agent's certificate and each CA it trusts expire
+    /// (set at each scrape).
+    pub certificate_expiry: Family<rollcall_leases::server::metrics::CertificateLabel, Gauge>,
     /// The services named in per-service labels so far, at most
     /// `max_services` (`agent.metrics_max_services`).
     named: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -207,6 +210,7 @@ impl AgentMetrics {
             ingress_refused: Family::default(),
             remote_view_age: Family::default(),
             policy_revision: Family::default(),
+            certificate_expiry: Family::default(),
         };
         registry.register(
             "probe_latency_seconds",
@@ -337,6 +341,11 @@ impl AgentMetrics {
             "policy_revision",
             "Highest home revision of the service policies this agent holds, per home region",
             m.policy_revision.clone(),
+        );
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the certificate this agent presents to the arbiter (certificate=leaf) and each CA it trusts (certificate=ca) expire; negative once expired",
+            m.certificate_expiry.clone(),
         );
         root.sub_registry_with_prefix("rollcall_gossip").register(
             "dropped",

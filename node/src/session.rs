@@ -100,6 +100,14 @@ impl Actor for SessionActor {
                 Ok(up) => up,
                 Err(e) => return act.end(e.to_string(), ctx),
             };
+            // A handshake checks the arbiter's certificate once: the
+            // session ends when it expires, and the next one checks again.
+            let expiring = conn.clone();
+            ctx.spawn(
+                async move { expiring.certificate_expired().await }
+                    .into_actor(act)
+                    .map(|reason, act, ctx| act.end(reason, ctx)),
+            );
             act.conn = Some(conn);
             let (tx, mut rx) = mpsc::unbounded_channel::<SessionUp>();
             act.up = Some(tx);

@@ -703,8 +703,11 @@ async fn an_agent_certificate_cannot_speak_raft() {
     let group = Group::start(|_| {}).await;
     let _ = group.leader().await;
     let agent_tls = Cluster::material(&group.ca, Role::Agent, "intruder");
-    let peers =
-        rollcall_leases::server::peer::Peers::new(&agent_tls, Label::new("r1").unwrap()).unwrap();
+    let peers = rollcall_leases::server::peer::Peers::new(
+        &rollcall_leases::tls::LiveTls::new(&agent_tls).unwrap(),
+        Label::new("r1").unwrap(),
+    )
+    .unwrap();
     let vote = rollcall_leases::peer_protocol::PeerRequest::Heard(Vec::new());
     let answer = peers
         .call(&group.quic_addrs()[0], &vote, Duration::from_secs(5))

@@ -17,6 +17,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use rollcall_leases::server::metrics::{set_certificate_expiry, CertificateLabel};
+use rollcall_leases::tls::TlsStatus;
 use rollcall_leases::Label;
 
 /// A peer region.
@@ -60,6 +62,9 @@ pub struct Metrics {
     pub refused_peers: Counter,
     /// Connections closed for a malformed, oversized or invalid message.
     pub protocol_errors: Counter,
+    /// Seconds until this bridge's certificate and each CA it trusts
+    /// expire (set at each scrape).
+    pub certificate_expiry: Family<CertificateLabel, Gauge>,
     heard: Mutex<HashMap<Label, Instant>>,
 }
 
@@ -79,6 +84,7 @@ impl Metrics {
             sessions_active: Gauge::default(),
             refused_peers: Counter::default(),
             protocol_errors: Counter::default(),
+            certificate_expiry: Family::default(),
             heard: Mutex::new(HashMap::new()),
         };
         registry.register(
@@ -131,6 +137,11 @@ impl Metrics {
             "Connections closed for a malformed, oversized or invalid message",
             m.protocol_errors.clone(),
         );
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until this bridge's certificate (certificate=leaf) and each CA it trusts, its region's and its peers' (certificate=ca), expire; negative once expired",
+            m.certificate_expiry.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -142,8 +153,14 @@ impl Metrics {
             .insert(region.clone(), Instant::now());
     }
 
-    /// The Prometheus text exposition, ages brought up to now.
-    pub fn render(&self) -> String {
+    /// The Prometheus text exposition, ages and certificate expiries
+    /// (from `tls`, what the bridge presents and trusts) brought up to now.
+    pub fn render(&self, tls: &TlsStatus) -> String {
+        set_certificate_expiry(
+            &self.certificate_expiry,
+            tls,
+            rollcall_leases::clock::now_ms() as i64 / 1_000,
+        );
         for (region, at) in self.heard.lock().expect("heard lock").iter() {
             self.summary_age
                 .get_or_create(&RegionLabel {

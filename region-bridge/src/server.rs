@@ -27,7 +27,7 @@ use crate::metrics::{Metrics, RegionLabel, UpdateLabel};
 use crate::publisher::{Publisher, Session};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::subscriber::{Received, Subscriber};
-use crate::tls::{self, BridgeTls, PeerCheck};
+use crate::tls::{self, BridgeReload, BridgeTls, LiveBridgeTls, PeerCheck};
 
 /// Longest wait for a peer's handshake, and for its `Hello` after it.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,6 +83,7 @@ pub struct Bridge {
     stats: Arc<Stats>,
     metrics: Arc<Metrics>,
     endpoint: quinn::Endpoint,
+    reload: Arc<BridgeReload>,
     stop: Trigger,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -105,8 +106,9 @@ impl Bridge {
                     source,
                 }
             })?;
+        let live = Arc::new(LiveBridgeTls::new(&tls)?);
         let endpoint =
-            quinn::Endpoint::server(tls.server_config()?, config.listen).map_err(|source| {
+            quinn::Endpoint::server(live.server_config()?, config.listen).map_err(|source| {
                 BridgeError::Io {
                     what: format!("binding the bridge listener {}", config.listen),
                     source,
@@ -120,7 +122,7 @@ impl Bridge {
         for peer in &config.peers {
             let peer_region =
                 Label::new(&peer.region).map_err(|e| BridgeError::Config(e.to_string()))?;
-            let client = tls.client_config(&peer_region)?;
+            let client = live.client_config(&peer_region)?;
             dials.push((peer.clone(), peer_region, client));
         }
         let stats = Arc::new(Stats::default());
@@ -128,7 +130,7 @@ impl Bridge {
         let (stop, stopping) = shutdown::channel();
         let shared = Arc::new(Shared {
             metrics: metrics.clone(),
-            check: PeerCheck::new(&tls, region.clone())?,
+            check: PeerCheck::new(live.clone(), region.clone()),
             api: ArbiterApi::new(config.arbiter.admin.clone(), token, region.clone()),
             publisher: Mutex::new(Publisher::new(region.clone(), ingress)),
             published: watch::channel(0).0,
@@ -159,18 +161,19 @@ impl Bridge {
                     what: "reading the metrics listener address".to_owned(),
                     source,
                 })?;
-                let served = metrics.clone();
+                let (served, certificates) = (metrics.clone(), live.clone());
                 let app = axum::Router::new().route(
                     "/metrics",
                     axum::routing::get(move || {
                         let metrics = served.clone();
+                        let status = certificates.status();
                         async move {
                             (
                                 [(
                                     axum::http::header::CONTENT_TYPE,
                                     "text/plain; version=0.0.4; charset=utf-8",
                                 )],
-                                metrics.render(),
+                                metrics.render(&status),
                             )
                         }
                     }),
@@ -203,6 +206,7 @@ impl Bridge {
             stats,
             metrics,
             endpoint,
+            reload: Arc::new(BridgeReload { config, live }),
             stop,
             tasks,
         })
@@ -210,7 +214,14 @@ impl Bridge {
 
     /// `GET /metrics`: the Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
-        self.metrics.render()
+        self.metrics.render(&self.reload.live.status())
+    }
+
+    /// What reloads this bridge's TLS material from its config's files
+    /// (`[tls]` and every `[[peers]] ca`), for a `tls::Watcher`: new
+    /// handshakes use the reloaded material, sessions keep theirs.
+    pub fn tls_reload(&self) -> Arc<BridgeReload> {
+        self.reload.clone()
     }
 
     /// What this bridge has sent and received so far.
@@ -339,7 +350,13 @@ async fn serve_peer(incoming: quinn::Incoming, shared: Arc<Shared>) {
     shared.stats.session();
     shared.metrics.sessions_active.inc();
     tracing::info!(peer = %identity, have = ?hello.have.map(|r| r.0), "peer subscribed");
-    publish(&conn, &shared, &identity, hello.have, send, &mut recv).await;
+    tokio::select! {
+        _ = publish(&conn, &shared, &identity, hello.have, send, &mut recv) => {}
+        reason = rollcall_leases::tls::peer_certificate_expired(&conn) => {
+            tracing::warn!(peer = %identity, %reason, "closing a peer session: its certificate expired");
+            close(&conn, close_code::UNAUTHENTICATED, &reason);
+        }
+    }
     shared.stats.session_ended();
     shared.metrics.sessions_active.dec();
     tracing::info!(peer = %identity, reason = ?conn.close_reason(), "peer left");
@@ -479,7 +496,14 @@ async fn sync_once(
     }
     tracing::info!(peer = %region, have = ?hello.have.map(|r| r.0), "subscribed");
     loop {
-        let (update, size) = match codec::read_update_sized(&mut recv).await {
+        let read = tokio::select! {
+            read = codec::read_update_sized(&mut recv) => read,
+            reason = rollcall_leases::tls::peer_certificate_expired(&conn) => {
+                close(&conn, close_code::UNAUTHENTICATED, &reason);
+                return reason;
+            }
+        };
+        let (update, size) = match read {
             Ok(read) => read,
             Err(CodecError::Frame {
                 source: FrameError::Closed | FrameError::Io(_),

@@ -10,18 +10,16 @@
 //! This module authenticates; it holds no protocol logic.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rollcall_config::{BridgeConfig, TlsPaths};
 use rollcall_leases::identity::{identity_from_cert_der, Identity};
-use rollcall_leases::tls::{self as leases_tls, TlsError, TlsFiles, TlsMaterial};
+use rollcall_leases::tls::{
+    self as leases_tls, LiveTls, Reload, TlsError, TlsFiles, TlsMaterial, TlsStatus,
+};
 use rollcall_leases::{Label, Role};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, UnixTime};
-use rustls::server::danger::ClientCertVerifier;
-use rustls::server::WebPkiClientVerifier;
-use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
 
 use crate::error::BridgeError;
 
@@ -29,24 +27,22 @@ use crate::error::BridgeError;
 /// speaks another, so a misdirected connection fails its handshake.
 pub const ALPN: &[u8] = b"rollcall-bridge/1";
 
-/// The largest CA file read.
-const MAX_CA_FILE_BYTES: u64 = 1024 * 1024;
-
-/// A bridge's TLS material: its own certificate and region CA, and each
-/// peer region's CA.
+/// A bridge's TLS material as loaded: its own certificate and region CA
+/// bundle, and each peer region's CA bundle (one CA, or two while that
+/// region rotates its CA).
 #[derive(Debug)]
 pub struct BridgeTls {
-    /// This bridge's certificate, key and its own region's CA.
+    /// This bridge's certificate, key and its own region's CA bundle.
     pub material: TlsMaterial,
-    /// Each peer region's CA certificate.
-    pub peer_cas: BTreeMap<Label, CertificateDer<'static>>,
+    /// Each peer region's CA bundle.
+    pub peer_cas: BTreeMap<Label, Vec<CertificateDer<'static>>>,
 }
 
 impl BridgeTls {
     /// Reads `[tls]` and every `[[peers]]` CA file of `config`, and checks
     /// that the certificate names a bridge of the configured region.
     pub fn load(config: &BridgeConfig) -> Result<BridgeTls, BridgeError> {
-        let TlsPaths { ca, cert, key } = config.tls.clone().ok_or_else(|| {
+        let TlsPaths { ca, cert, key, .. } = config.tls.clone().ok_or_else(|| {
             BridgeError::Config(
                 "bridge.tls is not set: issue a certificate with `rollcall certs --bridge NAME` and name it in [tls] (ca, cert, key)".to_owned(),
             )
@@ -56,32 +52,12 @@ impl BridgeTls {
         for peer in &config.peers {
             let region =
                 Label::new(&peer.region).map_err(|e| BridgeError::Config(e.to_string()))?;
-            let bad = |detail: String| BridgeError::PeerCa {
+            let cas = leases_tls::read_ca_bundle(&peer.ca).map_err(|e| BridgeError::PeerCa {
                 region: peer.region.clone(),
                 path: peer.ca.clone(),
-                detail,
-            };
-            let mut bytes = Vec::new();
-            std::fs::File::open(&peer.ca)
-                .and_then(|f| f.take(MAX_CA_FILE_BYTES + 1).read_to_end(&mut bytes))
-                .map_err(|e| bad(e.to_string()))?;
-            if bytes.len() as u64 > MAX_CA_FILE_BYTES {
-                return Err(bad(format!("larger than {MAX_CA_FILE_BYTES} bytes")));
-            }
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
-                .collect::<Result<_, _>>()
-                .map_err(|e| bad(format!("not valid PEM ({e})")))?;
-            match <[CertificateDer<'static>; 1]>::try_from(certs) {
-                Ok([ca]) => {
-                    peer_cas.insert(region, ca);
-                }
-                Err(certs) => {
-                    return Err(bad(format!(
-                        "holds {} certificates; exactly one (the region's CA) is expected",
-                        certs.len()
-                    )))
-                }
-            }
+                detail: e.to_string(),
+            })?;
+            peer_cas.insert(region, cas);
         }
         let tls = BridgeTls { material, peer_cas };
         let identity = tls.identity()?;
@@ -99,49 +75,154 @@ impl BridgeTls {
         self.material.identity()
     }
 
-    /// The QUIC server configuration peers dial: requires a client
-    /// certificate signed by this region's CA or a peer region's CA (who
-    /// may then speak is `PeerCheck::accepted`'s decision).
-    pub fn server_config(&self) -> Result<quinn::ServerConfig, BridgeError> {
-        let mut roots = roots(&self.material.ca_der)?;
-        for ca in self.peer_cas.values() {
-            add_root(&mut roots, ca)?;
+    /// This bridge's certificate trusting `cas`.
+    fn trusting(&self, cas: Vec<CertificateDer<'static>>) -> TlsMaterial {
+        TlsMaterial {
+            cas,
+            cert_chain: self.material.cert_chain.clone(),
+            key: self.material.key.clone_key(),
         }
-        Ok(leases_tls::server_config_with(&self.material, roots, ALPN)?)
     }
 
-    /// The QUIC client configuration for dialling `region`'s bridge: that
-    /// region's CA is the only one trusted to vouch for the server.
-    pub fn client_config(&self, region: &Label) -> Result<quinn::ClientConfig, BridgeError> {
-        let ca = self.peer_cas.get(region).ok_or_else(|| {
+    /// What the listener trusts: this region's CAs and every peer
+    /// region's (who may then speak is `PeerCheck::accepted`'s decision).
+    fn listener(&self) -> TlsMaterial {
+        let mut cas = self.material.cas.clone();
+        cas.extend(self.peer_cas.values().flatten().cloned());
+        self.trusting(cas)
+    }
+
+    /// What dialling `region`'s bridge trusts: that region's CAs alone.
+    fn dialer(&self, region: &Label) -> Result<TlsMaterial, BridgeError> {
+        let cas = self.peer_cas.get(region).ok_or_else(|| {
             BridgeError::Config(format!("no CA is configured for peer region {region}"))
         })?;
-        Ok(leases_tls::client_config_with(
-            &self.material,
-            roots(ca)?,
-            ALPN,
-        )?)
+        Ok(self.trusting(cas.clone()))
+    }
+
+    /// A QUIC server configuration over this material as it is (the
+    /// bridge itself serves from `LiveBridgeTls`, which can be replaced).
+    pub fn server_config(&self) -> Result<quinn::ServerConfig, BridgeError> {
+        Ok(LiveTls::new(&self.listener())?.server_config(ALPN)?)
+    }
+
+    /// A QUIC client configuration for dialling `region`'s bridge over
+    /// this material as it is.
+    pub fn client_config(&self, region: &Label) -> Result<quinn::ClientConfig, BridgeError> {
+        Ok(LiveTls::new(&self.dialer(region)?)?.client_config(ALPN)?)
+    }
+}
+
+/// A running bridge's TLS material, replaceable while it runs: the
+/// listener's (trusting this region's and every peer region's CAs) and,
+/// per peer region, the dialler's (trusting that region's CAs alone).
+#[derive(Debug)]
+pub struct LiveBridgeTls {
+    listener: Arc<LiveTls>,
+    dialers: BTreeMap<Label, Arc<LiveTls>>,
+}
+
+impl LiveBridgeTls {
+    /// Holds `tls`.
+    pub fn new(tls: &BridgeTls) -> Result<LiveBridgeTls, BridgeError> {
+        let mut dialers = BTreeMap::new();
+        for region in tls.peer_cas.keys() {
+            dialers.insert(region.clone(), LiveTls::new(&tls.dialer(region)?)?);
+        }
+        Ok(LiveBridgeTls {
+            listener: LiveTls::new(&tls.listener())?,
+            dialers,
+        })
+    }
+
+    /// Replaces the material for every handshake from now on (the peer
+    /// regions stay those of the config the bridge started with).
+    pub fn replace(
+        &self,
+        tls: &BridgeTls,
+        cert: &std::path::Path,
+    ) -> Result<TlsStatus, BridgeError> {
+        // Everything is built before anything is swapped.
+        let dialers = self
+            .dialers
+            .keys()
+            .map(|region| tls.dialer(region).map(|material| (region, material)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let status = self.listener.replace(&tls.listener(), cert)?;
+        for (region, material) in dialers {
+            if let Some(live) = self.dialers.get(region) {
+                live.replace(&material, cert)?;
+            }
+        }
+        Ok(status)
+    }
+
+    /// What the listener presents and trusts now.
+    pub fn status(&self) -> TlsStatus {
+        self.listener.status()
+    }
+
+    /// The listener's QUIC server configuration.
+    pub fn server_config(&self) -> Result<quinn::ServerConfig, BridgeError> {
+        Ok(self.listener.server_config(ALPN)?)
+    }
+
+    /// The QUIC client configuration for dialling `region`'s bridge.
+    pub fn client_config(&self, region: &Label) -> Result<quinn::ClientConfig, BridgeError> {
+        let live = self.dialers.get(region).ok_or_else(|| {
+            BridgeError::Config(format!("no CA is configured for peer region {region}"))
+        })?;
+        Ok(live.client_config(ALPN)?)
+    }
+}
+
+/// The bridge's `tls::Reload`: its config's `[tls]` and `[[peers]] ca`
+/// files.
+pub struct BridgeReload {
+    /// The config the bridge runs with.
+    pub config: BridgeConfig,
+    /// Its material.
+    pub live: Arc<LiveBridgeTls>,
+}
+
+impl Reload for BridgeReload {
+    fn files(&self) -> Vec<PathBuf> {
+        let own = self
+            .config
+            .tls
+            .iter()
+            .flat_map(|t| [t.ca.clone(), t.cert.clone(), t.key.clone()]);
+        own.chain(self.config.peers.iter().map(|p| p.ca.clone()))
+            .collect()
+    }
+
+    fn reload(&self) -> Result<TlsStatus, Box<dyn std::error::Error + Send + Sync>> {
+        let tls = BridgeTls::load(&self.config)?;
+        let cert = self
+            .config
+            .tls
+            .as_ref()
+            .map(|t| t.cert.clone())
+            .unwrap_or_default();
+        Ok(self.live.replace(&tls, &cert)?)
+    }
+
+    fn status(&self) -> TlsStatus {
+        self.live.status()
     }
 }
 
 /// Decides who may speak on an accepted connection.
 pub struct PeerCheck {
     own: Label,
-    verifiers: BTreeMap<Label, Arc<dyn ClientCertVerifier>>,
+    live: Arc<LiveBridgeTls>,
 }
 
 impl PeerCheck {
-    /// One verifier per peer region, each trusting that region's CA alone.
-    pub fn new(tls: &BridgeTls, own: Label) -> Result<PeerCheck, BridgeError> {
-        leases_tls::install_crypto_provider();
-        let mut verifiers = BTreeMap::new();
-        for (region, ca) in &tls.peer_cas {
-            let verifier = WebPkiClientVerifier::builder(Arc::new(roots(ca)?))
-                .build()
-                .map_err(TlsError::Verifier)?;
-            verifiers.insert(region.clone(), verifier);
-        }
-        Ok(PeerCheck { own, verifiers })
+    /// Checks accepted peers against `live`'s CAs of their region, as they
+    /// are at each check.
+    pub fn new(live: Arc<LiveBridgeTls>, own: Label) -> PeerCheck {
+        PeerCheck { own, live }
     }
 
     /// The peer of an accepted connection, when it is a bridge of a peer
@@ -163,20 +244,18 @@ impl PeerCheck {
                 self.own
             ));
         }
-        let verifier = self.verifiers.get(&identity.region).ok_or_else(|| {
+        let verifier = self.live.dialers.get(&identity.region).ok_or_else(|| {
             format!(
                 "{identity} is of region {}, which is not among this bridge's peers",
                 identity.region
             )
         })?;
-        verifier
-            .verify_client_cert(leaf, intermediates, UnixTime::now())
-            .map_err(|e| {
-                format!(
-                    "{identity} is not signed by region {}'s CA: {e}",
-                    identity.region
-                )
-            })?;
+        verifier.verify_client(leaf, intermediates).map_err(|e| {
+            format!(
+                "{identity} is not signed by region {}'s CA: {e}",
+                identity.region
+            )
+        })?;
         Ok(identity)
     }
 }
@@ -198,19 +277,4 @@ fn peer_chain(conn: &quinn::Connection) -> Result<Vec<CertificateDer<'static>>, 
         .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
         .map(|chain| *chain)
         .ok_or_else(|| "no certificate was presented".to_owned())
-}
-
-fn roots(ca: &CertificateDer<'static>) -> Result<RootCertStore, BridgeError> {
-    let mut roots = RootCertStore::empty();
-    add_root(&mut roots, ca)?;
-    Ok(roots)
-}
-
-fn add_root(roots: &mut RootCertStore, ca: &CertificateDer<'static>) -> Result<(), BridgeError> {
-    roots.add(ca.clone()).map_err(|reason| {
-        BridgeError::Tls(TlsError::Rustls {
-            what: "CA certificate",
-            reason,
-        })
-    })
 }

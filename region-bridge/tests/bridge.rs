@@ -194,11 +194,11 @@ fn bridge_config(
         std::fs::write(&path, text).unwrap();
         path
     };
-    let tls = TlsPaths {
-        ca: write(format!("{region}-ca.crt"), &ca.to_pem().0),
-        cert: write(format!("bridge-{region}.crt"), &issued.cert_pem),
-        key: write(format!("bridge-{region}.key"), &issued.key_pem),
-    };
+    let tls = TlsPaths::new(
+        write(format!("{region}-ca.crt"), &ca.to_pem().0),
+        write(format!("bridge-{region}.crt"), &issued.cert_pem),
+        write(format!("bridge-{region}.key"), &issued.key_pem),
+    );
     let peers = peers
         .iter()
         .map(|(peer, peer_ca, address)| BridgePeer {
@@ -430,7 +430,7 @@ fn client(
 ) -> (quinn::Endpoint, quinn::ClientConfig) {
     let tls = BridgeTls {
         material,
-        peer_cas: BTreeMap::from([(label(peer), peer_ca.cert_der().clone())]),
+        peer_cas: BTreeMap::from([(label(peer), vec![peer_ca.cert_der().clone()])]),
     };
     let config = tls.client_config(&label(peer)).unwrap();
     let endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
@@ -461,7 +461,7 @@ async fn only_bridge_certificates_are_accepted() {
     // r1's bridge dials "r2's bridge", which presents an arbiter certificate.
     let fake = BridgeTls {
         material: material(&ca2, "r2", Role::Arbiter, "arbiter-1"),
-        peer_cas: BTreeMap::from([(label("r1"), ca1.cert_der().clone())]),
+        peer_cas: BTreeMap::from([(label("r1"), vec![ca1.cert_der().clone()])]),
     };
     let fake = quinn::Endpoint::server(
         fake.server_config().unwrap(),
@@ -540,7 +540,7 @@ async fn malformed_oversized_and_invalid_messages_close_the_connection_and_chang
     // A hand-driven "r1 bridge" that r2's bridge subscribes to.
     let fake = BridgeTls {
         material: material(&ca1, "r1", Role::Bridge, "bridge-r1"),
-        peer_cas: BTreeMap::from([(label("r2"), ca2.cert_der().clone())]),
+        peer_cas: BTreeMap::from([(label("r2"), vec![ca2.cert_der().clone()])]),
     };
     let fake = quinn::Endpoint::server(
         fake.server_config().unwrap(),

@@ -77,7 +77,24 @@ impl World {
             self.arb.leader.heard(&node, now_ms);
         }
         match step {
-            Step::Grant(envelope) => self.propose(envelope, Then::Welcome { agent: a, session }),
+            Step::Grant { envelope, replaced } => {
+                // One session per node, as in the core: the node's earlier
+                // session is closed.
+                for (old, _) in replaced {
+                    if let Some(&holder) = self.arb.conns.get(&old) {
+                        self.drop_session(old);
+                        let latency = self.arbiter_latency();
+                        self.after(
+                            latency,
+                            Ev::Closed {
+                                agent: holder,
+                                session: old,
+                            },
+                        );
+                    }
+                }
+                self.propose(envelope, Then::Welcome { agent: a, session })
+            }
             Step::Refuse(_) | Step::Close(_) => {
                 self.drop_session(session);
                 let latency = self.arbiter_latency();

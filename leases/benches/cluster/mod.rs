@@ -78,6 +78,10 @@ impl Group {
                     },
                     ..ArbiterConfig::default()
                 };
+                // This measures the group's capacity through one writer's
+                // connection: the per-connection request limit is lifted.
+                c.limits.requests_per_second = 1_000_000;
+                c.limits.request_burst = 1_000_000;
                 if n > 1 {
                     c.raft.id = i as u64 + 1;
                     c.raft.replicas = replicas.clone();

@@ -24,6 +24,11 @@
 //! log: `PUT /v1/remote/{region}` (replace one region's view), `POST
 //! /v1/remote/{region}/heard` (that region confirmed the view at a version
 //! is current) and `GET /v1/remote` (every view with its age).
+//!
+//! Calls with the token are bounded by `[limits] admin_calls_per_second`
+//! (one more is answered 429 with `Retry-After`); `/metrics` is not.
+//! `/v1/status` also shows the TLS material this replica presents and
+//! trusts (`tls`), as last reloaded.
 
 use std::sync::Arc;
 
@@ -35,13 +40,14 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
-use rollcall_config::{ConfigFile, PolicyFile};
+use rollcall_config::{ConfigFile, LimitsConfig, PolicyFile};
 
 use crate::audit::AuditQuery;
 use crate::catalog::Rejection;
 use crate::command::Command;
 use crate::endpoint::{Principal, Role};
 use crate::ids::Revision;
+use crate::limits::{Bucket, Limit, Rate};
 use crate::name::{Label, PrincipalName, ServiceKey};
 use crate::peer_protocol::{MembershipChange, PeerRequest, PeerResponse};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
@@ -77,6 +83,43 @@ pub struct AdminState {
     pub token: Arc<str>,
     /// How long one write may take (`raft.write_timeout_ms`).
     pub write_timeout: std::time::Duration,
+    /// The TLS material this replica presents (`tls` in `/v1/status`, the
+    /// certificate expiry metrics).
+    pub tls: Arc<crate::tls::LiveTls>,
+    /// `limits.admin_calls_per_second` of the operator token.
+    pub calls: Arc<AdminCalls>,
+}
+
+/// The admin calls made with the operator token (the API has one token,
+/// `admin.token`, which the region bridge uses too): at most
+/// `limits.admin_calls_per_second`, `admin_call_burst` at once.
+pub struct AdminCalls {
+    per_second: u32,
+    origin: std::time::Instant,
+    bucket: std::sync::Mutex<Bucket>,
+}
+
+impl AdminCalls {
+    /// A full bucket under `limits`.
+    pub fn new(limits: &LimitsConfig) -> Arc<AdminCalls> {
+        Arc::new(AdminCalls {
+            per_second: limits.admin_calls_per_second,
+            origin: std::time::Instant::now(),
+            bucket: std::sync::Mutex::new(Bucket::new(
+                Rate::new(limits.admin_calls_per_second, limits.admin_call_burst),
+                0,
+            )),
+        })
+    }
+
+    /// Takes one call; `Err` with the ms until one is due.
+    fn take(&self) -> Result<(), u64> {
+        let now = self.origin.elapsed().as_millis() as u64;
+        self.bucket
+            .lock()
+            .expect("admin call bucket lock")
+            .take(now)
+    }
 }
 
 /// The admin routes.
@@ -246,15 +289,22 @@ struct AdminError {
     status: StatusCode,
     code: &'static str,
     detail: String,
+    /// Seconds a caller should wait (`Retry-After`), for 429.
+    retry_after_s: Option<u64>,
 }
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({"error": self.code, "detail": self.detail})),
-        )
-            .into_response()
+        let body = Json(serde_json::json!({"error": self.code, "detail": self.detail}));
+        match self.retry_after_s {
+            Some(seconds) => (
+                self.status,
+                [(header::RETRY_AFTER, seconds.to_string())],
+                body,
+            )
+                .into_response(),
+            None => (self.status, body).into_response(),
+        }
     }
 }
 
@@ -263,6 +313,7 @@ fn error(status: StatusCode, code: &'static str, detail: impl Into<String>) -> A
         status,
         code,
         detail: detail.into(),
+        retry_after_s: None,
     }
 }
 
@@ -272,7 +323,20 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        Some(token) if token.trim() == &*state.token => Ok(()),
+        Some(token) if token.trim() == &*state.token => state.calls.take().map_err(|wait_ms| {
+            state.metrics.hit(Limit::AdminCalls);
+            AdminError {
+                retry_after_s: Some(wait_ms.div_ceil(1_000)),
+                ..error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!(
+                        "the operator token made more than {} calls per second (arbiter limits.admin_calls_per_second); retry in {wait_ms} ms",
+                        state.calls.per_second
+                    ),
+                )
+            }
+        }),
         Some(_) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token does not match admin.token in the arbiter's data directory")),
         None => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "send the operator token (admin.token in the arbiter's data directory) as Authorization: Bearer <token>")),
     }
@@ -300,6 +364,11 @@ async fn ask<T>(
 
 async fn metrics_text(State(state): State<AdminState>) -> Result<Response, AdminError> {
     ask(&state, AdminQuery::RefreshMetrics).await?;
+    crate::server::metrics::set_certificate_expiry(
+        &state.metrics.certificate_expiry,
+        &state.tls.status(),
+        crate::clock::now_ms() as i64 / 1_000,
+    );
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -315,7 +384,9 @@ async fn status(
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
-    Ok(Json(ask(&state, AdminQuery::Status).await?).into_response())
+    let mut status = ask(&state, AdminQuery::Status).await?;
+    status["tls"] = serde_json::to_value(state.tls.status()).unwrap_or_default();
+    Ok(Json(status).into_response())
 }
 
 #[derive(Deserialize)]

@@ -7,21 +7,149 @@
 //! A frame that is oversized or does not decode closes the whole connection
 //! with an error saying why; it never reaches the core, so it changes
 //! nothing.
+//!
+//! It also applies `[limits]` (issue 20) at the edge, before anything
+//! reaches the core: handshakes per source address (refused before any
+//! TLS work), connections per identity (closed with the reason), requests
+//! per connection (answered "unavailable, retry" with the reason) and
+//! messages per session stream (the stream is not read until the rate
+//! allows, so QUIC's flow control holds the sender back). And it closes a
+//! connection whose peer's certificate expires, with the reason.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use rollcall_config::LimitsConfig;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{self, FrameKind, MAX_SMALL_MESSAGE_BYTES};
 use crate::endpoint::Role;
+use crate::identity::Identity;
 use crate::ids::AgentId;
+use crate::limits::{Bucket, Buckets, Counts, Limit, Rate};
 use crate::name::Label;
-use crate::protocol::close_code;
+use crate::protocol::{close_code, RejectKind, Response};
 use crate::raft::CatalogRaftNode;
 use crate::server::messages::{CoreMsg, Outbound};
+use crate::server::metrics::Metrics;
 use crate::server::peer;
 use crate::tls;
+
+/// Most source addresses whose handshake rate is tracked at once.
+const MAX_TRACKED_ADDRESSES: usize = 65_536;
+
+/// What every connection of one replica shares: the `[limits]`, what they
+/// count, and the metrics a hit is counted in.
+pub struct Guards {
+    limits: LimitsConfig,
+    metrics: Arc<Metrics>,
+    origin: Instant,
+    handshakes: Mutex<Buckets<IpAddr>>,
+    connections: Mutex<Counts<Identity>>,
+}
+
+impl Guards {
+    /// Nothing counted yet.
+    pub fn new(limits: LimitsConfig, metrics: Arc<Metrics>) -> Arc<Guards> {
+        Arc::new(Guards {
+            handshakes: Mutex::new(Buckets::new(
+                Rate::new(limits.handshakes_per_second, limits.handshake_burst),
+                MAX_TRACKED_ADDRESSES,
+            )),
+            connections: Mutex::new(Counts::new(limits.connections_per_identity as usize)),
+            limits,
+            metrics,
+            origin: Instant::now(),
+        })
+    }
+
+    /// Monotonic ms for the buckets.
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// Counts a hit of `limit`, and logs it at the 1st, 2nd, 4th, 8th… hit
+    /// (a flood must not flood the log too).
+    fn hit(&self, limit: Limit, detail: &str) {
+        let hits = self.metrics.hit(limit);
+        if hits.is_power_of_two() {
+            tracing::warn!(limit = limit.as_str(), hits, detail, "arbiter limit hit");
+        }
+    }
+
+    /// Whether a handshake from `source` may start now.
+    fn handshake(&self, source: IpAddr) -> bool {
+        let now = self.now_ms();
+        let taken = self
+            .handshakes
+            .lock()
+            .expect("handshake limiter lock")
+            .take(&source, now);
+        if taken.is_err() {
+            self.hit(
+                Limit::HandshakesPerAddress,
+                &format!("{source} started more than limits.handshakes_per_second handshakes"),
+            );
+        }
+        taken.is_ok()
+    }
+
+    /// A connection slot for `identity`, or the reason to close with.
+    fn admit(self: &Arc<Self>, identity: &Identity) -> Result<Slot, String> {
+        let added = self
+            .connections
+            .lock()
+            .expect("connection counts lock")
+            .add(identity);
+        match added {
+            Ok(()) => Ok(Slot {
+                guards: self.clone(),
+                identity: identity.clone(),
+            }),
+            Err(held) => {
+                let reason = format!(
+                    "{identity} already holds {held} connections to this arbiter (limits.connections_per_identity); close one first"
+                );
+                self.hit(Limit::ConnectionsPerIdentity, &reason);
+                Err(reason)
+            }
+        }
+    }
+
+    fn requests(&self) -> Bucket {
+        let l = &self.limits;
+        Bucket::new(
+            Rate::new(l.requests_per_second, l.request_burst),
+            self.now_ms(),
+        )
+    }
+
+    fn session_messages(&self) -> Bucket {
+        let l = &self.limits;
+        Bucket::new(
+            Rate::new(l.session_messages_per_second, l.session_message_burst),
+            self.now_ms(),
+        )
+    }
+}
+
+/// One connection counted against its identity until dropped.
+struct Slot {
+    guards: Arc<Guards>,
+    identity: Identity,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.guards
+            .connections
+            .lock()
+            .expect("connection counts lock")
+            .remove(&self.identity);
+    }
+}
 
 /// What a peer replica's connection is served with.
 #[derive(Clone)]
@@ -43,16 +171,28 @@ fn close(conn: &quinn::Connection, code: u32, reason: &str) {
     conn.close(quinn::VarInt::from_u32(code), reason);
 }
 
-/// Accepts connections until the endpoint closes.
+/// Accepts connections until the endpoint closes. A source address over
+/// its handshake rate is refused before any TLS work.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
     core: mpsc::Sender<CoreMsg>,
     peers: PeerContext,
+    guards: Arc<Guards>,
 ) {
     let next = Arc::new(AtomicU64::new(1));
     while let Some(incoming) = endpoint.accept().await {
+        if !guards.handshake(incoming.remote_address().ip()) {
+            incoming.refuse();
+            continue;
+        }
         let agent = next.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(serve(incoming, agent, core.clone(), peers.clone()));
+        tokio::spawn(serve(
+            incoming,
+            agent,
+            core.clone(),
+            peers.clone(),
+            guards.clone(),
+        ));
     }
 }
 
@@ -61,6 +201,7 @@ async fn serve(
     agent: AgentId,
     core: mpsc::Sender<CoreMsg>,
     peers: PeerContext,
+    guards: Arc<Guards>,
 ) {
     let conn = match incoming.await {
         Ok(conn) => conn,
@@ -89,6 +230,13 @@ async fn serve(
         .await;
         return;
     }
+    let _slot = match guards.admit(&identity) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            close(&conn, close_code::REFUSED, &reason);
+            return;
+        }
+    };
     let certified = tls::peer_ip_sans(&conn);
     let (tx, rx) = mpsc::unbounded_channel();
     if core
@@ -114,7 +262,13 @@ async fn serve(
         session_rx,
         core.clone(),
     ));
-    read_streams(&conn, agent, &core, session_tx).await;
+    tokio::select! {
+        _ = read_streams(&conn, agent, &core, session_tx, &guards) => {}
+        reason = tls::peer_certificate_expired(&conn) => {
+            tracing::warn!(agent, reason = %reason, "closing a session whose peer certificate expired");
+            close(&conn, close_code::UNAUTHENTICATED, &reason);
+        }
+    }
     writer.abort();
     let _ = core.send(CoreMsg::Closed { agent }).await;
 }
@@ -126,8 +280,10 @@ async fn read_streams(
     agent: AgentId,
     core: &mpsc::Sender<CoreMsg>,
     session_tx: oneshot::Sender<quinn::SendStream>,
+    guards: &Arc<Guards>,
 ) {
     let mut session_tx = Some(session_tx);
+    let mut requests = guards.requests();
     loop {
         let (send, mut recv) = match conn.accept_bi().await {
             Ok(pair) => pair,
@@ -154,7 +310,22 @@ async fn read_streams(
                 return;
             };
             let _ = tx.send(send);
-            tokio::spawn(read_session(conn.clone(), agent, recv, first, core.clone()));
+            tokio::spawn(read_session(
+                conn.clone(),
+                agent,
+                recv,
+                first,
+                core.clone(),
+                guards.clone(),
+            ));
+        } else if let Err(wait_ms) = requests.take(guards.now_ms()) {
+            let l = &guards.limits;
+            let reason = format!(
+                "rate limit: this connection sent more than {} requests per second (burst {}; arbiter limits.requests_per_second); retry in {wait_ms} ms",
+                l.requests_per_second, l.request_burst
+            );
+            guards.hit(Limit::Requests, &reason);
+            tokio::spawn(refuse_request(send, reason));
         } else {
             tokio::spawn(serve_request(
                 conn.clone(),
@@ -167,15 +338,45 @@ async fn read_streams(
     }
 }
 
+/// Answers a request over the connection's rate as unavailable: the agent
+/// keeps the write pending and retries.
+async fn refuse_request(mut send: quinn::SendStream, message: String) {
+    let response = Response::Rejected {
+        kind: RejectKind::Unavailable,
+        message,
+    };
+    if codec::write_frame(&mut send, &codec::encode_response(&response))
+        .await
+        .is_ok()
+    {
+        let _ = send.finish();
+    }
+}
+
 async fn read_session(
     conn: quinn::Connection,
     agent: AgentId,
     mut recv: quinn::RecvStream,
     first: Vec<u8>,
     core: mpsc::Sender<CoreMsg>,
+    guards: Arc<Guards>,
 ) {
     let mut frame = first;
+    let mut messages = guards.session_messages();
     loop {
+        // Over the rate, the stream is not read on until a message is due
+        // (QUIC's flow control then holds the sender back).
+        let mut counted = false;
+        while let Err(wait_ms) = messages.take(guards.now_ms()) {
+            if !counted {
+                counted = true;
+                guards.hit(
+                    Limit::SessionMessages,
+                    &format!("session {agent} sent more than limits.session_messages_per_second"),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        }
         match codec::decode_session_up(&frame) {
             Ok(msg) => {
                 if core.send(CoreMsg::Session { agent, msg }).await.is_err() {

@@ -525,7 +525,18 @@ impl Core {
             self.heard(&node, epoch, now, renewed);
         }
         match step {
-            Step::Grant(envelope) => proposals.push((envelope, Then::Welcome(agent))),
+            Step::Grant { envelope, replaced } => {
+                for (old, reason) in replaced {
+                    // Forgotten by the session layer already; it hears no
+                    // more updates, and its connection closes with the reason.
+                    tracing::info!(agent = old, by = agent, reason = %reason, "session replaced");
+                    self.metrics.hit(crate::limits::Limit::SessionsPerNode);
+                    self.dist.disconnect(old);
+                    self.regions.forget(old);
+                    self.close(old, reason);
+                }
+                proposals.push((envelope, Then::Welcome(agent)));
+            }
             Step::Refuse(reason) => self.refuse(agent, reason),
             Step::Close(reason) => self.close(agent, reason),
             Step::Deny { service, reason } => {

@@ -38,6 +38,44 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// Label of the limit-hit counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// `Limit::as_str`.
+    pub limit: &'static str,
+}
+
+/// Label of a certificate's expiry gauge (the arbiter's, the agent's and
+/// the bridge's `…_certificate_expiry_seconds`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabel {
+    /// `leaf` (the process's own certificate) or `ca` (one of its bundle).
+    pub certificate: &'static str,
+    /// The certificate's serial number, hex.
+    pub serial: String,
+}
+
+/// Sets `gauges` to the seconds from `now_unix_s` until each certificate
+/// of `status` expires (negative once it has): one series for the leaf,
+/// one per CA of the bundle; series of certificates no longer in use go.
+pub fn set_certificate_expiry(
+    gauges: &Family<CertificateLabel, Gauge>,
+    status: &crate::tls::TlsStatus,
+    now_unix_s: i64,
+) {
+    gauges.clear();
+    let certificates =
+        std::iter::once(("leaf", &status.leaf)).chain(status.cas.iter().map(|ca| ("ca", ca)));
+    for (certificate, cert) in certificates {
+        gauges
+            .get_or_create(&CertificateLabel {
+                certificate,
+                serial: cert.serial.clone(),
+            })
+            .set(cert.expires_in_s(now_unix_s));
+    }
+}
+
 /// Every arbiter metric.
 pub struct Metrics {
     registry: Registry,
@@ -111,6 +149,11 @@ pub struct Metrics {
     /// The highest home revision of the policies this catalog holds, per
     /// home region (this region's own and those replicated from others).
     pub policy_revision: Family<RegionLabel, Gauge>,
+    /// Times a limit of `[limits]` was hit, by limit (`Limit::as_str`).
+    pub limit_hits: Family<LimitLabel, Counter>,
+    /// Seconds until this replica's certificate and each CA of its bundle
+    /// expire (set at each scrape).
+    pub certificate_expiry: Family<CertificateLabel, Gauge>,
 }
 
 /// A region.
@@ -157,6 +200,8 @@ impl Metrics {
             remote_view_age: Family::default(),
             remote_view_fresh: Family::default(),
             policy_revision: Family::default(),
+            limit_hits: Family::default(),
+            certificate_expiry: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -306,6 +351,16 @@ impl Metrics {
             "Highest home revision of the service policies held, per home region",
             m.policy_revision.clone(),
         );
+        registry.register(
+            "limit_hits",
+            "Times a [limits] limit was hit, by limit: handshakes_per_address, connections_per_identity, sessions_per_node (a session replaced), requests, session_messages, admin_calls",
+            m.limit_hits.clone(),
+        );
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until this replica's certificate (certificate=leaf) and each CA it trusts (certificate=ca) expire; negative once expired",
+            m.certificate_expiry.clone(),
+        );
         #[cfg(feature = "fault-injection")]
         crate::fault::register_metrics(&mut registry);
         Metrics { registry, ..m }
@@ -316,6 +371,18 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+impl Metrics {
+    /// Counts one hit of `limit`; answers how many there have been.
+    pub fn hit(&self, limit: crate::limits::Limit) -> u64 {
+        self.limit_hits
+            .get_or_create(&LimitLabel {
+                limit: limit.as_str(),
+            })
+            .inc()
+            + 1
     }
 }
 

@@ -34,7 +34,7 @@ use crate::protocol::close_code;
 use crate::protocol::{RejectKind, Response};
 use crate::raft::{CatalogRaft, CatalogRaftNode, ReplicaId};
 use crate::server::messages::CoreMsg;
-use crate::tls::{self, TlsMaterial};
+use crate::tls::{self, LiveTls};
 
 /// Why a call to a peer replica failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -84,9 +84,12 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// A client endpoint presenting this replica's (arbiter) certificate.
-    pub fn new(material: &TlsMaterial, region: Label) -> std::io::Result<Arc<Peers>> {
-        let mut config = tls::client_config(material).map_err(std::io::Error::other)?;
+    /// A client endpoint presenting this replica's (arbiter) certificate,
+    /// as `live` holds it at each handshake.
+    pub fn new(live: &Arc<LiveTls>, region: Label) -> std::io::Result<Arc<Peers>> {
+        let mut config = live
+            .client_config(tls::ALPN)
+            .map_err(std::io::Error::other)?;
         let mut transport = quinn::TransportConfig::default();
         transport.keep_alive_interval(Some(Duration::from_millis(500)));
         transport.max_idle_timeout(Some(
@@ -149,6 +152,18 @@ impl Peers {
                 self.region
             )));
         }
+        // A handshake checks validity once: a replica whose certificate
+        // expires is dialled again (with what it presents then).
+        let expiring = conn.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                reason = tls::peer_certificate_expired(&expiring) => expiring.close(
+                    quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+                    &reason.as_bytes()[..reason.len().min(1000)],
+                ),
+                _ = expiring.closed() => {}
+            }
+        });
         self.conns
             .lock()
             .expect("peer map lock")
@@ -412,7 +427,18 @@ pub async fn serve(
         return;
     }
     loop {
-        let Ok((send, recv)) = conn.accept_bi().await else {
+        let accepted = tokio::select! {
+            accepted = conn.accept_bi() => accepted,
+            reason = tls::peer_certificate_expired(&conn) => {
+                tracing::warn!(peer = %identity, reason = %reason, "closing a peer replica's connection: its certificate expired");
+                conn.close(
+                    quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+                    &reason.as_bytes()[..reason.len().min(1000)],
+                );
+                return;
+            }
+        };
+        let Ok((send, recv)) = accepted else {
             return;
         };
         tokio::spawn(stream(
