@@ -126,6 +126,20 @@ pub enum Want {
     AtLeast(Arc<HashMap<u32, u64>>),
 }
 
+impl Want {
+    /// What is waited for, in a phase's short note.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Want::Connected => "connected",
+            Want::Cut => "cut",
+            Want::Registered => "registered",
+            Want::Complete => "complete views",
+            Want::Replaced => "replaced",
+            Want::AtLeast(_) => "views at the churn's revisions",
+        }
+    }
+}
+
 /// One agent's answer to `Query`.
 #[derive(Clone, Copy, Debug, Default, MessageResponse)]
 pub struct Progress {

@@ -303,10 +303,11 @@ impl Workers {
         Ok((span, answers))
     }
 
-    /// Waits for every worker to exit.
+    /// Waits for every worker to exit (each closes its agents for up to
+    /// a minute, then writes its records).
     async fn wait(&mut self) {
         for child in &mut self.children {
-            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(120), child.wait()).await;
         }
     }
 }
@@ -592,12 +593,22 @@ pub async fn run(args: &FleetArgs) -> Result<Report, BenchError> {
     sampler.mark();
     arbiters::stop(&mut started).await;
     let processes = sampler.finish();
+    // A worker that wrote no records (killed, or stuck past its wait)
+    // leaves the report incomplete, not unwritten: the phases, the
+    // arbiters' counters and the processes' samples still tell a lot.
     let mut records = Vec::new();
-    for file in &record_files {
-        let bytes = std::fs::read(file).map_err(io(format!("reading {}", file.display())))?;
-        let r: Records = serde_json::from_slice(&bytes)
-            .map_err(|e| BenchError::Worker(format!("{}: {e}", file.display())))?;
-        records.push(r);
+    let mut lost = Vec::new();
+    for (k, file) in record_files.iter().enumerate() {
+        let read = std::fs::read(file)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice::<Records>(&bytes).map_err(|e| e.to_string()));
+        match read {
+            Ok(r) => records.push(r),
+            Err(e) => lost.push(format!(
+                "worker {k} left no records ({}: {e}); its agents' figures are missing (see work/worker-{k}.log)",
+                file.display()
+            )),
+        }
     }
     // The arbiters' data (large) and the CA key go; configs and logs stay.
     for k in 1..=started.len() {
@@ -613,6 +624,7 @@ pub async fn run(args: &FleetArgs) -> Result<Report, BenchError> {
             scraped,
             storm_samples,
             records,
+            lost,
             processes,
             bound,
             cores,
@@ -630,6 +642,8 @@ struct Computed {
     scraped: Vec<(String, String, ArbiterCounters)>,
     storm_samples: Vec<(f64, f64)>,
     records: Vec<Records>,
+    /// Why a worker's records are missing.
+    lost: Vec<String>,
     processes: Vec<arbiters::Watched>,
     bound: Option<u64>,
     cores: usize,
@@ -658,7 +672,7 @@ fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series)
     }
     let mut load: Vec<(u64, records::Load)> = load.into_iter().collect();
     load.sort_unstable_by_key(|(s, _)| *s);
-    let mut failures = Vec::new();
+    let mut failures = c.lost.clone();
     let mut series = plot::Series::default();
 
     for s in &c.spans {
@@ -781,6 +795,11 @@ fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series)
             };
             if !all {
                 failures.push("storm: some agent never held every view it needed".into());
+            }
+            if st.reconnect.count == 0 {
+                failures.push(
+                    "storm: no agent's return was recorded (reconnects, snapshots, resumes)".into(),
+                );
             }
             if st.agent_converge.count == 0 {
                 failures.push("storm: no convergence sample".into());
@@ -963,6 +982,7 @@ mod tests {
             scraped: Vec::new(),
             storm_samples: Vec::new(),
             records,
+            lost: Vec::new(),
             processes: Vec::new(),
             bound: Some(64),
             cores: 2,
@@ -981,6 +1001,23 @@ mod tests {
         );
         assert!(failures.contains("deploy: no leave sample"), "{failures}");
         assert_eq!(report.deploy.unwrap().applied.p99_ms, None);
+    }
+
+    #[test]
+    fn a_worker_that_left_no_records_makes_the_report_incomplete() {
+        let args = args();
+        let plan = Plan::new(&args.shape);
+        let mut c = computed(vec![Records::default()]);
+        c.lost = vec!["worker 1 left no records (records-1.json: gone)".into()];
+        let (report, _) = compute(&args, &plan, c);
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.contains("worker 1 left no records")),
+            "{:?}",
+            report.failures
+        );
     }
 
     #[test]

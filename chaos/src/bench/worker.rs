@@ -232,9 +232,18 @@ async fn drive(shared: Arc<Shared>, clients: Vec<(u32, TlsMaterial)>) -> Result<
                 .await;
             }
             Order::Finish { records } => {
+                // Each agent records its return from the storm as it
+                // closes, all at once; an agent still behind on its mail
+                // after CLOSE_WAIT loses only its own return, never the
+                // worker's records.
+                let mut closes = tokio::task::JoinSet::new();
                 for (_, addr) in &agents {
-                    let _ = addr.send(Close).await;
+                    closes.spawn(addr.send(Close));
                 }
+                let _ = tokio::time::timeout(CLOSE_WAIT, async {
+                    while closes.join_next().await.is_some() {}
+                })
+                .await;
                 // The sessions' close frames go out before the process ends.
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 let records_json = {
@@ -288,7 +297,8 @@ async fn wait(
                 total,
                 at_us: now_us(),
                 short: Some(format!(
-                    "{want:?}: {} of {total} after {:.0} s",
+                    "{}: {} of {total} after {:.0} s",
+                    want.name(),
                     progress.done,
                     deadline.as_secs_f64()
                 )),
@@ -305,15 +315,25 @@ async fn wait(
 
 /// The sum of every agent's progress (an agent whose mailbox is gone
 /// counts nothing done).
+/// Asked of every agent at once: an agent behind on its mail must not
+/// hold up the question to the others.
 async fn ask(agents: &[(u32, Addr<FleetAgent>)], want: &Want) -> Progress {
-    let mut sum = Progress::default();
+    let mut asks = tokio::task::JoinSet::new();
     for (_, addr) in agents {
-        let p = addr.send(Query(want.clone())).await.unwrap_or_default();
+        asks.spawn(addr.send(Query(want.clone())));
+    }
+    let mut sum = Progress::default();
+    while let Some(answer) = asks.join_next().await {
+        let p = answer.ok().and_then(|a| a.ok()).unwrap_or_default();
         sum.done += p.done;
         sum.total += p.total;
     }
     sum
 }
+
+/// How long `Finish` waits for the agents to close before it writes the
+/// records anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(60);
 
 /// Agents that register their instances, or fetch their followed
 /// views, at once per worker: a region's agents come up over minutes,

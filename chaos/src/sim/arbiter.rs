@@ -70,7 +70,11 @@ impl World {
         if !self.link_up(a) || !self.arb.conns.contains_key(&session) {
             return;
         }
-        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
+        // An acknowledgement is charged with the update it answers
+        // (`send_cpu_us`, measured that way).
+        if !matches!(message, SessionUp::Ack { .. }) {
+            self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
+        }
         let now_ms = self.now_ms();
         let (heard, step) = self.arb.sessions.message(session, message, now_ms);
         if let Some((node, _, _)) = heard {
