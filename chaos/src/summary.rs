@@ -114,6 +114,12 @@ pub fn table(runs: &[Run]) -> String {
             |h| format!("{} ({})", h.writes_checked, h.lost_writes.len()),
         );
         let commit: String = r.git_commit.chars().take(7).collect();
+        let removals = format!(
+            "{} ({})",
+            r.false_removals,
+            r.view_dips
+                .map_or_else(|| "—".to_owned(), |d| d.to_string())
+        );
         let _ = writeln!(
             md,
             "| {} | {} | {:.0} s | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
@@ -128,12 +134,7 @@ pub fn table(runs: &[Run]) -> String {
             r.failed_conns,
             r.converge_ms
                 .map_or_else(|| "—".to_owned(), |c| c.to_string()),
-            format!(
-                "{} ({})",
-                r.false_removals,
-                r.view_dips
-                    .map_or_else(|| "—".to_owned(), |d| d.to_string())
-            ),
+            removals,
             writes,
             r.max_concurrent_snapshots,
             commit,

@@ -60,4 +60,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[("config_toml", config_toml)];
+/// A target: its name and its check.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[("config_toml", config_toml)];

@@ -417,7 +417,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A target: its name and its check.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[
     ("arbiter_rpc", arbiter_rpc),
     ("session_up", session_up),
     ("session_down", session_down),

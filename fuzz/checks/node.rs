@@ -286,7 +286,11 @@ pub fn dns_query(data: &[u8]) {
         assert_eq!(rcode, ResponseCode::FormErr);
         return;
     };
-    assert_eq!(response.queries.as_slice(), [query.clone()], "the question");
+    assert_eq!(
+        response.queries.as_slice(),
+        std::slice::from_ref(query),
+        "the question"
+    );
     if !matches!(query.query_class(), DNSClass::IN | DNSClass::ANY) {
         assert_eq!(rcode, ResponseCode::Refused);
         return;
@@ -428,7 +432,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Every fuzz target of this module and its check, by target name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A target: its name and its check.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[
     ("cache_file", cache_file),
     ("regions_file", regions_file),
     ("registrations_file", registrations_file),
