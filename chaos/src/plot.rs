@@ -34,11 +34,12 @@ pub const CDF: &str = "cdf.svg";
 /// The rolling-deploy stage timeline: `stages.svg`.
 pub const STAGES: &str = "stages.svg";
 
-/// Every plot's size in pixels; the right-hand [`LEGEND_WIDTH`] holds the
-/// legend, so that many backends never cover the data.
-const SIZE: (u32, u32) = (1200, 600);
+/// Every plot's size in pixels (the simulator's and the fleet bench's
+/// too); here the right-hand [`LEGEND_WIDTH`] holds the legend, so that
+/// many backends never cover the data.
+pub(crate) const SIZE: (u32, u32) = (1200, 600);
 const LEGEND_WIDTH: u32 = 230;
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 const FAILED: RGBColor = RGBColor(220, 20, 20);
 const PHASE: RGBColor = RGBColor(90, 90, 90);
@@ -49,28 +50,39 @@ const WITHIN_GRACE: RGBColor = RGBColor(40, 160, 70);
 const PAST_GRACE: RGBColor = RGBColor(210, 40, 40);
 
 type Drawn = Result<(), Box<dyn Error>>;
-type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+/// A drawn SVG document, or why it could not be drawn.
+pub(crate) type Svg = Result<String, Box<dyn Error>>;
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// Draws the run's plots into `dir` (created if needed) and returns the
 /// file names written, in order: [`TRAFFIC`], [`CDF`], and [`STAGES`] when
 /// the timeline has a `LeaveCommitted` event. A plot that cannot be drawn
 /// or written is an error naming its file; the plots before it stay.
 pub fn write_all(dir: &Path, report: &Report, timeline: &Timeline) -> io::Result<Vec<String>> {
-    std::fs::create_dir_all(dir)?;
     let samples = report::samples(timeline);
+    let mut plots = vec![(TRAFFIC, traffic(timeline)), (CDF, cdf(report, &samples))];
+    if has_leave(timeline) {
+        plots.push((STAGES, stages(timeline, &samples)));
+    }
+    write_svgs(dir, plots)
+}
+
+/// Writes each drawn plot into `dir` (created if needed) under its file
+/// name and returns the names written, in order. A plot that could not be
+/// drawn or written is an error naming its file; the plots before it stay.
+/// The simulator's and the fleet bench's plots are written through this too.
+pub(crate) fn write_svgs(
+    dir: &Path,
+    plots: impl IntoIterator<Item = (&'static str, Svg)>,
+) -> io::Result<Vec<String>> {
+    std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
-    let mut put = |file: &str, svg: Result<String, Box<dyn Error>>| -> io::Result<()> {
+    for (file, svg) in plots {
         let path = dir.join(file);
         let svg = svg.map_err(|e| io::Error::other(format!("drawing {}: {e}", path.display())))?;
         std::fs::write(&path, svg)
             .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))?;
         written.push(file.to_owned());
-        Ok(())
-    };
-    put(TRAFFIC, traffic(timeline))?;
-    put(CDF, cdf(report, &samples))?;
-    if has_leave(timeline) {
-        put(STAGES, stages(timeline, &samples))?;
     }
     Ok(written)
 }
@@ -83,15 +95,45 @@ fn has_leave(timeline: &Timeline) -> bool {
 }
 
 /// An SVG document of [`SIZE`] drawn by `draw` on a white background.
-fn render(draw: impl FnOnce(&Area<'_>) -> Drawn) -> Result<String, Box<dyn Error>> {
+pub(crate) fn render(draw: impl FnOnce(&Area<'_>) -> Drawn) -> Svg {
+    render_sized(SIZE, draw)
+}
+
+/// [`render`] at `size` pixels.
+pub(crate) fn render_sized(size: (u32, u32), draw: impl FnOnce(&Area<'_>) -> Drawn) -> Svg {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE)?;
         draw(&root)?;
         root.present()?;
     }
     Ok(svg)
+}
+
+/// The legend mark of a line series: a short line in its colour.
+pub(crate) fn legend_line(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color)
+}
+
+/// Draws the labels of a chart's series (those given a `label`) at
+/// `position`, boxed on white.
+pub(crate) fn series_labels<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Drawn
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .position(position)
+        .draw()?;
+    Ok(())
 }
 
 /// What the backend answering a connection was, at the connection's
@@ -131,7 +173,7 @@ const MAX_LABELLED_MARKERS: usize = 24;
 /// failed connections on their own axis. Phases are shaded bands named at
 /// the top; faults, recoveries and leave commits are vertical markers,
 /// labelled while there are few.
-fn traffic(timeline: &Timeline) -> Result<String, Box<dyn Error>> {
+fn traffic(timeline: &Timeline) -> Svg {
     let markers: Vec<(u64, String, RGBColor)> = timeline
         .events
         .iter()
@@ -402,7 +444,7 @@ fn marker(event: &Event) -> Option<(u64, String, RGBColor)> {
 /// `cdf.svg`: the empirical CDF of each kind of sample, as a step
 /// function (the fraction of samples at or below each duration). A kind
 /// without samples is named in the title rather than silently missing.
-fn cdf(report: &Report, samples: &Samples) -> Result<String, Box<dyn Error>> {
+fn cdf(report: &Report, samples: &Samples) -> Svg {
     let kinds = [
         ("leave", &samples.leave, report.leave_ms.p99, STEP),
         ("crash", &samples.crash, report.crash_ms.p99, HARD_FAILURE),
@@ -453,18 +495,37 @@ fn cdf(report: &Report, samples: &Samples) -> Result<String, Box<dyn Error>> {
     })
 }
 
-/// The empirical CDF of `samples` as the corners of a step function, from
-/// (0, 0) to (largest, 1).
-fn steps(samples: &[Sample]) -> Vec<(f64, f64)> {
-    let mut ms: Vec<u64> = samples.iter().map(|s| s.ms).collect();
-    ms.sort_unstable();
-    let n = ms.len() as f64;
-    let mut points = vec![(0.0, 0.0)];
-    for (i, &v) in ms.iter().enumerate() {
-        points.push((v as f64, i as f64 / n));
-        points.push((v as f64, (i + 1) as f64 / n));
+/// Most corners drawn per CDF: a curve of a million samples is drawn
+/// through this many of its order statistics, evenly spaced in rank.
+const MAX_STEPS: usize = 2_000;
+
+/// The empirical CDF of `values` as the corners of a step function, from
+/// (`floor`, 0) to (largest, 1), each value divided by `per_unit` (1 for
+/// values already in the axis' unit; 1,000 for µs on a ms axis) and drawn
+/// no lower than `floor` (0 on a linear axis; a log axis has no 0). At most
+/// [`MAX_STEPS`] order statistics are drawn, the largest always among them.
+pub(crate) fn cdf_steps(values: &[u64], per_unit: f64, floor: f64) -> Vec<(f64, f64)> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    let stride = n.div_ceil(MAX_STEPS).max(1);
+    let mut points = Vec::with_capacity(2 * n / stride + 3);
+    points.push((floor, 0.0));
+    let ranks = (0..n)
+        .step_by(stride)
+        .chain((n > 0 && (n - 1) % stride != 0).then(|| n - 1));
+    for i in ranks {
+        let x = (sorted[i] as f64 / per_unit).max(floor);
+        points.push((x, i as f64 / n as f64));
+        points.push((x, (i + 1) as f64 / n as f64));
     }
     points
+}
+
+/// The CDF corners of the report's samples, in ms on a linear axis.
+fn steps(samples: &[Sample]) -> Vec<(f64, f64)> {
+    let ms: Vec<u64> = samples.iter().map(|s| s.ms).collect();
+    cdf_steps(&ms, 1.0, 0.0)
 }
 
 /// `stages.svg`: one row per instance that received a `LeaveCommitted`
@@ -472,7 +533,7 @@ fn steps(samples: &[Sample]) -> Vec<(f64, f64)> {
 /// the last new connection it answered (the report's leave sample: green
 /// within [`DRAIN_GRACE_MS`], red past it), a tick at commit + the grace,
 /// and a cross at each `BackendExit` of the instance.
-fn stages(timeline: &Timeline, samples: &Samples) -> Result<String, Box<dyn Error>> {
+fn stages(timeline: &Timeline, samples: &Samples) -> Svg {
     let mut rows: Vec<&str> = Vec::new();
     for sample in &samples.leave {
         if !rows.contains(&sample.instance.as_str()) {
@@ -816,6 +877,20 @@ mod tests {
                 (300.0, 0.5),
                 (300.0, 1.0)
             ]
+        );
+    }
+
+    #[test]
+    fn a_large_cdf_is_thinned_and_keeps_its_ends() {
+        let us: Vec<u64> = (1..=100_000).rev().map(|i| i * 10).collect();
+        let points = cdf_steps(&us, 1_000.0, 0.01);
+        assert!(points.len() <= 2 * MAX_STEPS + 3, "{} corners", points.len());
+        assert_eq!(points[0], (0.01, 0.0));
+        assert_eq!(points[1], (0.01, 0.0), "10 µs is drawn at the floor");
+        assert_eq!(*points.last().unwrap(), (1_000.0, 1.0), "the largest, 1 s");
+        assert!(
+            points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
+            "corners rise"
         );
     }
 

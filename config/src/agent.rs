@@ -291,16 +291,9 @@ mod tests {
         );
     }
 
-    /// The example file with every `# <start>…` line uncommented, for each
-    /// `start` (a key followed by ` = `, or a table header).
+    /// The example file with every `# <start>…` line uncommented.
     fn uncommented_example(starts: &[&str]) -> String {
-        include_str!("../examples/agent.toml")
-            .lines()
-            .map(|line| match line.strip_prefix("# ") {
-                Some(rest) if starts.iter().any(|s| rest.starts_with(s)) => rest,
-                _ => line,
-            })
-            .fold(String::new(), |acc, line| acc + line + "\n")
+        crate::uncommented(include_str!("../examples/agent.toml"), starts)
     }
 
     /// The example lists the gossip overrides commented out, with the `lan`

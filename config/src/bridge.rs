@@ -204,13 +204,7 @@ mod tests {
 
     /// The example file with every `# <start>…` line uncommented.
     fn uncommented_example(starts: &[&str]) -> String {
-        include_str!("../examples/bridge.toml")
-            .lines()
-            .map(|line| match line.strip_prefix("# ") {
-                Some(rest) if starts.iter().any(|s| rest.starts_with(s)) => rest,
-                _ => line,
-            })
-            .fold(String::new(), |acc, line| acc + line + "\n")
+        crate::uncommented(include_str!("../examples/bridge.toml"), starts)
     }
 
     /// The example shows `[tls]` and `[[peers]]` commented out; uncommented

@@ -26,6 +26,20 @@ mod policy;
 mod rules;
 mod security;
 
+/// Test helper of the config loaders: an example file with every
+/// `# <start>…` line uncommented, for each `start` (a key followed by
+/// ` = `, or a table header).
+#[cfg(test)]
+fn uncommented(example: &str, starts: &[&str]) -> String {
+    example
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if starts.iter().any(|s| rest.starts_with(s)) => rest,
+            _ => line,
+        })
+        .fold(String::new(), |acc, line| acc + line + "\n")
+}
+
 pub use agent::AgentConfig;
 pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,

@@ -290,6 +290,7 @@ pub fn dns_query(data: &[u8]) {
     }
     let [query] = asked.queries.as_slice() else {
         assert_eq!(rcode, ResponseCode::FormErr);
+        assert!(response.queries.is_empty(), "FORMERR echoes no question");
         return;
     };
     assert_eq!(

@@ -62,9 +62,10 @@ use std::time::Duration;
 use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecoder, BinEncodable, BinEncoder, NameEncoding};
 use hickory_server::net::runtime::Time;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponseBuilder;
+use hickory_server::zone_handler::{MessageResponseBuilder, Queries};
 use hickory_server::Server;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -587,10 +588,8 @@ impl Handler {
             edns.set_rcode_high(reply.rcode.high());
             edns
         });
-        let mut builder = MessageResponseBuilder::from_message_request(request);
-        if let Some(edns) = &edns {
-            builder.edns(edns);
-        }
+        let question = echoed_question(request, reply.rcode);
+        let builder = MessageResponseBuilder::new(&question, edns.as_ref());
         let response = builder.build(
             metadata,
             reply.answers.iter(),
@@ -608,6 +607,37 @@ impl Handler {
                     counts: HeaderCounts::default(),
                 })
             }
+        }
+    }
+}
+
+/// The question section the response carries. hickory's own builder
+/// (`from_message_request`) copies the request's question bytes verbatim,
+/// compression pointers included; a pointer into the request's header
+/// (whose flags differ in the response) then makes the answer undecodable
+/// (found by the `dns_query` fuzz target). So the question is re-encoded
+/// uncompressed. A FORMERR (not exactly one question) carries none, as
+/// BIND's does: echoing up to 65,535 questions back helps nobody.
+fn echoed_question(request: &Request, rcode: ResponseCode) -> Queries {
+    let none = || Queries::read(&mut BinDecoder::new(&[]), 0).expect("no questions always decode");
+    let asked = request.queries.queries();
+    if rcode == ResponseCode::FormErr || asked.len() != 1 {
+        return none();
+    }
+    let mut bytes = Vec::with_capacity(64);
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.set_name_encoding(NameEncoding::Uncompressed);
+    let encoded = asked
+        .iter()
+        .try_for_each(|q| q.original().emit(&mut encoder));
+    match encoded {
+        Ok(()) => Queries::read(&mut BinDecoder::new(&bytes), asked.len()).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "a question did not re-decode; answering without it");
+            none()
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "a question did not re-encode; answering without it");
+            none()
         }
     }
 }

@@ -405,3 +405,71 @@ async fn lookups_of_unknown_names_leave_no_state_behind() {
     );
     dns.shutdown().await;
 }
+
+/// Sends one raw datagram to `server` and decodes the answer; a response
+/// that does not decode fails the test (what a resolver would do too).
+async fn raw_udp(server: SocketAddr, query: &[u8]) -> hickory_resolver::proto::op::Message {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.send_to(query, server).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (n, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        socket.recv_from(&mut buf),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .unwrap();
+    hickory_resolver::proto::op::Message::from_vec(&buf[..n])
+        .unwrap_or_else(|e| panic!("the answer does not decode: {e}: {:02x?}", &buf[..n]))
+}
+
+/// Issue 20 (found by the `dns_query` fuzz target): hickory's response
+/// builder copied the question bytes verbatim, compression pointers
+/// included, so a question whose name points into the request's header
+/// (whose flags the response changes) got an answer no client could
+/// decode. Real datagrams over UDP, checked byte by byte.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn questions_with_compression_pointers_get_decodable_answers() {
+    let cluster = Cluster::start().await;
+    let (_handle, _http, dns) = agent_with_dns(&cluster).await;
+    let server = dns.local_addr();
+
+    // One question whose name is a pointer to offset 2 (the flags: 0x01 is
+    // read as a one-byte label, then the root from offset 4). The response
+    // sets QR, so the same pointer there would read 0x81, no label at all.
+    let header = [0x12, 0x34, 0x01, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0];
+    let mut query = header.to_vec();
+    query.extend_from_slice(&[0xc0, 0x02, 0x00, 0x01, 0x00, 0x01]);
+    let answer = raw_udp(server, &query).await;
+    assert_eq!(answer.metadata.id, 0x1234);
+    assert_eq!(
+        answer.metadata.response_code,
+        ResponseCode::Refused,
+        "outside the zone"
+    );
+    let [question] = answer.queries.as_slice() else {
+        panic!("one question echoed: {:?}", answer.queries);
+    };
+    assert_eq!(
+        question.name().to_ascii(),
+        "\\000.",
+        "the name the request meant"
+    );
+
+    // Two questions, the second compressed against the first (legal DNS):
+    // FORMERR, with no question echoed.
+    let mut query = vec![0x43, 0x21, 0x01, 0x00, 0x00, 0x02, 0, 0, 0, 0, 0, 0];
+    let name = Name::from_ascii("web.default.svc.rollcall.").unwrap();
+    for label in name.iter() {
+        query.push(label.len() as u8);
+        query.extend_from_slice(label);
+    }
+    query.extend_from_slice(&[0, 0x00, 0x01, 0x00, 0x01]);
+    query.extend_from_slice(&[0xc0, 0x0c, 0x00, 0x1c, 0x00, 0x01]);
+    let answer = raw_udp(server, &query).await;
+    assert_eq!(answer.metadata.id, 0x4321);
+    assert_eq!(answer.metadata.response_code, ResponseCode::FormErr);
+    assert!(answer.queries.is_empty(), "{:?}", answer.queries);
+    assert!(answer.answers.is_empty());
+    dns.shutdown().await;
+}

@@ -13,11 +13,15 @@ use std::error::Error;
 use std::io;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::arbiters::USER_HZ;
 use super::report::Report;
+use crate::plot::{
+    cdf_steps, legend_line, render, render_sized, series_labels, write_svgs, Svg, FONT,
+};
 
 /// The CDFs: `applied-cdf.svg`.
 pub const APPLIED: &str = "applied-cdf.svg";
@@ -37,8 +41,6 @@ pub struct Series {
     pub converge: Vec<u64>,
 }
 
-const SIZE: (u32, u32) = (1200, 600);
-const FONT: &str = "sans-serif";
 const PALETTE: [RGBColor; 6] = [
     RGBColor(30, 90, 200),
     RGBColor(200, 0, 0),
@@ -48,45 +50,19 @@ const PALETTE: [RGBColor; 6] = [
     RGBColor(90, 90, 90),
 ];
 
-type Drawn = Result<String, Box<dyn Error>>;
-
 /// Writes every plot into `dir`; returns their file names.
 pub fn write_all(dir: &Path, report: &Report, series: &Series) -> io::Result<Vec<String>> {
-    let mut written = Vec::new();
-    for (file, svg) in [
-        (APPLIED, cdf(series)),
-        (PROCESSES, processes(report)),
-        (DELIVERIES, deliveries(report)),
-    ] {
-        let svg = svg.map_err(|e| io::Error::other(format!("drawing {file}: {e}")))?;
-        std::fs::write(dir.join(file), svg)?;
-        written.push(file.to_owned());
-    }
-    Ok(written)
+    write_svgs(
+        dir,
+        [
+            (APPLIED, cdf(series)),
+            (PROCESSES, processes(report)),
+            (DELIVERIES, deliveries(report)),
+        ],
+    )
 }
 
-/// Most steps drawn per CDF: a curve of a million samples is drawn
-/// through this many of its order statistics, evenly spaced in rank.
-const MAX_STEPS: usize = 2_000;
-
-/// The empirical CDF of `samples` (µs) as steps in ms, each at least
-/// `floor` ms (a log axis has no 0); at most `MAX_STEPS` of them.
-fn steps(samples: &[u64], floor: f64) -> Vec<(f64, f64)> {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    let n = sorted.len();
-    let stride = n.div_ceil(MAX_STEPS).max(1);
-    let mut points = Vec::with_capacity(2 * n / stride + 2);
-    let ranks = (0..n).step_by(stride).chain((n > 0).then_some(n - 1));
-    for i in ranks {
-        let ms = (sorted[i] as f64 / 1_000.0).max(floor);
-        points.push((ms, i as f64 / n as f64));
-        points.push((ms, (i + 1) as f64 / n as f64));
-    }
-    points
-}
-
-fn cdf(series: &Series) -> Drawn {
+fn cdf(series: &Series) -> Svg {
     const FLOOR_MS: f64 = 0.01;
     let x_max = series
         .applied
@@ -98,11 +74,8 @@ fn cdf(series: &Series) -> Drawn {
         .unwrap_or(1_000) as f64
         / 1_000.0
         * 1.5;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+    render(|root| {
+        let mut chart = ChartBuilder::on(root)
             .caption(
                 format!(
                     "deploy: commit → applied (n={}), leave (n={}); storm: heal → agent converged (n={})",
@@ -135,21 +108,14 @@ fn cdf(series: &Series) -> Drawn {
             let color = PALETTE[k];
             chart
                 .draw_series(LineSeries::new(
-                    steps(samples, FLOOR_MS),
+                    cdf_steps(samples, 1_000.0, FLOOR_MS),
                     color.stroke_width(2),
                 ))?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .legend(legend_line(color));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(svg)
+        series_labels(&mut chart, SeriesLabelPosition::LowerRight)
+    })
 }
 
 /// Run start, wall µs: the first phase's start.
@@ -166,42 +132,39 @@ fn run_seconds(report: &Report) -> f64 {
         .max(1.0)
 }
 
-/// Draws the phase boundaries as labelled vertical lines.
-fn phase_lines<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+/// Draws the phase boundaries as labelled vertical lines from `y_bottom`
+/// to `y_top`, each name at `label_y`.
+fn phase_lines<DB, Y>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
     report: &Report,
-    y_top: f64,
+    (y_bottom, y_top): (f64, f64),
+    label_y: f64,
 ) -> Result<(), Box<dyn Error>>
 where
+    DB: DrawingBackend,
     DB::ErrorType: 'static,
+    Y: Ranged<ValueType = f64>,
 {
     let t0 = origin(report);
     for p in &report.phases {
         let x = p.start_us.saturating_sub(t0) as f64 / 1e6;
         chart.draw_series(LineSeries::new(
-            vec![(x, 0.0), (x, y_top)],
+            vec![(x, y_bottom), (x, y_top)],
             RGBColor(180, 180, 180).stroke_width(1),
         ))?;
         chart.draw_series(std::iter::once(Text::new(
             p.name.clone(),
-            (x, y_top * 0.97),
+            (x, label_y),
             (FONT, 12).into_font().color(&RGBColor(90, 90, 90)),
         )))?;
     }
     Ok(())
 }
 
-fn processes(report: &Report) -> Drawn {
+fn processes(report: &Report) -> Svg {
     let t0 = origin(report);
     let x_max = run_seconds(report);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1200, 800)).into_drawing_area();
-        root.fill(&WHITE)?;
+    render_sized((1200, 800), |root| {
         let (upper, lower) = root.split_vertically(400);
         let cpu: Vec<(String, Vec<(f64, f64)>)> = report
             .processes
@@ -241,10 +204,8 @@ fn processes(report: &Report) -> Drawn {
             })
             .collect();
         panel(&upper, report, "CPU, % of one core", &cpu, x_max)?;
-        panel(&lower, report, "resident memory, MiB", &rss, x_max)?;
-        root.present()?;
-    }
-    Ok(svg)
+        panel(&lower, report, "resident memory, MiB", &rss, x_max)
+    })
 }
 
 fn panel<DB: DrawingBackend>(
@@ -273,24 +234,18 @@ where
         .x_desc("s since the run started")
         .y_desc(what)
         .draw()?;
-    phase_lines(&mut chart, report, y_max)?;
+    phase_lines(&mut chart, report, (0.0, y_max), y_max * 0.97)?;
     for (k, (name, points)) in lines.iter().enumerate() {
         let color = PALETTE[k % PALETTE.len()];
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(1)))?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            .legend(legend_line(color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
-    Ok(())
+    series_labels(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
-fn deliveries(report: &Report) -> Drawn {
+fn deliveries(report: &Report) -> Svg {
     let t0 = origin(report);
     let x_max = run_seconds(report);
     let at = |second: u64| (second * 1_000_000).saturating_sub(t0) as f64 / 1e6 + 0.5;
@@ -310,11 +265,8 @@ fn deliveries(report: &Report) -> Drawn {
         .map(|(_, y)| *y)
         .fold(10.0f64, f64::max)
         * 1.5;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+    render(|root| {
+        let mut chart = ChartBuilder::on(root)
             .caption(
                 "Deltas and snapshots delivered to the agents per second (log scale)",
                 (FONT, 18),
@@ -328,18 +280,7 @@ fn deliveries(report: &Report) -> Drawn {
             .x_desc("s since the run started")
             .y_desc("per second")
             .draw()?;
-        for p in &report.phases {
-            let x = p.start_us.saturating_sub(t0) as f64 / 1e6;
-            chart.draw_series(LineSeries::new(
-                vec![(x, 1.0), (x, y_max)],
-                RGBColor(180, 180, 180).stroke_width(1),
-            ))?;
-            chart.draw_series(std::iter::once(Text::new(
-                p.name.clone(),
-                (x, y_max / 1.3),
-                (FONT, 12).into_font().color(&RGBColor(90, 90, 90)),
-            )))?;
-        }
+        phase_lines(&mut chart, report, (1.0, y_max), y_max / 1.3)?;
         for (k, (name, points)) in [("deltas", deltas), ("snapshots", snapshots)]
             .into_iter()
             .enumerate()
@@ -348,15 +289,8 @@ fn deliveries(report: &Report) -> Drawn {
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(1)))?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .legend(legend_line(color));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(svg)
+        series_labels(&mut chart, SeriesLabelPosition::UpperRight)
+    })
 }

@@ -5,54 +5,33 @@
 //! - [`LOAD`]: the arbiter's committed writes and deliveries per simulated
 //!   second.
 //!
-//! Text is written as SVG `<text>`, so no font library is needed.
+//! Text is written as SVG `<text>`, so no font library is needed. The
+//! pieces every plot of the crate shares are in [`crate::plot`].
 
-use std::error::Error;
 use std::io;
 use std::path::Path;
 
 use plotters::prelude::*;
 
 use super::Series;
+use crate::plot::{cdf_steps, legend_line, render, series_labels, write_svgs, Svg, FONT};
 
 /// The leave and crash CDFs: `cdf.svg`.
 pub const CDF: &str = "cdf.svg";
 /// Commits and deliveries per second: `load.svg`.
 pub const LOAD: &str = "load.svg";
 
-const SIZE: (u32, u32) = (1200, 600);
-const FONT: &str = "sans-serif";
 const LEAVE: RGBColor = RGBColor(30, 90, 200);
 const CRASH: RGBColor = RGBColor(200, 0, 0);
 const COMMITS: RGBColor = RGBColor(230, 120, 0);
 const DELIVERIES: RGBColor = RGBColor(40, 160, 70);
 
-type Drawn = Result<String, Box<dyn Error>>;
-
 /// Writes both plots into `dir`; returns their file names.
 pub fn write_all(dir: &Path, series: &Series) -> io::Result<Vec<String>> {
-    let mut written = Vec::new();
-    for (file, svg) in [(CDF, cdf(series)), (LOAD, load(series))] {
-        let svg = svg.map_err(|e| io::Error::other(format!("drawing {file}: {e}")))?;
-        std::fs::write(dir.join(file), svg)?;
-        written.push(file.to_owned());
-    }
-    Ok(written)
+    write_svgs(dir, [(CDF, cdf(series)), (LOAD, load(series))])
 }
 
-fn steps(samples: &[u64]) -> Vec<(f64, f64)> {
-    let mut ms = samples.to_vec();
-    ms.sort_unstable();
-    let n = ms.len() as f64;
-    let mut points = vec![(0.0, 0.0)];
-    for (i, &v) in ms.iter().enumerate() {
-        points.push((v as f64, i as f64 / n));
-        points.push((v as f64, (i + 1) as f64 / n));
-    }
-    points
-}
-
-fn cdf(series: &Series) -> Drawn {
+fn cdf(series: &Series) -> Svg {
     let x_max = series
         .leave_ms
         .iter()
@@ -62,16 +41,13 @@ fn cdf(series: &Series) -> Drawn {
         .unwrap_or(0)
         .max(1_000) as f64
         * 1.05;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
+    render(|root| {
         let title = format!(
             "Leave (commit → last subscribed agent applied, n={}) and crash (kill → last agent ejected, n={}) CDFs",
             series.leave_ms.len(),
             series.crash_ms.len()
         );
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 18))
             .margin(10)
             .x_label_area_size(40)
@@ -90,22 +66,18 @@ fn cdf(series: &Series) -> Drawn {
                 continue;
             }
             chart
-                .draw_series(LineSeries::new(steps(samples), color.stroke_width(2)))?
+                .draw_series(LineSeries::new(
+                    cdf_steps(samples, 1.0, 0.0),
+                    color.stroke_width(2),
+                ))?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .legend(legend_line(color));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(svg)
+        series_labels(&mut chart, SeriesLabelPosition::LowerRight)
+    })
 }
 
-fn load(series: &Series) -> Drawn {
+fn load(series: &Series) -> Svg {
     let len = series
         .commits_per_s
         .len()
@@ -120,11 +92,8 @@ fn load(series: &Series) -> Drawn {
         .unwrap_or(0)
         .max(10) as f64
         * 1.1;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+    render(|root| {
+        let mut chart = ChartBuilder::on(root)
             .caption(
                 "Arbiter: committed writes and deliveries per simulated second (log scale)",
                 (FONT, 18),
@@ -149,15 +118,8 @@ fn load(series: &Series) -> Drawn {
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(1)))?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .legend(legend_line(color));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(svg)
+        series_labels(&mut chart, SeriesLabelPosition::UpperRight)
+    })
 }
