@@ -884,12 +884,18 @@ mod tests {
     fn a_large_cdf_is_thinned_and_keeps_its_ends() {
         let us: Vec<u64> = (1..=100_000).rev().map(|i| i * 10).collect();
         let points = cdf_steps(&us, 1_000.0, 0.01);
-        assert!(points.len() <= 2 * MAX_STEPS + 3, "{} corners", points.len());
+        assert!(
+            points.len() <= 2 * MAX_STEPS + 3,
+            "{} corners",
+            points.len()
+        );
         assert_eq!(points[0], (0.01, 0.0));
         assert_eq!(points[1], (0.01, 0.0), "10 µs is drawn at the floor");
         assert_eq!(*points.last().unwrap(), (1_000.0, 1.0), "the largest, 1 s");
         assert!(
-            points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
+            points
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
             "corners rise"
         );
     }
