@@ -438,10 +438,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
-/// Every fuzz target of this module and its check, by target name.
-/// A target: its name and its check.
+/// A fuzz target: its name and its check.
 pub type Target = (&'static str, fn(&[u8]));
 
+/// Every fuzz target of this module and its check, by target name.
 pub const TARGETS: &[Target] = &[
     ("cache_file", cache_file),
     ("regions_file", regions_file),

@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// A target's name and its check.
-pub type Target = (&'static str, fn(&[u8]));
+/// A target's name and its check, as the `checks` module beside this one
+/// (which the crate's test names so) declares it.
+use crate::checks::Target;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")

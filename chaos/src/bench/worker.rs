@@ -315,6 +315,7 @@ async fn wait(
 
 /// The sum of every agent's progress (an agent whose mailbox is gone
 /// counts nothing done).
+///
 /// Asked of every agent at once: an agent behind on its mail must not
 /// hold up the question to the others.
 async fn ask(agents: &[(u32, Addr<FleetAgent>)], want: &Want) -> Progress {
