@@ -44,9 +44,11 @@ use rollcall_leases::{AgentEpoch, Label, NodeId, ServiceKey};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::agent_state::{AgentState, CallId, Input, Output, Reply, Restored, SessionId, Settings};
+use crate::agent_state::{
+    AgentState, CallId, Input, Output, Refusal, Refused, Reply, Restored, SessionId, Settings,
+};
 use crate::api::{ApiContext, CallMessage, MetricsMessage, SessionClosedMessage, StatusMessage};
-use crate::api_types::{ApiError, StatusResponse};
+use crate::api_types::StatusResponse;
 use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::ingress::IngressHandle;
@@ -507,7 +509,7 @@ struct AgentActor {
     session: Option<(SessionId, Addr<SessionActor>)>,
     prober: Addr<ProberActor>,
     store: Addr<StoreActor>,
-    calls: HashMap<CallId, oneshot::Sender<Result<Reply, ApiError>>>,
+    calls: HashMap<CallId, oneshot::Sender<Result<Reply, Refusal>>>,
     next_call: CallId,
     wake: Option<SpawnHandle>,
     /// Counters already moved into the metrics.
@@ -664,7 +666,7 @@ impl Handler<Input> for AgentActor {
 }
 
 impl Handler<CallMessage> for AgentActor {
-    type Result = ResponseFuture<Result<Reply, ApiError>>;
+    type Result = ResponseFuture<Result<Reply, Refusal>>;
 
     fn handle(&mut self, CallMessage(op): CallMessage, ctx: &mut Context<Self>) -> Self::Result {
         self.next_call += 1;
@@ -673,8 +675,12 @@ impl Handler<CallMessage> for AgentActor {
         self.calls.insert(call, tx);
         self.feed(Input::Call { call, op }, ctx);
         Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err(ApiError::unavailable("the agent is shutting down")))
+            rx.await.unwrap_or_else(|_| {
+                Err(Refusal::new(
+                    Refused::Unavailable,
+                    "the agent is shutting down",
+                ))
+            })
         })
     }
 }
@@ -750,7 +756,10 @@ impl Handler<Stop> for AgentActor {
             .into_actor(self)
             .map(|_, act, ctx| {
                 for (_, tx) in act.calls.drain() {
-                    let _ = tx.send(Err(ApiError::unavailable("the agent is shutting down")));
+                    let _ = tx.send(Err(Refusal::new(
+                        Refused::Unavailable,
+                        "the agent is shutting down",
+                    )));
                 }
                 ctx.stop();
             }),

@@ -43,10 +43,12 @@ use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use tokio_stream::StreamExt;
 
-use crate::agent_state::{Call, Caller, Reply, WriteOutcome, SHARDS};
+use crate::agent_state::{
+    Call, Caller, Drained, Refusal, Refused, Registered, Reply, WriteOutcome, SHARDS,
+};
 use crate::api_types::{
-    parse_json, ApiError, EndpointJson, EndpointsResponse, FailoverJson, RegisterRequest,
-    StatusResponse,
+    parse_json, ApiError, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson, Propagated,
+    RegisterRequest, RegisterResponse, StatusResponse,
 };
 use crate::failover::Decision;
 use crate::shutdown::Shutdown;
@@ -60,7 +62,7 @@ const SESSION_KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// A local API call for the agent's state machine.
 #[derive(Message)]
-#[rtype(result = "Result<Reply, ApiError>")]
+#[rtype(result = "Result<Reply, Refusal>")]
 pub struct CallMessage(pub Call);
 
 /// `GET /v1/status`.
@@ -131,7 +133,27 @@ impl ApiContext {
         self.calls
             .send(CallMessage(call))
             .await
-            .unwrap_or_else(|_| Err(ApiError::unavailable("the agent is shutting down")))
+            .unwrap_or_else(|_| {
+                Err(Refusal::new(
+                    Refused::Unavailable,
+                    "the agent is shutting down",
+                ))
+            })
+            .map_err(api_error)
+    }
+}
+
+/// The HTTP status and error code of a refusal (README, "Local API").
+fn api_error(refusal: Refusal) -> ApiError {
+    let Refusal { kind, message } = refusal;
+    match kind {
+        Refused::BadRequest => ApiError::bad_request(message),
+        Refused::Forbidden => ApiError::forbidden(message),
+        Refused::NotFound => ApiError::not_found(message),
+        Refused::Conflict => ApiError::conflict(message),
+        Refused::StaleGeneration => ApiError::stale_generation(message),
+        Refused::Invalid => ApiError::unprocessable(message),
+        Refused::Unavailable => ApiError::unavailable(message),
     }
 }
 
@@ -265,11 +287,38 @@ impl FromRequestParts<ApiContext> for CallerOf {
     }
 }
 
-fn outcome<T: Serialize>(outcome: WriteOutcome<T>) -> Response {
+/// A write's answer: 200 when committed, 202 when pending, with the body
+/// `body` builds from the outcome and whether it is pending.
+fn outcome<T, B: Serialize>(outcome: WriteOutcome<T>, body: impl FnOnce(T, bool) -> B) -> Response {
     match outcome {
-        WriteOutcome::Committed(body) => (StatusCode::OK, Json(body)).into_response(),
-        WriteOutcome::Pending(body) => (StatusCode::ACCEPTED, Json(body)).into_response(),
+        WriteOutcome::Committed(t) => (StatusCode::OK, Json(body(t, false))).into_response(),
+        WriteOutcome::Pending(t) => (StatusCode::ACCEPTED, Json(body(t, true))).into_response(),
     }
+}
+
+fn registered(r: Registered, pending: bool) -> RegisterResponse {
+    RegisterResponse {
+        instance_id: r.instance,
+        generation: r.generation.map(|g| g.get()),
+        state: r.state.map_or("PENDING", |s| s.as_str()).to_owned(),
+        pending,
+    }
+}
+
+fn drained(d: Drained, pending: bool) -> DrainResponse {
+    DrainResponse {
+        revision: d.revision.map(|r| r.get()),
+        pending,
+        propagated: d.propagated.map(|p| Propagated {
+            acked: p.acked,
+            total: p.total,
+            complete: p.acked >= p.total,
+        }),
+    }
+}
+
+fn deregistered(revision: Option<rollcall_leases::Revision>, pending: bool) -> serde_json::Value {
+    serde_json::json!({"revision": revision.map(|r| r.get()), "pending": pending})
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -295,7 +344,7 @@ async fn register(
         })
         .await?
     {
-        Reply::Registered(answer) => Ok(outcome(answer)),
+        Reply::Registered(answer) => Ok(outcome(answer, registered)),
         other => Err(unexpected(other)),
     }
 }
@@ -319,7 +368,14 @@ async fn heartbeat(
         caller,
     };
     match agent.call(call).await? {
-        Reply::Heartbeat(body) => Ok(Json(body).into_response()),
+        Reply::Heartbeat {
+            instance,
+            generation,
+        } => Ok(Json(serde_json::json!({
+            "instance_id": instance.as_str(),
+            "generation": generation.map(|g| g.get()),
+        }))
+        .into_response()),
         other => Err(unexpected(other)),
     }
 }
@@ -391,7 +447,7 @@ async fn drain(
         caller,
     };
     match agent.call(call).await? {
-        Reply::Drained(answer) => Ok(outcome(answer)),
+        Reply::Drained(answer) => Ok(outcome(answer, drained)),
         other => Err(unexpected(other)),
     }
 }
@@ -409,7 +465,7 @@ async fn deregister(
         caller,
     };
     match agent.call(call).await? {
-        Reply::Deregistered(answer) => Ok(outcome(answer)),
+        Reply::Deregistered(answer) => Ok(outcome(answer, deregistered)),
         other => Err(unexpected(other)),
     }
 }

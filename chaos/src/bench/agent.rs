@@ -431,7 +431,7 @@ impl FleetAgent {
     fn answered(
         &mut self,
         step: Step,
-        reply: Result<Reply, rollcall_node::api_types::ApiError>,
+        reply: Result<Reply, rollcall_node::agent_state::Refusal>,
         ctx: &mut Context<Self>,
     ) {
         if let Err(error) = &reply {
