@@ -30,6 +30,7 @@ pub mod agent_state;
 pub mod api;
 pub mod api_types;
 pub mod cache;
+pub mod carry;
 pub mod dns;
 pub mod durable;
 pub mod endpoints;

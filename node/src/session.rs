@@ -212,3 +212,61 @@ impl Handler<CloseSession> for SessionActor {
         ctx.stop();
     }
 }
+
+/// A driver's hold on its one session actor: which of the machine's
+/// sessions it carries, and where its messages go. The agent's actor and
+/// the fleet bench's agents carry the machine's session outputs through
+/// it.
+#[derive(Default)]
+pub struct SessionSlot(Option<(SessionId, Addr<SessionActor>)>);
+
+impl SessionSlot {
+    /// `Output::Connect`: starts the actor of `session` (in the calling
+    /// actor's system), replacing any other.
+    pub fn open(&mut self, session: SessionId, actor: SessionActor) {
+        self.0 = Some((session, actor.start()));
+    }
+
+    /// `Output::Close`: closes `session` if it is the one held.
+    pub fn close(&mut self, session: SessionId, reason: String) {
+        if let Some((_, addr)) = self.0.take_if(|(s, _)| *s == session) {
+            addr.do_send(CloseSession(reason));
+        }
+    }
+
+    /// `Output::Send`; false when `session` is not the one held (it
+    /// ended: the message has nowhere to go).
+    pub fn send(&self, session: SessionId, message: SessionUp) -> bool {
+        match &self.0 {
+            Some((s, addr)) if *s == session => {
+                addr.do_send(SendUp(message));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `Output::Request`; false when `session` is not the one held: the
+    /// driver answers the request as lost.
+    pub fn ask(&self, session: SessionId, request: u64, body: Request) -> bool {
+        match &self.0 {
+            Some((s, addr)) if *s == session => {
+                addr.do_send(Ask { request, body });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Closes whatever session is held (a cut, a shutdown); which it was.
+    pub fn close_any(&mut self, reason: String) -> Option<SessionId> {
+        let (session, addr) = self.0.take()?;
+        addr.do_send(CloseSession(reason));
+        Some(session)
+    }
+
+    /// `session` ended on its own: forget it if it is the one held.
+    pub fn ended(&mut self, session: SessionId) {
+        self.0.take_if(|(s, _)| *s == session);
+    }
+}

@@ -22,6 +22,7 @@
 //!   connect fails until `Heal`), and restarted with its cache wiped.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,13 +32,17 @@ use rollcall_leases::client::ArbiterClient;
 use rollcall_leases::clock::now_ms;
 use rollcall_leases::codec::encode_session_down;
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::{AgentEpoch, InstanceId, ServiceKey, State, Version, Weight};
+use rollcall_leases::{
+    AgentEpoch, Generation, InstanceId, NodeId, ServiceKey, State, Version, Weight,
+};
 use rollcall_node::agent_state::{
-    AgentState, Call, CallId, Caller, Input, Output, Reply, RequestId, Restored, SessionId,
-    Settings,
+    AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, Restored, SaveId,
+    SessionId, Settings,
 };
 use rollcall_node::api_types::ValidRegistration;
-use rollcall_node::session::{Ask, CloseSession, SendUp, SessionActor};
+use rollcall_node::carry::{carry, Carry};
+use rollcall_node::health::ProbeTask;
+use rollcall_node::session::{SessionActor, SessionSlot};
 
 use super::plan::Plan;
 use super::records::{now_us, Apply, Commit, Kind, Load, Records, Return};
@@ -175,7 +180,7 @@ pub struct FleetAgent {
     settings: Settings,
     client: ArbiterClient,
     hello: SessionUp,
-    session: Option<(SessionId, Addr<SessionActor>)>,
+    session: SessionSlot,
     wake: Option<SpawnHandle>,
     next_call: CallId,
     calls: HashMap<CallId, Step>,
@@ -221,7 +226,7 @@ impl FleetAgent {
             settings,
             client,
             hello,
-            session: None,
+            session: SessionSlot::default(),
             wake: None,
             next_call: 0,
             calls: HashMap::new(),
@@ -284,111 +289,7 @@ impl FleetAgent {
     }
 
     fn carry(&mut self, outputs: Vec<Output>, ctx: &mut Context<Self>) {
-        for output in outputs {
-            match output {
-                Output::Connect { session, address } => {
-                    if self.cut {
-                        // The network is cut: the handshake never gets an
-                        // answer (the agent's machine waits its backoff).
-                        ctx.run_later(CUT_CONNECT_FAILS_AFTER, move |act, ctx| {
-                            act.feed(
-                                Input::SessionEnded {
-                                    session,
-                                    reason: "bench: the network to the arbiters is cut".into(),
-                                },
-                                ctx,
-                            )
-                        });
-                        continue;
-                    }
-                    let actor = SessionActor::new(
-                        session,
-                        address,
-                        self.client.clone(),
-                        self.hello.clone(),
-                        ctx.address().recipient(),
-                    );
-                    self.session = Some((session, actor.start()));
-                }
-                Output::Close { session, reason } => {
-                    if let Some((_, addr)) = self.session.take_if(|(s, _)| *s == session) {
-                        addr.do_send(CloseSession(reason));
-                    }
-                }
-                Output::Send { session, message } => match &self.session {
-                    Some((s, addr)) if *s == session => {
-                        if let SessionUp::Ack { service, revision } = &message {
-                            if let Some(&s) = self.shared.index.get(service) {
-                                let apply = Apply(self.index, s, revision.0, now_us());
-                                self.shared.record(|r| r.applies.push(apply));
-                            }
-                        }
-                        addr.do_send(SendUp(message))
-                    }
-                    _ => {}
-                },
-                Output::Request {
-                    session,
-                    request,
-                    body,
-                } => match &self.session {
-                    Some((s, addr)) if *s == session => {
-                        if let Some((kind, service)) = self.what(&body) {
-                            self.requests.insert(request, (kind, service, now_us()));
-                        }
-                        addr.do_send(Ask { request, body })
-                    }
-                    _ => ctx.notify(Input::Answer {
-                        request,
-                        result: Err("the arbiter session ended".into()),
-                    }),
-                },
-                Output::Reply { call, reply } => {
-                    if let Some(step) = self.calls.remove(&call) {
-                        self.answered(step, reply, ctx);
-                    }
-                }
-                Output::SaveRegistrations { save, .. } => ctx.notify(Input::Saved {
-                    save,
-                    result: Ok(()),
-                }),
-                Output::Witness { node, epoch, .. } => ctx.notify(Input::Reached {
-                    node,
-                    epoch,
-                    reachable: true,
-                }),
-                Output::Probe {
-                    instance,
-                    generation,
-                    task,
-                } => ctx.notify(Input::Probed {
-                    instance,
-                    generation,
-                    which: task.which,
-                    passed: true,
-                    detail: "bench: every instance passes".into(),
-                }),
-                Output::WakeAt(at) => {
-                    if let Some(handle) = self.wake.take() {
-                        ctx.cancel_future(handle);
-                    }
-                    let after = Duration::from_millis(at.saturating_sub(now_ms()));
-                    self.wake = Some(ctx.run_later(after, |act, ctx| {
-                        act.wake = None;
-                        act.feed(Input::Tick, ctx);
-                    }));
-                }
-                Output::StoreViews { .. }
-                | Output::SaveRegions { .. }
-                | Output::Publish(_)
-                | Output::Changed(_)
-                | Output::PublishDown(_)
-                | Output::PublishConnected(_)
-                | Output::PublishRegions(_)
-                | Output::LiftEjections(_)
-                | Output::Unpublish(_) => {}
-            }
-        }
+        carry(outputs, &mut BenchCarry { act: self, ctx });
     }
 
     /// What a request writes, and to which service (none for reads).
@@ -428,12 +329,7 @@ impl FleetAgent {
             .map(|i| i.service)
     }
 
-    fn answered(
-        &mut self,
-        step: Step,
-        reply: Result<Reply, rollcall_node::agent_state::Refusal>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn answered(&mut self, step: Step, reply: Result<Reply, Refusal>, ctx: &mut Context<Self>) {
         if let Err(error) = &reply {
             let message = format!("{step:?}: {error:?}");
             self.shared.record(|r| r.error(message));
@@ -660,9 +556,7 @@ impl Handler<Input> for FleetAgent {
                 }
             }
             Input::SessionEnded { session, .. } => {
-                if self.session.as_ref().is_some_and(|(s, _)| s == session) {
-                    self.session = None;
-                }
+                self.session.ended(*session);
                 if let Some(back) = &mut self.back {
                     if back.connected_us == 0 {
                         back.failed += 1;
@@ -717,8 +611,7 @@ impl Handler<Cut> for FleetAgent {
         if wipe {
             return self.restart_wiped(ctx);
         }
-        if let Some((session, addr)) = self.session.take() {
-            addr.do_send(CloseSession("bench: network cut".into()));
+        if let Some(session) = self.session.close_any("bench: network cut".into()) {
             self.feed(
                 Input::SessionEnded {
                     session,
@@ -766,5 +659,111 @@ impl Handler<Close> for FleetAgent {
         self.state.close("bench over", &mut out);
         self.carry(out, ctx);
         ctx.stop();
+    }
+}
+
+/// The bench as an agent's driver: a real session, no data plane, no
+/// files, and records of what the coordinator measures.
+struct BenchCarry<'a> {
+    act: &'a mut FleetAgent,
+    ctx: &'a mut Context<FleetAgent>,
+}
+
+impl Carry for BenchCarry<'_> {
+    fn connect(&mut self, session: SessionId, address: String) {
+        if self.act.cut {
+            // The network is cut: the handshake never gets an answer (the
+            // agent's machine waits its backoff).
+            self.ctx
+                .run_later(CUT_CONNECT_FAILS_AFTER, move |act, ctx| {
+                    act.feed(
+                        Input::SessionEnded {
+                            session,
+                            reason: "bench: the network to the arbiters is cut".into(),
+                        },
+                        ctx,
+                    )
+                });
+            return;
+        }
+        let actor = SessionActor::new(
+            session,
+            address,
+            self.act.client.clone(),
+            self.act.hello.clone(),
+            self.ctx.address().recipient(),
+        );
+        self.act.session.open(session, actor);
+    }
+
+    fn close(&mut self, session: SessionId, reason: String) {
+        self.act.session.close(session, reason);
+    }
+
+    fn send(&mut self, session: SessionId, message: SessionUp) {
+        let act = &mut *self.act;
+        if let SessionUp::Ack { service, revision } = &message {
+            if let Some(&s) = act.shared.index.get(service) {
+                let apply = Apply(act.index, s, revision.0, now_us());
+                act.shared.record(|r| r.applies.push(apply));
+            }
+        }
+        act.session.send(session, message);
+    }
+
+    fn request(&mut self, session: SessionId, request: RequestId, body: Request) {
+        let (what, at) = (self.act.what(&body), now_us());
+        if self.act.session.ask(session, request, body) {
+            if let Some((kind, service)) = what {
+                self.act.requests.insert(request, (kind, service, at));
+            }
+        } else {
+            self.ctx.notify(Input::Answer {
+                request,
+                result: Err("the arbiter session ended".into()),
+            });
+        }
+    }
+
+    fn reply(&mut self, call: CallId, reply: Result<Reply, Refusal>) {
+        if let Some(step) = self.act.calls.remove(&call) {
+            self.act.answered(step, reply, self.ctx);
+        }
+    }
+
+    fn save_registrations(&mut self, save: SaveId, _bytes: Vec<u8>) {
+        self.ctx.notify(Input::Saved {
+            save,
+            result: Ok(()),
+        });
+    }
+
+    fn witness(&mut self, node: NodeId, epoch: AgentEpoch, _addresses: Vec<SocketAddr>) {
+        self.ctx.notify(Input::Reached {
+            node,
+            epoch,
+            reachable: true,
+        });
+    }
+
+    fn probe(&mut self, instance: InstanceId, generation: Option<Generation>, task: ProbeTask) {
+        self.ctx.notify(Input::Probed {
+            instance,
+            generation,
+            which: task.which,
+            passed: true,
+            detail: "bench: every instance passes".into(),
+        });
+    }
+
+    fn wake_at(&mut self, at: u64) {
+        if let Some(handle) = self.act.wake.take() {
+            self.ctx.cancel_future(handle);
+        }
+        let after = Duration::from_millis(at.saturating_sub(now_ms()));
+        self.act.wake = Some(self.ctx.run_later(after, |act, ctx| {
+            act.wake = None;
+            act.feed(Input::Tick, ctx);
+        }));
     }
 }

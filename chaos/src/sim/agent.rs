@@ -7,14 +7,23 @@
 //! published to the data plane, timers). It decides nothing the binary's
 //! machine decides; it plays the network and the instances.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
+use std::net::SocketAddr;
 
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
-use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::{AgentEpoch, LeaseId, NodeId, ServiceKey, State, Version};
-use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
+use rollcall_leases::protocol::{Request, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::{
+    AgentEpoch, Generation, InstanceId, LeaseId, NodeId, ServiceKey, State, Version,
+};
+use rollcall_node::agent_state::{
+    AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, SaveId, SessionId,
+};
 use rollcall_node::api_types::ValidRegistration;
+use rollcall_node::carry::{carry, Carry};
+use rollcall_node::failover::Regions;
+use rollcall_node::health::ProbeTask;
+use rollcall_node::view::Published;
 
 use super::world::*;
 
@@ -64,122 +73,15 @@ impl World {
 
     /// Carries agent `a`'s outputs; returns the inputs they answer at once.
     pub(super) fn carry_agent(&mut self, a: u32, out: Vec<Output>) -> Vec<Input> {
-        let mut back = Vec::new();
         let now_ms = self.now_ms();
-        for o in out {
-            match o {
-                Output::Connect { session, .. } => self.connect(a, session),
-                Output::Close { session, .. } => {
-                    let agent = &mut self.agents[a as usize];
-                    let ours = |s: Option<(SessionId, u64)>| s.filter(|(m, _)| *m == session);
-                    if let Some((_, g)) = ours(agent.session).or(ours(agent.connecting)) {
-                        agent.session = None;
-                        agent.connecting = None;
-                        self.drop_session(g);
-                    }
-                }
-                Output::Send { session, message } => self.send_up(a, session, message),
-                Output::Request {
-                    session,
-                    request,
-                    body,
-                } => {
-                    let Some(g) = self.global_session(a, session) else {
-                        continue;
-                    };
-                    if self.link_up(a) {
-                        let latency = self.arbiter_latency();
-                        self.after(
-                            latency,
-                            Ev::Request {
-                                agent: a,
-                                session: g,
-                                request,
-                                body,
-                            },
-                        );
-                    }
-                }
-                Output::Reply { .. } => {}
-                Output::StoreViews { .. } | Output::SaveRegions { .. } | Output::Unpublish(_) => {}
-                Output::SaveRegistrations { save, .. } => back.push(Input::Saved {
-                    save,
-                    result: Ok(()),
-                }),
-                Output::Witness { node, epoch, .. } => {
-                    // A silent node's endpoints answer a connect while the
-                    // node lives (the simulated network cuts nodes off the
-                    // arbiter only, never off each other).
-                    let reachable = parse_node(node.as_str())
-                        .and_then(|b| self.agents.get(b as usize))
-                        .is_some_and(|b| !b.dead);
-                    back.push(Input::Reached {
-                        node,
-                        epoch,
-                        reachable,
-                    });
-                }
-                Output::Probe {
-                    instance,
-                    generation,
-                    task,
-                } => {
-                    self.counters.probes += 1;
-                    let alive = parse_inst(instance.as_str())
-                        .and_then(|k| self.insts.get(k as usize))
-                        .is_some_and(|i| i.alive);
-                    back.push(Input::Probed {
-                        instance,
-                        generation,
-                        which: task.which,
-                        passed: alive,
-                        detail: if alive { "connected" } else { "refused" }.into(),
-                    });
-                }
-                Output::Publish(published) => {
-                    self.agents[a as usize].views.publish(published, now_ms)
-                }
-                Output::Changed(key) => {
-                    let agent = &mut self.agents[a as usize];
-                    if agent.views.remembers_failures(&key) {
-                        // Publishing forgets failures of endpoints gone:
-                        // at once, as the real agent does.
-                        agent.unpublished.remove(&key);
-                        agent.publish(&key, now_ms);
-                    } else {
-                        agent.unpublished.insert(key);
-                    }
-                }
-                Output::PublishDown(nodes) => {
-                    let crashed: Vec<u32> = nodes
-                        .iter()
-                        .filter_map(|n| parse_node(n.as_str()))
-                        .filter(|n| self.crashes.contains_key(n))
-                        .collect();
-                    self.agents[a as usize].views.set_down(nodes);
-                    // The agent's own gossip verdict keeps the node out of
-                    // its routing now.
-                    for node in crashed {
-                        self.eject(node, a, None);
-                    }
-                }
-                Output::PublishConnected(up) => self.agents[a as usize].views.set_connected(up),
-                Output::PublishRegions(regions) => {
-                    self.agents[a as usize].views.set_regions(regions)
-                }
-                Output::LiftEjections(node) => {
-                    let agent = &mut self.agents[a as usize];
-                    agent.publish_all(now_ms);
-                    agent.views.lift_node(&node);
-                }
-                Output::WakeAt(at_ms) => {
-                    self.agents[a as usize].wake = Some(at_ms);
-                    let at = (at_ms * 1_000).max(self.now);
-                    self.at(at, Ev::AgentWake { agent: a, at_ms });
-                }
-            }
-        }
-        back
+        let mut to = SimCarry {
+            world: self,
+            a,
+            now_ms,
+            back: Vec::new(),
+        };
+        carry(out, &mut to);
+        to.back
     }
 
     /// The global number of the machine's session `session`, if current.
@@ -629,5 +531,149 @@ impl Agent {
         for key in std::mem::take(&mut self.unpublished) {
             self.publish(&key, now_ms);
         }
+    }
+}
+
+/// The simulator as agent `a`'s driver: the network with its latency, the
+/// instances, the data plane's view, the virtual clock.
+struct SimCarry<'w> {
+    world: &'w mut World,
+    a: u32,
+    now_ms: u64,
+    /// Inputs answered at once (saves, probes, witness connects).
+    back: Vec<Input>,
+}
+
+impl Carry for SimCarry<'_> {
+    fn connect(&mut self, session: SessionId, _address: String) {
+        self.world.connect(self.a, session);
+    }
+
+    fn close(&mut self, session: SessionId, _reason: String) {
+        let w = &mut *self.world;
+        let agent = &mut w.agents[self.a as usize];
+        let ours = |s: Option<(SessionId, u64)>| s.filter(|(m, _)| *m == session);
+        if let Some((_, g)) = ours(agent.session).or(ours(agent.connecting)) {
+            agent.session = None;
+            agent.connecting = None;
+            w.drop_session(g);
+        }
+    }
+
+    fn send(&mut self, session: SessionId, message: SessionUp) {
+        self.world.send_up(self.a, session, message);
+    }
+
+    fn request(&mut self, session: SessionId, request: RequestId, body: Request) {
+        let (w, a) = (&mut *self.world, self.a);
+        let Some(g) = w.global_session(a, session) else {
+            return;
+        };
+        if w.link_up(a) {
+            let latency = w.arbiter_latency();
+            w.after(
+                latency,
+                Ev::Request {
+                    agent: a,
+                    session: g,
+                    request,
+                    body,
+                },
+            );
+        }
+    }
+
+    fn reply(&mut self, _call: CallId, _reply: Result<Reply, Refusal>) {}
+
+    fn save_registrations(&mut self, save: SaveId, _bytes: Vec<u8>) {
+        self.back.push(Input::Saved {
+            save,
+            result: Ok(()),
+        });
+    }
+
+    fn witness(&mut self, node: NodeId, epoch: AgentEpoch, _addresses: Vec<SocketAddr>) {
+        // A silent node's endpoints answer a connect while the node lives
+        // (the simulated network cuts nodes off the arbiter only, never off
+        // each other).
+        let reachable = parse_node(node.as_str())
+            .and_then(|b| self.world.agents.get(b as usize))
+            .is_some_and(|b| !b.dead);
+        self.back.push(Input::Reached {
+            node,
+            epoch,
+            reachable,
+        });
+    }
+
+    fn probe(&mut self, instance: InstanceId, generation: Option<Generation>, task: ProbeTask) {
+        let w = &mut *self.world;
+        w.counters.probes += 1;
+        let alive = parse_inst(instance.as_str())
+            .and_then(|k| w.insts.get(k as usize))
+            .is_some_and(|i| i.alive);
+        self.back.push(Input::Probed {
+            instance,
+            generation,
+            which: task.which,
+            passed: alive,
+            detail: if alive { "connected" } else { "refused" }.into(),
+        });
+    }
+
+    fn wake_at(&mut self, at_ms: u64) {
+        let (w, a) = (&mut *self.world, self.a);
+        w.agents[a as usize].wake = Some(at_ms);
+        let at = (at_ms * 1_000).max(w.now);
+        w.at(at, Ev::AgentWake { agent: a, at_ms });
+    }
+
+    fn publish(&mut self, published: Published) {
+        self.world.agents[self.a as usize]
+            .views
+            .publish(published, self.now_ms);
+    }
+
+    fn changed(&mut self, key: ServiceKey) {
+        let agent = &mut self.world.agents[self.a as usize];
+        if agent.views.remembers_failures(&key) {
+            // Publishing forgets failures of endpoints gone: at once, as
+            // the real agent does.
+            agent.unpublished.remove(&key);
+            agent.publish(&key, self.now_ms);
+        } else {
+            agent.unpublished.insert(key);
+        }
+    }
+
+    fn publish_down(&mut self, nodes: BTreeSet<NodeId>) {
+        let (w, a) = (&mut *self.world, self.a);
+        let crashed: Vec<u32> = nodes
+            .iter()
+            .filter_map(|n| parse_node(n.as_str()))
+            .filter(|n| w.crashes.contains_key(n))
+            .collect();
+        w.agents[a as usize].views.set_down(nodes);
+        // The agent's own gossip verdict keeps the node out of its routing
+        // now.
+        for node in crashed {
+            w.eject(node, a, None);
+        }
+    }
+
+    fn publish_connected(&mut self, up: bool) {
+        self.world.agents[self.a as usize].views.set_connected(up);
+    }
+
+    fn publish_regions(&mut self, regions: Regions) {
+        self.world.agents[self.a as usize]
+            .views
+            .set_regions(regions);
+    }
+
+    fn lift_ejections(&mut self, node: NodeId) {
+        let agent = &mut self.world.agents[self.a as usize];
+        agent.publish_all(self.now_ms);
+        agent.views.lift_node(&node);
     }
 }

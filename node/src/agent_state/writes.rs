@@ -22,6 +22,9 @@ use crate::api_types::ValidRegistration;
 use crate::registrations::{Intent, LocalInstance, Registrations};
 
 /// A local write in flight.
+// Moved once per request, never stored in bulk: boxing the large variant
+// would cost an allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub(crate) enum WriteRequest {
     /// A registration: answer `call`.
