@@ -23,7 +23,8 @@
 //!   the disk cache, and the services followed on demand;
 //! - [`writes`]: the local API's writes, the intent of each local
 //!   instance (serve, drain, leave), writes kept pending while the arbiter
-//!   is away, the drain window, and the answers; [`authority`] checks who
+//!   is away, the drain window, and the answers ([`write_answers`] says
+//!   what the arbiter's answer to each means); [`authority`] checks who
 //!   may write which instance and which generation a call names;
 //!   [`requests`] builds every request a local instance's life sends, one
 //!   function per shape, for the live path and the replay alike;
@@ -80,6 +81,7 @@ mod health;
 mod reconcile;
 mod requests;
 mod status;
+mod write_answers;
 mod writes;
 
 /// Catalog shards per region. One today; services map to shards by key
