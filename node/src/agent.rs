@@ -638,6 +638,7 @@ impl AgentActor {
                     }
                 }
                 Output::PublishDown(nodes) => self.views.set_down(nodes),
+                Output::PublishAlive(nodes) => self.views.set_alive(nodes),
                 Output::PublishConnected(up) => self.views.set_connected(up),
                 Output::PublishRegions(regions) => self.views.set_regions(regions),
                 Output::LiftEjections(node) => self.views.lift_node(&node),

@@ -394,6 +394,9 @@ impl AgentState {
                 self.peers.downs.excluded(self.link.is_connected()),
             ));
         }
+        if let Some(alive) = self.peers.take_alive() {
+            out.push(Output::PublishAlive(alive));
+        }
         self.publish_changed(out);
         let wake = self.next_wake();
         if wake != self.wake {

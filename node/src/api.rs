@@ -638,6 +638,8 @@ async fn resolve(
                     age_ms: 0,
                     stale: false,
                     mode: "failover".into(),
+                    degraded: false,
+                    degraded_reason: None,
                     region: region.clone(),
                     endpoints: Vec::new(),
                     failover: Some(failover_json(Decision::Remote {
@@ -707,6 +709,8 @@ async fn resolve(
         } else {
             answer.selection.mode.as_str().into()
         },
+        degraded: answer.degraded.is_some(),
+        degraded_reason: answer.degraded.as_ref().map(|d| d.reason.clone()),
         region,
         endpoints,
         failover,

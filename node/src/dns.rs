@@ -77,7 +77,7 @@ use rollcall_leases::clock::now_ms;
 
 use crate::endpoints::Candidate;
 use crate::failover::Decision;
-use crate::view::{Lookup, Views};
+use crate::view::{Lookup, Views, DEGRADED_TTL_S};
 
 /// The zone this server answers for.
 pub const ZONE: &str = "svc.rollcall.";
@@ -453,6 +453,12 @@ fn reply(
             return Reply::code(ResponseCode::ServFail);
         }
     };
+    // A degraded copy's answer is good for a second at most: callers ask
+    // again soon, and get the arbiter's answer as soon as it is back.
+    let ttl_s = match answer.degraded {
+        Some(_) => ttl_s.min(DEGRADED_TTL_S),
+        None => ttl_s,
+    };
     let ordered = zone_first(&answer.selection.candidates, zone, rng);
     let mut out = Reply::code(ResponseCode::NoError);
     match named {
@@ -731,6 +737,7 @@ mod tests {
             }),
             records: records.to_vec().into(),
             leaving: Arc::default(),
+            degraded: None,
         })
     }
 

@@ -86,6 +86,13 @@ pub struct RefusalLabel {
     pub reason: String,
 }
 
+/// Label of answers served past their maximum age.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BehaviourLabel {
+    /// The service's staleness behaviour: `keep` or `degrade`.
+    pub behaviour: String,
+}
+
 /// Label of per-region series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegionLabel {
@@ -135,7 +142,9 @@ pub struct AgentMetrics {
     /// Proxied connections.
     pub proxied_connections: Counter,
     /// Answers served from a copy past its maximum age.
-    pub stale_served: Counter,
+    pub stale_served: Family<BehaviourLabel, Counter>,
+    /// Proxied connections that picked an endpoint of a degraded copy.
+    pub degraded_picks: Counter,
     /// Answers refused because the copy was past its maximum age.
     pub stale_refused: Counter,
     /// DNS answers by response code.
@@ -201,7 +210,8 @@ impl AgentMetrics {
             connect_failures_to_stale: Counter::default(),
             connections_to_not_ready: Counter::default(),
             proxied_connections: Counter::default(),
-            stale_served: Counter::default(),
+            stale_served: Family::default(),
+            degraded_picks: Counter::default(),
             stale_refused: Counter::default(),
             dns_answers: Family::default(),
             failover_decisions: Family::default(),
@@ -299,8 +309,13 @@ impl AgentMetrics {
         );
         registry.register(
             "stale_served",
-            "Answers served from a copy past its maximum age",
+            "Answers served from a copy past its maximum age, by staleness behaviour (keep, degrade)",
             m.stale_served.clone(),
+        );
+        registry.register(
+            "degraded_picks",
+            "Proxied connections to an endpoint chosen from a degraded copy",
+            m.degraded_picks.clone(),
         );
         registry.register(
             "stale_refused",
