@@ -62,6 +62,7 @@ pub struct SharedDrops {
     too_short: AtomicU64,
     unknown_key: AtomicU64,
     forged: AtomicU64,
+    replay: AtomicU64,
     refused: AtomicU64,
 }
 
@@ -73,6 +74,7 @@ impl SharedDrops {
             (&self.too_short, o.too_short),
             (&self.unknown_key, o.unknown_key),
             (&self.forged, o.forged),
+            (&self.replay, o.replay),
             (&self.refused, drops.refused),
         ] {
             cell.store(value, Ordering::Relaxed);
@@ -88,6 +90,7 @@ impl SharedDrops {
                 too_short: load(&self.too_short),
                 unknown_key: load(&self.unknown_key),
                 forged: load(&self.forged),
+                replay: load(&self.replay),
             },
             refused: load(&self.refused),
         }
@@ -96,7 +99,7 @@ impl SharedDrops {
 
 impl GossipHandle {
     /// Incoming datagrams dropped so far, by reason (oversized, truncated,
-    /// sealed with an unknown key, forged, refused by foca).
+    /// sealed with an unknown key, forged, replayed, refused by foca).
     pub fn drops(&self) -> Arc<SharedDrops> {
         self.drops.clone()
     }

@@ -10,6 +10,8 @@
 //! - `driver`: the thin UDP driver: socket, timers, events to a listener.
 //! - `identity`: [`MemberId`], who a member is (node, address, agent epoch).
 //! - `seal`: packet authentication with the zone key (R10).
+//! - `replay`: the per-sender replay windows `seal` drops resent
+//!   datagrams by.
 //! - `membership`: [`Membership`], foca behind one door, with the foca
 //!   2.0.0 stale-TurnUndead workaround.
 //! - `sim`: a deterministic simulated network of real `Membership`s, for
@@ -18,6 +20,7 @@
 pub mod driver;
 pub mod identity;
 pub mod membership;
+pub mod replay;
 pub mod seal;
 pub mod sim;
 

@@ -364,7 +364,7 @@ impl AgentMetrics {
         );
         root.sub_registry_with_prefix("rollcall_gossip").register(
             "dropped",
-            "Incoming gossip datagrams dropped, by reason: too_large, too_short, unknown_key (sealed with a key this node does not hold), forged (the seal does not verify), refused (authentic, but foca refused it)",
+            "Incoming gossip datagrams dropped, by reason: too_large, too_short, unknown_key (sealed with a key this node does not hold), forged (the seal does not verify), replay (authentic, but opened before: a resent or duplicated datagram), refused (authentic, but foca refused it)",
             m.gossip_dropped.clone(),
         );
         AgentMetrics {
@@ -390,6 +390,7 @@ impl AgentMetrics {
             ("too_short", now.open.too_short, before.open.too_short),
             ("unknown_key", now.open.unknown_key, before.open.unknown_key),
             ("forged", now.open.forged, before.open.forged),
+            ("replay", now.open.replay, before.open.replay),
             ("refused", now.refused, before.refused),
         ] {
             self.gossip_dropped
