@@ -73,10 +73,12 @@ pub enum KeyFileError {
 impl ZoneKey {
     /// Reads a key file: one line `<key id 0-255> <64 hex digits>`.
     pub fn load(path: &std::path::Path) -> Result<ZoneKey, KeyFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Io {
+        let io = |source| KeyFileError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        rollcall_leases::secret::owner_only(path).map_err(io)?;
         let format = || KeyFileError::Format {
             path: path.to_owned(),
         };
