@@ -51,7 +51,7 @@ use crate::cache::ServiceCache;
 use crate::dns::DnsHandle;
 use crate::ingress::IngressHandle;
 use crate::metrics::{AgentMetrics, Reported, Scrape};
-use crate::prober::{Prober, ProberActor, RunProbe};
+use crate::prober::{Prober, ProberActor, Reach, RunProbe};
 use crate::proxy::ProxyHandle;
 use crate::registrations::{RegistrationsError, RegistrationsFile};
 use crate::session::{Ask, CloseSession, SendUp, SessionActor};
@@ -278,11 +278,12 @@ impl Agent {
         }
         .start();
         let store = StoreActor::new(cache, registrations_file, addr.clone().recipient()).start();
+        let now = now_ms();
         let settings = Settings {
             node: node.clone(),
             zone: zone.clone(),
             epoch,
-            started_ms: now_ms(),
+            started_ms: now,
             config: config.clone(),
         };
         let restored = Restored {
@@ -292,7 +293,7 @@ impl Agent {
             health: Default::default(),
         };
         let mut outputs = Vec::new();
-        let state = AgentState::new(settings, restored, now_ms(), &mut rand::rng(), &mut outputs);
+        let state = AgentState::new(settings, restored, now, &mut rand::rng(), &mut outputs);
         // What the cache holds is in the data plane's view before any
         // listener answers: the actor starts a moment later, and a resolve
         // of a cached service must not find an empty view meanwhile (an
@@ -302,7 +303,7 @@ impl Agent {
             .into_iter()
             .filter_map(|output| match output {
                 Output::Publish(published) => {
-                    views.publish(published, now_ms());
+                    views.publish(published, now);
                     None
                 }
                 Output::PublishDown(nodes) => {
@@ -521,7 +522,7 @@ impl Actor for AgentActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let initial = std::mem::take(&mut self.initial);
-        self.carry(initial, ctx);
+        self.carry(initial, now_ms(), ctx);
         // Which services the data plane still asks for: the state machine
         // drops those followed on demand that nobody asks for.
         let every = Duration::from_millis(self.state.usage_interval_ms());
@@ -533,15 +534,17 @@ impl Actor for AgentActor {
 }
 
 impl AgentActor {
-    /// One clock read per input, at the edge.
+    /// One clock read per input, at the edge, handed down to the state
+    /// machine and to what carries its outputs.
     fn feed(&mut self, input: Input, ctx: &mut Context<Self>) {
+        let now = now_ms();
         let mut out = Vec::new();
-        self.state
-            .handle(input, now_ms(), &mut rand::rng(), &mut out);
-        self.carry(out, ctx);
+        self.state.handle(input, now, &mut rand::rng(), &mut out);
+        self.carry(out, now, ctx);
     }
 
-    fn carry(&mut self, outputs: Vec<Output>, ctx: &mut Context<Self>) {
+    /// Carries `outputs`, made at `now_ms`, out.
+    fn carry(&mut self, outputs: Vec<Output>, now_ms: u64, ctx: &mut Context<Self>) {
         for output in outputs {
             match output {
                 Output::Connect { session, address } => {
@@ -599,27 +602,11 @@ impl AgentActor {
                     node,
                     epoch,
                     addresses,
-                } => {
-                    let connects = addresses.into_iter().map(|addr| async move {
-                        tokio::time::timeout(
-                            WITNESS_CONNECT_TIMEOUT,
-                            tokio::net::TcpStream::connect(addr),
-                        )
-                        .await
-                        .is_ok_and(|connected| connected.is_ok())
-                    });
-                    let any = async move { futures_any(connects).await };
-                    ctx.spawn(any.into_actor(self).map(move |reachable, act, ctx| {
-                        act.feed(
-                            Input::Reached {
-                                node,
-                                epoch,
-                                reachable,
-                            },
-                            ctx,
-                        )
-                    }));
-                }
+                } => self.prober.do_send(Reach {
+                    node,
+                    epoch,
+                    addresses,
+                }),
                 Output::Probe {
                     instance,
                     generation,
@@ -629,10 +616,10 @@ impl AgentActor {
                     generation,
                     task,
                 }),
-                Output::Publish(published) => self.views.publish(published, now_ms()),
+                Output::Publish(published) => self.views.publish(published, now_ms),
                 Output::Changed(key) => {
                     if let Some(published) = self.state.published(&key) {
-                        self.views.publish(published, now_ms());
+                        self.views.publish(published, now_ms);
                     }
                 }
                 Output::PublishDown(nodes) => self.views.set_down(nodes),
@@ -644,7 +631,7 @@ impl AgentActor {
                     if let Some(handle) = self.wake.take() {
                         ctx.cancel_future(handle);
                     }
-                    let after = Duration::from_millis(at.saturating_sub(now_ms()));
+                    let after = Duration::from_millis(at.saturating_sub(now_ms));
                     self.wake = Some(ctx.run_later(after, |act, ctx| {
                         act.wake = None;
                         act.feed(Input::Tick, ctx);
@@ -693,6 +680,7 @@ impl Handler<MetricsMessage> for AgentActor {
     type Result = String;
 
     fn handle(&mut self, _: MetricsMessage, _: &mut Context<Self>) -> String {
+        let now = now_ms();
         let regions = self.views.regions();
         let state = &self.state;
         let scrape = Scrape {
@@ -706,12 +694,12 @@ impl Handler<MetricsMessage> for AgentActor {
             liveness: state.liveness().map(|(id, l)| (id.clone(), l)).collect(),
             regions: &regions,
         };
-        self.metrics.refresh(scrape, &mut self.reported, now_ms());
+        self.metrics.refresh(scrape, &mut self.reported, now);
         if let Some(client) = &self.client {
             rollcall_leases::server::metrics::set_certificate_expiry(
                 &self.metrics.certificate_expiry,
                 &client.tls().status(),
-                now_ms() as i64 / 1_000,
+                now as i64 / 1_000,
             );
         }
         self.metrics.render()
@@ -739,7 +727,7 @@ impl Handler<Stop> for AgentActor {
         let mut out = Vec::new();
         self.state.flush(&mut out);
         self.state.close("agent shutting down", &mut out);
-        self.carry(out, ctx);
+        self.carry(out, now_ms(), ctx);
         let store = self.store.clone();
         Box::pin(
             async move {
@@ -756,28 +744,6 @@ impl Handler<Stop> for AgentActor {
             }),
         )
     }
-}
-
-/// How long a witness's connect to a silent node's endpoint may take: an
-/// answer must reach the arbiter within its `lease.witness_wait_ms` (the
-/// budget calculator counts it).
-const WITNESS_CONNECT_TIMEOUT: Duration =
-    Duration::from_millis(rollcall_config::WITNESS_CONNECT_MS);
-
-/// Whether any of `checks` (run side by side) is true.
-async fn futures_any(
-    checks: impl Iterator<Item = impl std::future::Future<Output = bool> + Send + 'static>,
-) -> bool {
-    let mut set = tokio::task::JoinSet::new();
-    for check in checks {
-        set.spawn(check);
-    }
-    while let Some(done) = set.join_next().await {
-        if done.unwrap_or(false) {
-            return true;
-        }
-    }
-    false
 }
 
 /// A fresh agent epoch, above every earlier one of this data directory: the
