@@ -25,7 +25,7 @@ use rollcall_leases::{Label, PrincipalName, Role};
 use rollcall_region_bridge::{Bridge, BridgeTls};
 
 use crate::dev::DevError;
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 
 /// Most regions `--regions` starts.
 pub const MAX_REGIONS: u8 = 9;
@@ -171,7 +171,7 @@ impl DevRegions {
                 ..AgentConfig::default()
             };
             agent_config.ingress.listen = Some(port(base, kk, 2)?);
-            let agent = Agent::start(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?;
+            let agent = process::start(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?;
             crate::dev::connected(&agent).await?;
             let ingress = agent
                 .ingress_addr
@@ -333,7 +333,7 @@ impl DevRegions {
             arbiters: vec![region.arbiter.quic_addr.to_string()],
             ..AgentConfig::default()
         };
-        let agent = Agent::start(config, Some(&tls)).await?;
+        let agent = process::start(config, Some(&tls)).await?;
         crate::dev::connected(&agent).await?;
         Ok(agent)
     }
