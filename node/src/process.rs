@@ -1,13 +1,14 @@
 //! The agent process (`rollcall agent`, and the agent of `rollcall dev`):
 //! its start-up in two steps, and the handles on what runs.
 //!
-//! [`prepare`] checks everything it can before anything runs: the names
-//! in the config, the gossip key files, every address the agent listens on
-//! (bound here: the HTTP API, DNS over UDP and TCP, each proxy, the
-//! ingress gateway, gossip), the data directory (created, this run's epoch
-//! and the token written, the cache and the registrations read) and the
-//! arbiter client's TLS material. A failure there leaves nothing to stop:
-//! only files and sockets were opened, and dropping them closes them.
+//! [`prepare`] checks everything it can before anything runs, in this
+//! order: the names in the config, the arbiter client's TLS material, the
+//! gossip key files, every address the agent listens on (bound here: the
+//! HTTP API, DNS over UDP and TCP, each proxy, the ingress gateway,
+//! gossip), the data directory (created, this run's epoch and the token
+//! written, the cache and the registrations read). A failure there leaves
+//! nothing to stop: only files and sockets were opened (and the client's
+//! idle QUIC endpoint), and dropping them closes them.
 //! [`Prepared::start`] then makes the state machine, starts the actors
 //! (`agent`) and serves what was bound. Its one step that can still fail,
 //! binding the unix socket, comes before anything runs.
@@ -295,10 +296,10 @@ pub async fn prepare(
     if !config.arbiters.is_empty() && tls.is_none() {
         return Err(no_tls());
     }
+    let client = tls.map(ArbiterClient::new).transpose()?;
     let bound = bind(&config).await?;
     let files = data_dir(&config.data_dir)?;
     let prober = Prober::new(config.probes.max_concurrent as usize)?;
-    let client = tls.map(ArbiterClient::new).transpose()?;
     let declared = declared_addresses(&config, tls);
     Ok(Prepared {
         config,
