@@ -212,3 +212,40 @@ fn dev_whose_agent_fails_after_the_arbiter_started_stops_it_and_exits_2() {
     assert!(run.stderr.contains("arbiter serving"), "{}", run.stderr);
     assert!(run.stderr.contains("arbiter stopped"), "{}", run.stderr);
 }
+
+/// `rollcall dev --regions 2` from base port B: region r2's agent HTTP
+/// port (B + 10) in use stops it before anything started; region r1's
+/// bridge metrics port (B + 5) in use fails once r1's arbiter and agent
+/// run, and they are stopped before the process exits.
+#[test]
+fn dev_regions_with_a_port_in_use_exits_2_and_stops_what_started() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    for (offset, setting, started) in [(10, "--http", false), (5, "metrics_listen", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let base = format!("127.0.0.1:{}", port - offset);
+        let data = dir.path().join("data");
+        let run = rollcall(
+            dir.path(),
+            &[
+                "dev",
+                "--regions",
+                "2",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--http",
+                &base,
+            ],
+        );
+        failed_naming(&run, &[&format!("127.0.0.1:{port}"), setting]);
+        assert_eq!(
+            run.stderr.contains("arbiter serving"),
+            started,
+            "{}",
+            run.stderr
+        );
+        if started {
+            assert!(run.stderr.contains("arbiter stopped"), "{}", run.stderr);
+        }
+    }
+}
