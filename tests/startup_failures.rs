@@ -1,6 +1,6 @@
 //! Start-up failures as a new user meets them (issue 33): the built
 //! `rollcall` binary started with a port already in use, a gossip key file
-//! missing or malformed, or a data directory it cannot use. Each run must
+//! or certificate missing or malformed, or a data directory it cannot use. Each run must
 //! print one error that names the port or file, exit 2, and never panic
 //! (it used to panic with "there is no reactor running" when an actor
 //! started on the failed path was dropped after the runtime).
@@ -184,6 +184,33 @@ fn agent_whose_data_directory_is_a_file_exits_2_naming_it() {
     let run = rollcall(dir.path(), &["agent", "--config", &config]);
     let data = dir.path().join("agent");
     failed_naming(&run, &[data.to_str().unwrap(), "agent.data_dir"]);
+}
+
+#[test]
+fn agent_with_its_certificate_files_missing_or_malformed_exits_2_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let tls = |file: &str| certs.join(file).display().to_string();
+    let toml = format!(
+        "node_id = \"n1\"\ndata_dir = \"{data}\"\nhttp_listen = \"127.0.0.1:0\"\ndns_listen = \"127.0.0.1:{dns}\"\narbiters = [\"127.0.0.1:9\"]\n[tls]\nca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\"\n",
+        data = dir.path().join("agent").display(),
+        dns = free_port(),
+        ca = tls("ca.crt"),
+        cert = tls("agent-n1.crt"),
+        key = tls("agent-n1.key"),
+    );
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, toml).unwrap();
+    let config = config.to_str().unwrap();
+    let run = rollcall(dir.path(), &["agent", "--config", config]);
+    failed_naming(&run, &[&tls("ca.crt")]);
+    std::fs::create_dir(&certs).unwrap();
+    for file in ["ca.crt", "agent-n1.crt", "agent-n1.key"] {
+        std::fs::write(certs.join(file), "not PEM\n").unwrap();
+    }
+    let run = rollcall(dir.path(), &["agent", "--config", config]);
+    failed_naming(&run, &[&tls("ca.crt"), "rollcall certs"]);
+    assert!(!dir.path().join("agent").exists());
 }
 
 /// The agent's unix socket is the one thing bound after start-up began (in
