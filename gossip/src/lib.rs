@@ -24,7 +24,7 @@ pub mod replay;
 pub mod seal;
 pub mod sim;
 
-pub use driver::{GossipHandle, GossipListener, GossipOptions, SharedDrops};
+pub use driver::{GossipHandle, GossipListener, GossipOptions, GossipSocket, SharedDrops};
 pub use identity::MemberId;
 pub use membership::{foca_config, DropReason, Drops, Membership, MembershipEvent, Output};
 pub use seal::{KeyFileError, OpenDrops, OpenError, Sealer, ZoneKey, MAX_PACKET};

@@ -55,7 +55,7 @@ pub struct ZoneKey {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     /// It could not be read.
-    #[error("cannot read zone key file {path}: {source}")]
+    #[error("cannot read zone key file {path}: {source}; copy the zone's key file there (every agent of a zone holds the same one), or make a zone's first with `rollcall gossip-key`")]
     Io {
         /// The file.
         path: std::path::PathBuf,
