@@ -18,15 +18,18 @@ use rollcall_leases::clock::now_ms;
 use rollcall_leases::protocol::SessionUp;
 use tokio::sync::oneshot;
 
-use crate::agent_state::{AgentState, CallId, Input, Output, Refusal, Refused, Reply, SessionId};
+use crate::agent_state::{AgentState, CallId, Input, Output, Refusal, Refused, Reply};
 use crate::api::{CallMessage, MetricsMessage, SessionClosedMessage, StatusMessage};
 use crate::cache::ServiceCache;
+use crate::carry::carry;
 use crate::metrics::{AgentMetrics, Reported, Scrape};
-use crate::prober::{Prober, ProberActor, Reach, RunProbe};
+use crate::prober::{Prober, ProberActor};
 use crate::registrations::RegistrationsFile;
-use crate::session::{Ask, CloseSession, SendUp, SessionActor};
-use crate::store::{Barrier, SaveRegions, SaveRegistrations, StoreActor, StoreViews};
+use crate::session::SessionSlot;
+use crate::store::{Barrier, StoreActor};
 use crate::view::Views;
+
+mod carrier;
 
 /// What the agent actor and its helper actors start with, made by
 /// `process` (which owns the order of the agent's start).
@@ -97,7 +100,7 @@ pub(crate) fn run(context: Context<AgentActor>, parts: Parts) -> Addr<AgentActor
         metrics: parts.metrics,
         hello: parts.hello,
         client: parts.client,
-        session: None,
+        session: SessionSlot::default(),
         prober,
         store,
         calls: HashMap::new(),
@@ -127,7 +130,7 @@ pub(crate) struct AgentActor {
     metrics: Arc<AgentMetrics>,
     hello: SessionUp,
     client: Option<ArbiterClient>,
-    session: Option<(SessionId, Addr<SessionActor>)>,
+    session: SessionSlot,
     prober: Addr<ProberActor>,
     store: Addr<StoreActor>,
     calls: HashMap<CallId, oneshot::Sender<Result<Reply, Refusal>>>,
@@ -167,101 +170,14 @@ impl AgentActor {
 
     /// Carries `outputs`, made at `now_ms`, out.
     fn carry(&mut self, outputs: Vec<Output>, now_ms: u64, ctx: &mut Context<Self>) {
-        for output in outputs {
-            match output {
-                Output::Connect { session, address } => {
-                    let Some(client) = self.client.clone() else {
-                        continue;
-                    };
-                    let actor = SessionActor::new(
-                        session,
-                        address,
-                        client,
-                        self.hello.clone(),
-                        ctx.address().recipient(),
-                    );
-                    self.session = Some((session, actor.start()));
-                }
-                Output::Close { session, reason } => {
-                    if let Some((_, addr)) = self.session.take_if(|(s, _)| *s == session) {
-                        addr.do_send(CloseSession(reason));
-                    }
-                }
-                Output::Send { session, message } => match &self.session {
-                    Some((s, addr)) if *s == session => addr.do_send(SendUp(message)),
-                    _ => {}
-                },
-                Output::Request {
-                    session,
-                    request,
-                    body,
-                } => match &self.session {
-                    Some((s, addr)) if *s == session => addr.do_send(Ask { request, body }),
-                    _ => ctx.notify(Input::Answer {
-                        request,
-                        result: Err("the arbiter session ended".into()),
-                    }),
-                },
-                Output::Reply { call, reply } => {
-                    if let Some(tx) = self.calls.remove(&call) {
-                        let _ = tx.send(reply);
-                    }
-                }
-                Output::StoreViews { views, forget } => {
-                    self.store.do_send(StoreViews { views, forget })
-                }
-                Output::SaveRegistrations { save, bytes } => {
-                    self.store.do_send(SaveRegistrations { save, bytes })
-                }
-                Output::SaveRegions {
-                    update,
-                    received_at_ms,
-                } => self.store.do_send(SaveRegions {
-                    update,
-                    received_at_ms,
-                }),
-                Output::Witness {
-                    node,
-                    epoch,
-                    addresses,
-                } => self.prober.do_send(Reach {
-                    node,
-                    epoch,
-                    addresses,
-                }),
-                Output::Probe {
-                    instance,
-                    generation,
-                    task,
-                } => self.prober.do_send(RunProbe {
-                    instance,
-                    generation,
-                    task,
-                }),
-                Output::Publish(published) => self.views.publish(published, now_ms),
-                Output::Changed(key) => {
-                    if let Some(published) = self.state.published(&key) {
-                        self.views.publish(published, now_ms);
-                    }
-                }
-                Output::PublishDown(nodes) => self.views.set_down(nodes),
-                Output::PublishAlive(nodes) => self.views.set_alive(nodes),
-                Output::PublishConnected(up) => self.views.set_connected(up),
-                Output::PublishRegions(regions) => self.views.set_regions(regions),
-                Output::LiftEjections(node) => self.views.lift_node(&node),
-                Output::Unpublish(key) => self.views.unpublish(&key),
-                Output::WakeAt(at) => {
-                    if let Some(handle) = self.wake.take() {
-                        ctx.cancel_future(handle);
-                    }
-                    let after = Duration::from_millis(at.saturating_sub(now_ms));
-                    self.wake = Some(ctx.run_later(after, |act, ctx| {
-                        act.wake = None;
-                        act.feed(Input::Tick, ctx);
-                    }));
-                }
-            }
-        }
+        carry(
+            outputs,
+            &mut carrier::ActorCarry {
+                act: self,
+                ctx,
+                now_ms,
+            },
+        );
     }
 }
 

@@ -2,10 +2,11 @@
 //! go through, as foca's `Runtime` is for its SWIM machine: a driver
 //! implements [`Carry`] (what each output means where it runs) and hands
 //! the outputs of every input to [`carry`], the single loop that takes
-//! them apart. The agent's actor, the fleet bench's agents and the fleet
-//! simulator are the three drivers; none of them matches on [`Output`]
-//! itself, so an output added to the machine is a method every driver
-//! must answer (or, for the data plane and the disk, knowingly ignore).
+//! them apart. The agent's actor (`agent::carrier`), the fleet bench's
+//! agents and the fleet simulator are the three drivers; none of their
+//! loops matches on [`Output`] itself, so an output added to the machine
+//! is a method every driver must answer (or, for the data plane and the
+//! disk, knowingly ignore).
 //!
 //! Nothing here does IO: the implementations do.
 
