@@ -327,7 +327,7 @@ async fn start_agent(
 ) -> Result<AgentHandle, DevError> {
     named(arbiters).await?;
     agent.set_arbiters(arbiters.iter().map(|a| a.quic_addr.to_string()).collect())?;
-    let agent = agent.start().await?;
+    let agent = agent.start().await;
     match connected(&agent).await {
         Ok(()) => Ok(agent),
         Err(e) => {

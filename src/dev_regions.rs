@@ -183,7 +183,7 @@ impl DevRegions {
                     crate::dev::named(std::slice::from_ref(&arbiter)).await?;
                     let mut agent = agent;
                     agent.set_arbiters(vec![arbiter.quic_addr.to_string()])?;
-                    let agent = agent.start().await?;
+                    let agent = agent.start().await;
                     let bridge = async {
                         crate::dev::connected(&agent).await?;
                         let ingress = agent

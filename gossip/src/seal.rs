@@ -62,6 +62,15 @@ pub enum KeyFileError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Group or others may read it, and it could not be restricted to its
+    /// owner (`leases::secret::owner_only` says why and what to run).
+    #[error("zone key file {path}: {source}")]
+    OpenToOthers {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
     /// It does not hold `<id> <64 hex digits>`.
     #[error("zone key file {path} must hold one line `<key id 0-255> <64 hex digits>`; generate one with `rollcall gossip-key`")]
     Format {
@@ -78,7 +87,10 @@ impl ZoneKey {
             source,
         };
         let text = std::fs::read_to_string(path).map_err(io)?;
-        rollcall_leases::secret::owner_only(path).map_err(io)?;
+        rollcall_leases::secret::owner_only(path).map_err(|source| KeyFileError::OpenToOthers {
+            path: path.to_owned(),
+            source,
+        })?;
         let format = || KeyFileError::Format {
             path: path.to_owned(),
         };

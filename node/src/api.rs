@@ -178,15 +178,30 @@ pub fn router(agent: ApiContext) -> Router {
         ))
 }
 
-/// Serves the API on a unix socket at `path` (replacing a stale socket
-/// file), identifying each caller by its peer credentials. The socket is
-/// open to every local user (mode 0666): what a caller may do is decided by
-/// its uid/gid, not by who can connect.
-pub async fn serve_unix(
+/// Serves the API on the unix socket `listener` ([`bind_unix`]),
+/// identifying each caller by its peer credentials. The socket is open to
+/// every local user (mode 0666): what a caller may do is decided by its
+/// uid/gid, not by who can connect.
+pub fn serve_unix(
     agent: ApiContext,
-    path: &FsPath,
+    listener: UnixListener,
     shutdown: Shutdown,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+) -> tokio::task::JoinHandle<()> {
+    let limits = rollcall_leases::http::Limits::from(&agent.limits);
+    tokio::spawn(rollcall_leases::http::serve(
+        listener,
+        router(agent),
+        limits,
+        |stream: &tokio::net::UnixStream, _| peer_cred(stream),
+        "agent unix socket API",
+        shutdown,
+    ))
+}
+
+/// Binds the API's unix socket at `path` (a stale socket file of an
+/// earlier run is replaced), open to every local user: workloads are told
+/// apart by their peer credentials, not by the file's mode.
+pub fn bind_unix(path: &FsPath) -> std::io::Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -198,15 +213,7 @@ pub async fn serve_unix(
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     }
-    let limits = rollcall_leases::http::Limits::from(&agent.limits);
-    Ok(tokio::spawn(rollcall_leases::http::serve(
-        listener,
-        router(agent),
-        limits,
-        |stream: &tokio::net::UnixStream, _| peer_cred(stream),
-        "agent unix socket API",
-        shutdown,
-    )))
+    Ok(listener)
 }
 
 /// Serves the API on a TCP listener until the shutdown signal.

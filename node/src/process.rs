@@ -6,12 +6,12 @@
 //! gossip key files, every address the agent listens on (bound here: the
 //! HTTP API, DNS over UDP and TCP, each proxy, the ingress gateway,
 //! gossip), the data directory (created, this run's epoch and the token
-//! written, the cache and the registrations read). A failure there leaves
-//! nothing to stop: only files and sockets were opened (and the client's
-//! idle QUIC endpoint), and dropping them closes them.
-//! [`Prepared::start`] then makes the state machine, starts the actors
-//! (`agent`) and serves what was bound. Its one step that can still fail,
-//! binding the unix socket, comes before anything runs.
+//! written, the cache and the registrations read), then the local API's
+//! unix socket in it. A failure there leaves nothing to stop: only files
+//! and sockets were opened (and the client's idle QUIC endpoint), and
+//! dropping them closes them. [`Prepared::start`] then makes the state
+//! machine, starts the actors (`agent`) and serves what was bound; it
+//! cannot fail.
 //!
 //! Nothing here decides what the agent does (the state machine does), and
 //! nothing may be left half-started on an error path: actix polls an
@@ -237,7 +237,7 @@ pub async fn start(
     config: AgentConfig,
     tls: Option<&TlsMaterial>,
 ) -> Result<AgentHandle, AgentError> {
-    prepare(config, tls).await?.start().await
+    Ok(prepare(config, tls).await?.start().await)
 }
 
 /// An agent checked and ready to start: its names validated, its sockets
@@ -252,6 +252,8 @@ pub struct Prepared {
     prober: Prober,
     bound: Bound,
     files: Files,
+    /// The local API's unix socket, in the data directory.
+    unix: tokio::net::UnixListener,
 }
 
 /// What the agent listens on, bound.
@@ -299,6 +301,11 @@ pub async fn prepare(
     let client = tls.map(ArbiterClient::new).transpose()?;
     let bound = bind(&config).await?;
     let files = data_dir(&config.data_dir)?;
+    let socket = config.data_dir.join("agent.sock");
+    let unix = crate::api::bind_unix(&socket).map_err(|source| AgentError::Socket {
+        path: socket.clone(),
+        source,
+    })?;
     let prober = Prober::new(config.probes.max_concurrent as usize)?;
     let declared = declared_addresses(&config, tls);
     Ok(Prepared {
@@ -311,6 +318,7 @@ pub async fn prepare(
         prober,
         bound,
         files,
+        unix,
     })
 }
 
@@ -480,7 +488,7 @@ impl Prepared {
     /// Starts the agent: serves the cache at once (stale), connects to the
     /// arbiter (when `arbiters` is set) and serves the local HTTP API, DNS,
     /// the proxies and the ingress gateway.
-    pub async fn start(self) -> Result<AgentHandle, AgentError> {
+    pub async fn start(self) -> AgentHandle {
         let Prepared {
             config,
             node,
@@ -491,6 +499,7 @@ impl Prepared {
             prober,
             bound,
             files,
+            unix,
         } = self;
         if config.arbiters.is_empty() {
             tracing::warn!(
@@ -548,16 +557,7 @@ impl Prepared {
             region,
             limits: config.http_limits,
         };
-        // The one step that can still fail (`api::serve_unix` binds the
-        // socket itself), before anything runs: the actor's context is
-        // dropped unstarted.
-        let socket = config.data_dir.join("agent.sock");
-        let unix = crate::api::serve_unix(api.clone(), &socket, shutdown.clone())
-            .await
-            .map_err(|source| AgentError::Socket {
-                path: socket.clone(),
-                source,
-            })?;
+        let unix = crate::api::serve_unix(api.clone(), unix, shutdown.clone());
 
         let tls = client.as_ref().map(|c| c.tls().clone());
         let addr = agent::run(
@@ -606,7 +606,7 @@ impl Prepared {
         }
         let http_addr = bound.http_addr;
         tracing::info!(node = %node, epoch = %epoch, http = %http_addr, dns = %dns_addr, "agent started");
-        Ok(AgentHandle {
+        AgentHandle {
             agent: Agent {
                 addr,
                 tls,
@@ -625,6 +625,6 @@ impl Prepared {
             dns,
             servers,
             trigger,
-        })
+        }
     }
 }
