@@ -180,7 +180,7 @@ impl Dev {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let text: Vec<String> = free.iter().map(|a| a.to_string()).collect();
-                rollcall_leases::secret::private_dir(&options.data_dir)
+                std::fs::create_dir_all(&options.data_dir)
                     .and_then(|()| std::fs::write(&ports_file, text.join("\n") + "\n"))
                     .map_err(|e| {
                         DevError::Options(format!("writing {}: {e}", ports_file.display()))
