@@ -702,13 +702,19 @@ impl Carry for BenchCarry<'_> {
 
     fn send(&mut self, session: SessionId, message: SessionUp) {
         let act = &mut *self.act;
-        if let SessionUp::Ack { service, revision } = &message {
-            if let Some(&s) = act.shared.index.get(service) {
-                let apply = Apply(act.index, s, revision.0, now_us());
+        let apply = match &message {
+            SessionUp::Ack { service, revision } => act
+                .shared
+                .index
+                .get(service)
+                .map(|&s| Apply(act.index, s, revision.0, now_us())),
+            _ => None,
+        };
+        if act.session.send(session, message) {
+            if let Some(apply) = apply {
                 act.shared.record(|r| r.applies.push(apply));
             }
         }
-        act.session.send(session, message);
     }
 
     fn request(&mut self, session: SessionId, request: RequestId, body: Request) {
