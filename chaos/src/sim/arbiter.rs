@@ -129,7 +129,7 @@ impl World {
                 let arb = &mut self.arb;
                 let renewal =
                     arb.leader
-                        .renew(arb.catalog.leases_mut(), &node, epoch, now_ms, &actor);
+                        .renew(arb.catalog.leases(), &node, epoch, now_ms, &actor);
                 match renewal {
                     Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
                     Ok(None) => {}
@@ -415,6 +415,13 @@ impl World {
             self.hash(&[0xc0, rev.0, env.at_ms, kind_code(&env.command)]);
         }
         match (&env.command, &applied.effect) {
+            (Command::GrantLease { node, epoch, .. }, Effect::Unchanged) => {
+                // As the core: asking again for the lease held renews it.
+                let arb = &mut self.arb;
+                let _ = arb
+                    .leader
+                    .renew(arb.catalog.leases(), node, *epoch, env.at_ms, &env.actor);
+            }
             (Command::ExpireLease { .. }, Effect::ExpiryHeld) => self.counters.expiry_held += 1,
             (Command::ExpireLease { node, .. }, Effect::LeaseEnded { marked })
             | (Command::NodeDown { node, .. }, Effect::LeaseEnded { marked }) => {
@@ -610,7 +617,7 @@ impl World {
         );
         self.arb
             .leader
-            .take_office(now_ms, self.arb.catalog.leases_mut());
+            .take_office(now_ms, self.arb.catalog.leases());
         self.last_recovery_ms = Some(now_ms);
         self.converged_at_ms = None;
         self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);

@@ -657,10 +657,8 @@ impl Core {
         at: u64,
         actor: &Principal,
     ) -> Result<Option<Envelope>, String> {
-        let leader = &self.leader;
-        self.replica
-            .applied
-            .with_lease_memory(|leases| leader.renew(leases, node, epoch, at, actor))
+        self.leader
+            .renew(self.replica.applied.lock().leases(), node, epoch, at, actor)
             .map_err(|e| e.to_string())
     }
 
@@ -807,10 +805,8 @@ impl Core {
             (Standing::Follower { .. }, Standing::Leader) => {
                 // R3: no lease expires and no down verdict is accepted for
                 // having been silent towards the previous leader.
-                let leader = &mut self.leader;
-                self.replica
-                    .applied
-                    .with_lease_memory(|leases| leader.take_office(now, leases));
+                self.leader
+                    .take_office(now, self.replica.applied.lock().leases());
                 self.heard_out.clear();
                 tracing::info!(
                     replica = self.replica.id,
@@ -898,10 +894,8 @@ impl Core {
             }
             (Some(since), false) => {
                 self.quorum_lost_at = None;
-                let leader = &mut self.leader;
-                self.replica
-                    .applied
-                    .with_lease_memory(|leases| leader.take_office(now, leases));
+                self.leader
+                    .take_office(now, self.replica.applied.lock().leases());
                 tracing::info!(
                     replica = self.replica.id,
                     without_ms = now.saturating_sub(since),

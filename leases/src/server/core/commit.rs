@@ -217,6 +217,14 @@ impl Core {
             (Command::Register(_), Effect::Registered { .. }) => {
                 self.metrics.registrations.inc();
             }
+            (Command::GrantLease { node, epoch, .. }, Effect::Unchanged) => {
+                // The agent's run asked again for the lease it holds: a
+                // renewal, which the catalog does not record.
+                let cat = self.replica.applied.lock();
+                let _ = self
+                    .leader
+                    .renew(cat.leases(), node, *epoch, env.at_ms, &env.actor);
+            }
             (Command::ExpireLease { node, .. }, Effect::ExpiryHeld) => {
                 tracing::warn!(node = %node, "mass-expiry guard holds this lease expiry: too many of its zone's sessions are silent at once");
             }
@@ -293,9 +301,8 @@ impl Core {
         drop(cat);
         self.carry(out);
         if mark.installs != previous.installs && self.is_leader() {
-            self.replica
-                .applied
-                .with_lease_memory(|leases| leases.extend_all(now));
+            self.leader
+                .extend_all(now, self.replica.applied.lock().leases());
         }
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
             .into_iter()
