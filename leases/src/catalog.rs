@@ -30,9 +30,7 @@ use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
 
-pub(crate) mod stored;
-
-use stored::{Fixed, Live};
+use crate::stored::{materialize, Fixed, Live};
 
 /// Why a command was rejected. A rejected command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -773,16 +771,15 @@ impl Catalog {
             self.leases.remove(node);
         }
         let id = LeaseId(rev.0);
-        self.leases.insert(
-            Lease {
-                id,
-                node: node.clone(),
-                epoch,
-                zone: zone.clone(),
-                ttl_ms,
-                granted_at_ms: env.at_ms,
-                held_since_ms: None,
-            });
+        self.leases.insert(Lease {
+            id,
+            node: node.clone(),
+            epoch,
+            zone: zone.clone(),
+            ttl_ms,
+            granted_at_ms: env.at_ms,
+            held_since_ms: None,
+        });
         // The node's records that are not expired move under the new grant:
         // a restarted agent reconciles them by instance id and generation,
         // keeping their generations (R7).
@@ -1299,7 +1296,7 @@ impl Catalog {
     /// The record in slot `s`, whole.
     fn record(&self, s: u32) -> Arc<EndpointRecord> {
         let slot = self.slot(s);
-        stored::materialize(&slot.fixed, &slot.live)
+        materialize(&slot.fixed, &slot.live)
     }
 
     /// A service's records, whole, sorted by instance id.

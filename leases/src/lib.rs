@@ -15,7 +15,8 @@
 //! - `name`, `ids`: validated names and numeric identities.
 //! - `endpoint`: the endpoint record, states, liveness, principals.
 //! - `command`: the replicated commands; `audit`: their audit entries.
-//! - `catalog`: the state machine and its queries.
+//! - `catalog`: the state machine and its queries; `stored`: how it (and
+//!   the delta log) holds a record.
 //! - `lease`, `guard`: node leases and the mass-expiry guard.
 //! - `delta_log`, `digest`, `snapshot`, `view`: distribution (R6).
 //! - `protocol`: the agent ↔ arbiter messages; `peer_protocol`: replica ↔
@@ -78,6 +79,7 @@ pub mod server;
 pub mod sessions;
 pub mod shutdown;
 pub mod snapshot;
+mod stored;
 
 pub mod tls;
 pub mod view;
