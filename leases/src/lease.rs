@@ -248,7 +248,9 @@ mod tests {
         t.insert(l);
         let n1 = NodeId::new("n1").unwrap();
         assert_eq!(d.deadline(&t, &n1), Some(11_000), "one TTL after the grant");
-        assert!(d.due(&t, 11_000, 60_000).contains(&(n1.clone(), AgentEpoch(7))));
+        assert!(d
+            .due(&t, 11_000, 60_000)
+            .contains(&(n1.clone(), AgentEpoch(7))));
         let r = d.renew(&t, &n1, AgentEpoch(7), 5_000).unwrap();
         assert_eq!(r.deadline_ms, 15_000);
         assert!(d.due(&t, 11_000, 60_000).is_empty());

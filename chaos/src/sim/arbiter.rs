@@ -127,9 +127,9 @@ impl World {
                 // The core's renewal: the leader memory renews the lease,
                 // and reinstates one the guard holds.
                 let arb = &mut self.arb;
-                let renewal =
-                    arb.leader
-                        .renew(arb.catalog.leases(), &node, epoch, now_ms, &actor);
+                let renewal = arb
+                    .leader
+                    .renew(arb.catalog.leases(), &node, epoch, now_ms, &actor);
                 match renewal {
                     Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
                     Ok(None) => {}

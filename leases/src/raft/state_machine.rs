@@ -13,8 +13,8 @@
 //! announcing every applied batch. A lock, not a channel of catalogs,
 //! because a follower serves watches from the catalog as applied (R6):
 //! readers need the current value, cheaply and at any time. Only the state
-//! machine writes through the lock (except the leader's lease-renewal
-//! memory, see `AppliedCatalog::with_lease_memory`).
+//! machine writes through the lock (lease deadlines, which renewals move,
+//! are the leader memory's, inside the replica machine).
 //!
 //! Durability: the catalog itself is not written on every apply. A snapshot
 //! (the `codec::encode_catalog_snapshot` frame, with the last applied log id
