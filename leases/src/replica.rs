@@ -33,7 +33,9 @@
 //!
 //! It never reads a clock, a socket, a file, a lock or an rng of its own, keeps no
 //! statics, and holds one Raft group's state: a replica that runs several
-//! groups runs one machine per group.
+//! groups runs one machine per group. Its outputs come in an order that
+//! depends only on its inputs (what it walks of its hash maps is sorted
+//! first), so a seeded replay gives the same outputs.
 
 use std::collections::BTreeMap;
 
@@ -659,7 +661,8 @@ impl ReplicaState {
         }
         if now >= self.next_regions_ms {
             self.next_regions_ms = now + REGIONS_INTERVAL_MS;
-            let agents: Vec<AgentId> = self.sessions.agents().collect();
+            let mut agents: Vec<AgentId> = self.sessions.agents().collect();
+            agents.sort_unstable();
             self.push_regions(&agents, now, cat, out);
         }
         self.fire_wakes(now, cat, out);

@@ -184,7 +184,7 @@ impl ReplicaState {
         if self.witnesses.heard.is_empty() {
             return;
         }
-        let heard: Vec<Heard> = self
+        let mut heard: Vec<Heard> = self
             .witnesses
             .heard
             .drain()
@@ -195,6 +195,7 @@ impl ReplicaState {
                 renewed: note.renewed,
             })
             .collect();
+        heard.sort_unstable_by(|a, b| a.node.cmp(&b.node));
         out.push(Output::ReportHeard {
             to: addr.clone(),
             heard,
@@ -210,11 +211,12 @@ impl ReplicaState {
         out: &mut Vec<Output>,
     ) {
         for (node, reason) in refused {
-            let agents: Vec<AgentId> = self
+            let mut agents: Vec<AgentId> = self
                 .sessions
                 .agents()
                 .filter(|a| self.sessions.held(*a).is_some_and(|(n, _)| *n == node))
                 .collect();
+            agents.sort_unstable();
             for agent in agents {
                 self.refuse(agent, reason.clone(), out);
             }

@@ -517,13 +517,14 @@ impl ReplicaState {
             } => Some(*id),
             _ => None,
         };
-        let moved: Vec<ForwardId> = self
+        let mut moved: Vec<ForwardId> = self
             .writes
             .forwards
             .iter()
             .filter(|(_, f)| Some(f.leader) != current)
             .map(|(id, _)| *id)
             .collect();
+        moved.sort_unstable();
         for id in moved {
             let f = self.writes.forwards.remove(&id).expect("listed above");
             let answer = crate::answers::unavailable(format!(

@@ -138,3 +138,24 @@ fn a_forward_in_flight_when_the_leader_moves_is_answered_retry() {
     );
     assert!(unavailable(answer(&out, 4)).contains("leadership moved away from replica 2"));
 }
+
+#[test]
+fn stopping_refuses_new_writes_and_ends_once_the_batches_in_flight_are_answered() {
+    let mut s = Step::new(0);
+    let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
+    let (batch, envelopes) = proposed(&out).remove(0);
+    let write = Input::Write {
+        actor: operator(),
+        command: Command::Purge,
+        reply: 3,
+    };
+    let out = s.wake(100, vec![Input::Stop, write]);
+    assert!(unavailable(answer(&out, 3)).contains("shutting down"));
+    assert!(
+        !out.iter().any(|o| matches!(o, Output::Stopped)),
+        "a batch is in flight"
+    );
+    let mut out = s.commit(batch, &envelopes);
+    out.extend(s.input(Input::Tick));
+    assert!(out.iter().any(|o| matches!(o, Output::Stopped)), "{out:?}");
+}
