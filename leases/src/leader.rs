@@ -17,13 +17,14 @@
 //! zone may be dead, not cut off); no answer within `witness_wait_ms`
 //! falls back to the expiry, which the guard may hold.
 //!
-//! The arbiter's core drives it with the wall clock and openraft's view of
-//! who leads; the fleet simulation (`rollcall chaos sim`) drives the same
-//! code on a virtual clock. It proposes commands and applies none:
-//! `Catalog::apply` decides (the mass-expiry guard, the epoch checks).
+//! The replica machine (`replica::ReplicaState`) owns it and drives it
+//! with the time and openraft's view of who leads; the fleet simulation
+//! (`rollcall chaos sim`) drives the same code on a virtual clock. It
+//! proposes commands and applies none: `Catalog::apply` decides (the
+//! mass-expiry guard, the epoch checks).
 //!
-//! `W` is what waits for a down report's answer: the core's reply
-//! channels, `()` where nobody waits.
+//! `W` is what waits for a down report's answer: the replica machine's
+//! answer ids, `()` where nobody waits.
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,7 @@
 //! means — a lease to grant or a session to refuse (with the reason), a
 //! watch to start or deny, a renewal, an acknowledgement, a command to
 //! propose, a down report for the leader memory — and what a settled down
-//! report answers. The arbiter core and the fleet simulator both decide
+//! report answers. The replica machine and the fleet simulator both decide
 //! with `Sessions`; neither keeps a copy.
 //!
 //! It reads the applied catalog (to find an instance's node and service)

@@ -14,6 +14,13 @@
 //! and what a settled down report answers; the answers are the core's too
 //! ([`rollcall_leases::answers`]). This file only carries messages to and
 //! from them and stamps the commands.
+//!
+//! It does not drive the arbiter's replica machine
+//! ([`rollcall_leases::replica::ReplicaState`]) yet (issue 32, item 3):
+//! what that machine decides beyond the parts above (followers and
+//! forwarded writes, quorum loss, the catalog identity, batches of at
+//! most 1,024 with two in flight, `AwaitPropagation` answered on the last
+//! ack or at the deadline rather than at once) is not modelled here.
 
 use rollcall_leases::distribution::{Distributor, Output};
 use rollcall_leases::identity::Identity;
