@@ -1,6 +1,6 @@
 //! What the arbiter answers an agent's request, from the catalog: the
 //! response to a decided command, and the list of a node's records. Pure:
-//! the arbiter core and the fleet simulator both answer with these.
+//! the replica machine and the fleet simulator both answer with these.
 
 use crate::catalog::{Applied, Catalog, Effect, Rejection};
 use crate::command::{Command, Envelope};

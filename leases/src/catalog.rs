@@ -11,8 +11,7 @@
 //! observations travel inside the command, and every iteration whose order
 //! could show in the result is over a sorted collection, so replaying the
 //! same log gives byte-identical snapshots on every replica. Lease deadlines
-//! are the one exception, and they are deliberately outside the replicated
-//! state (see `lease.rs`).
+//! are deliberately not here: they are the leader's memory (see `lease.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,9 +30,7 @@ use crate::params::{CatalogParams, LEASE_TTL_RANGE_MS};
 use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
 
-pub(crate) mod stored;
-
-use stored::{Fixed, Live};
+use crate::stored::{materialize, Fixed, Live};
 
 /// Why a command was rejected. A rejected command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -755,18 +752,13 @@ impl Catalog {
                     current.id,
                 );
                 if !held && same_ttl {
-                    self.leases
-                        .renew(node, epoch, env.at_ms)
-                        .expect("the lease was just found");
+                    // The leader renews its deadline when this commits.
                     return Ok(Effect::Unchanged);
                 }
                 let lease = self.leases.get_mut(node).expect("the lease was just found");
                 lease.held_since_ms = None;
                 lease.ttl_ms = ttl_ms;
                 lease.granted_at_ms = env.at_ms;
-                self.leases
-                    .renew(node, epoch, env.at_ms)
-                    .expect("the lease was just found");
                 return Ok(if held {
                     Effect::LeaseReinstated
                 } else {
@@ -779,18 +771,15 @@ impl Catalog {
             self.leases.remove(node);
         }
         let id = LeaseId(rev.0);
-        self.leases.insert(
-            Lease {
-                id,
-                node: node.clone(),
-                epoch,
-                zone: zone.clone(),
-                ttl_ms,
-                granted_at_ms: env.at_ms,
-                held_since_ms: None,
-            },
-            env.at_ms,
-        );
+        self.leases.insert(Lease {
+            id,
+            node: node.clone(),
+            epoch,
+            zone: zone.clone(),
+            ttl_ms,
+            granted_at_ms: env.at_ms,
+            held_since_ms: None,
+        });
         // The node's records that are not expired move under the new grant:
         // a restarted agent reconciles them by instance id and generation,
         // keeping their generations (R7).
@@ -1307,7 +1296,7 @@ impl Catalog {
     /// The record in slot `s`, whole.
     fn record(&self, s: u32) -> Arc<EndpointRecord> {
         let slot = self.slot(s);
-        stored::materialize(&slot.fixed, &slot.live)
+        materialize(&slot.fixed, &slot.live)
     }
 
     /// A service's records, whole, sorted by instance id.
@@ -1343,12 +1332,6 @@ impl Catalog {
     /// The lease table (read).
     pub fn leases(&self) -> &LeaseTable {
         &self.leases
-    }
-
-    /// The lease table's leader-memory half: renewals and deadlines. Lease
-    /// records themselves change only through commands.
-    pub fn leases_mut(&mut self) -> &mut LeaseTable {
-        &mut self.leases
     }
 
     /// Every known service, in key order.
@@ -1521,8 +1504,8 @@ impl Catalog {
 
     /// Rebuilds a shard from a snapshot, checking it is consistent (digests,
     /// unique instance ids, revisions). The delta log starts empty at the
-    /// snapshot's revision, and lease deadlines are unset until the driver
-    /// calls `leases_mut().extend_all(now)`.
+    /// snapshot's revision. Lease deadlines are the leader's memory, not
+    /// the catalog's (`lease::Deadlines`).
     pub fn import(params: CatalogParams, snap: CatalogSnapshot) -> Result<Catalog, SnapshotError> {
         if snap.shard != params.shard {
             return Err(SnapshotError::Inconsistent(format!(
@@ -1577,9 +1560,8 @@ impl Catalog {
                     lease.node
                 )));
             }
-            cat.leases.insert(lease, 0);
+            cat.leases.insert(lease);
         }
-        cat.leases.clear_deadlines();
         for (id, memory) in snap.generations {
             cat.generations.insert(id, memory);
         }

@@ -5,7 +5,7 @@
 //! Retention is bounded by entry count and by revision span (by default 15
 //! minutes at 200 changes per second). The log is a ring of compact
 //! entries: a change holds the record's fixed part shared with the catalog
-//! and a copy of its live part (`catalog::stored`), so appending allocates
+//! and a copy of its live part (`stored`), so appending allocates
 //! nothing for a single change, and the `ServiceDelta` an agent is sent is
 //! built when it is first read. The log never decides what a change is;
 //! the catalog appends, the distribution layer reads.
@@ -17,12 +17,12 @@ use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::stored::{materialize, Fixed, Live};
 use crate::digest::Digest;
 use crate::endpoint::EndpointRecord;
 use crate::ids::{Generation, Revision};
 use crate::name::{InstanceId, ServiceKey};
 use crate::params::DeltaLogParams;
+use crate::stored::{materialize, Fixed, Live};
 
 /// One change to one record of a service.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

@@ -80,11 +80,6 @@ number_type!(
 pub struct CatalogId(pub u64);
 
 impl CatalogId {
-    /// A fresh random identity.
-    pub fn random() -> CatalogId {
-        CatalogId(rand::random())
-    }
-
     /// Parses the 16 hex digits `Display` writes.
     pub fn parse(text: &str) -> Option<CatalogId> {
         if text.len() != 16 {

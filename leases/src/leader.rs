@@ -1,5 +1,7 @@
 //! The leader's memory (R3, R4), sans-IO: when each node's session was
-//! last heard, gossip down reports held for the arbiter's own signal,
+//! last heard, when each lease is due (`lease::Deadlines`: renewals move
+//! deadlines without a log entry, so they live here and never in the
+//! replicated catalog), gossip down reports held for the arbiter's own signal,
 //! witnesses asked about leases past their deadline, lease expiries with
 //! the zone's silent count, purges, and the grace a new leader gives.
 //!
@@ -15,13 +17,14 @@
 //! zone may be dead, not cut off); no answer within `witness_wait_ms`
 //! falls back to the expiry, which the guard may hold.
 //!
-//! The arbiter's core drives it with the wall clock and openraft's view of
-//! who leads; the fleet simulation (`rollcall chaos sim`) drives the same
-//! code on a virtual clock. It proposes commands and applies none:
-//! `Catalog::apply` decides (the mass-expiry guard, the epoch checks).
+//! The replica machine (`replica::ReplicaState`) owns it and drives it
+//! with the time and openraft's view of who leads; the fleet simulation
+//! (`rollcall chaos sim`) drives the same code on a virtual clock. It
+//! proposes commands and applies none: `Catalog::apply` decides (the
+//! mass-expiry guard, the epoch checks).
 //!
-//! `W` is what waits for a down report's answer: the core's reply
-//! channels, `()` where nobody waits.
+//! `W` is what waits for a down report's answer: the replica machine's
+//! answer ids, `()` where nobody waits.
 
 use std::collections::BTreeMap;
 
@@ -31,7 +34,7 @@ use rollcall_config::ArbiterConfig;
 use crate::command::{Command, Envelope, MAX_REPORTERS};
 use crate::endpoint::{Principal, Role};
 use crate::ids::AgentEpoch;
-use crate::lease::{LeaseTable, RenewError};
+use crate::lease::{Deadlines, LeaseTable, RenewError};
 use crate::name::{Label, NodeId, PrincipalName};
 
 /// The settings the leader's memory works with, from `[lease]`,
@@ -205,6 +208,8 @@ pub struct LeaderMemory<W> {
     expiring: HashMap<NodeId, u64>,
     /// Silent leases whose witnesses were asked.
     witnessing: BTreeMap<NodeId, Witnessing>,
+    /// When each lease is due: renewals move these without a log entry.
+    deadlines: Deadlines,
     next_purge_ms: u64,
 }
 
@@ -219,6 +224,7 @@ impl<W> LeaderMemory<W> {
             downs: BTreeMap::new(),
             expiring: HashMap::default(),
             witnessing: BTreeMap::new(),
+            deadlines: Deadlines::default(),
             next_purge_ms: now_ms.saturating_add(params.purge_interval_ms),
         }
     }
@@ -243,11 +249,23 @@ impl<W> LeaderMemory<W> {
     /// heard now, and nothing is being expired. An election or an outage
     /// of the arbiter never expires a fleet that was silent towards it
     /// (R3).
-    pub fn take_office(&mut self, now_ms: u64, leases: &mut LeaseTable) {
+    pub fn take_office(&mut self, now_ms: u64, leases: &LeaseTable) {
         self.since = Some(now_ms);
-        leases.extend_all(now_ms);
+        self.deadlines.extend_all(leases, now_ms);
         self.expiring.clear();
         self.witnessing.clear();
+    }
+
+    /// Gives every lease one TTL from `now_ms` without anything else of
+    /// taking office: a leader that installed a snapshot holds leases it
+    /// had no deadlines for.
+    pub fn extend_all(&mut self, now_ms: u64, leases: &LeaseTable) {
+        self.deadlines.extend_all(leases, now_ms);
+    }
+
+    /// When `node`'s lease in `leases` is due, as this memory counts it.
+    pub fn deadline(&self, leases: &LeaseTable, node: &NodeId) -> Option<u64> {
+        self.deadlines.deadline(leases, node)
     }
 
     /// Stops leading: the held down reports are handed back (their
@@ -402,7 +420,8 @@ impl<W> LeaderMemory<W> {
         if !self.leads() {
             return sweep;
         }
-        let due = leases.due(now_ms, self.params.max_hold_ms);
+        self.deadlines.forget_ended(leases);
+        let due = self.deadlines.due(leases, now_ms, self.params.max_hold_ms);
         let witnessed: Vec<NodeId> = self.witnessing.keys().cloned().collect();
         for node in witnessed {
             if !due.iter().any(|(n, _)| *n == node) {
@@ -550,17 +569,17 @@ impl<W> LeaderMemory<W> {
         }
     }
 
-    /// Renews `node`'s lease in `leases` at `at_ms`; a lease the guard
+    /// Renews `node`'s lease (as `leases` holds it) at `at_ms`; a lease the guard
     /// holds is reinstated by the returned proposal, as `actor` (R3).
     pub fn renew(
-        &self,
-        leases: &mut LeaseTable,
+        &mut self,
+        leases: &LeaseTable,
         node: &NodeId,
         epoch: AgentEpoch,
         at_ms: u64,
         actor: &Principal,
     ) -> Result<Option<Envelope>, RenewError> {
-        let renewal = leases.renew(node, epoch, at_ms)?;
+        let renewal = self.deadlines.renew(leases, node, epoch, at_ms)?;
         if !renewal.held {
             return Ok(None);
         }
@@ -620,7 +639,7 @@ mod tests {
     /// A leader asking witnesses, with `a` silent since office at 0 and
     /// past its deadline at `TTL`: the first sweep there asks.
     fn witnessing() -> (Catalog, LeaderMemory<u32>) {
-        let mut cat = catalog(&["a", "b", "c", "d"]);
+        let cat = catalog(&["a", "b", "c", "d"]);
         let mut m = LeaderMemory::new(
             LeaderParams {
                 witness_wait_ms: WAIT,
@@ -629,10 +648,10 @@ mod tests {
             me(),
             0,
         );
-        m.take_office(0, cat.leases_mut());
+        m.take_office(0, cat.leases());
         for n in ["b", "c", "d"] {
             let renew = m.renew(
-                cat.leases_mut(),
+                cat.leases(),
                 &node(n),
                 AgentEpoch(1),
                 TTL - 1,
@@ -735,7 +754,7 @@ mod tests {
 
     #[test]
     fn without_answers_the_lease_expires_after_the_wait_and_a_renewal_ends_the_question() {
-        let (mut cat, mut m) = witnessing();
+        let (cat, mut m) = witnessing();
         assert!(m.sweep(TTL + WAIT - 1, cat.leases()).proposals.is_empty());
         assert_eq!(kinds(&m.sweep(TTL + WAIT, cat.leases())), ["expire-lease"]);
         // Its session speaking again settles it before any verdict.
@@ -748,7 +767,7 @@ mod tests {
         );
         m2.heard(&node("a"), TTL + 100);
         let renew = m2.renew(
-            cat.leases_mut(),
+            cat.leases(),
             &node("a"),
             AgentEpoch(1),
             TTL + 100,
@@ -797,7 +816,7 @@ mod tests {
 
     fn leader(cat: &mut Catalog, at: u64) -> LeaderMemory<u32> {
         let mut m = LeaderMemory::new(params(), me(), 0);
-        m.take_office(at, cat.leases_mut());
+        m.take_office(at, cat.leases());
         m
     }
 
@@ -891,7 +910,7 @@ mod tests {
         // b renews; a and c stay silent.
         m.heard(&node("b"), 9_000);
         let renewed = m.renew(
-            cat.leases_mut(),
+            cat.leases(),
             &node("b"),
             AgentEpoch(1),
             9_000,
@@ -935,13 +954,13 @@ mod tests {
         }
         let actor = agent_principal(&node("a"));
         let back = m
-            .renew(cat.leases_mut(), &node("a"), AgentEpoch(1), 11_000, &actor)
+            .renew(cat.leases(), &node("a"), AgentEpoch(1), 11_000, &actor)
             .expect("renewed")
             .expect("a held lease is reinstated");
         assert!(
             matches!(back.command, Command::GrantLease { ref zone, .. } if zone.as_str() == "z1")
         );
-        let wrong = m.renew(cat.leases_mut(), &node("a"), AgentEpoch(2), 11_000, &actor);
+        let wrong = m.renew(cat.leases(), &node("a"), AgentEpoch(2), 11_000, &actor);
         assert!(matches!(wrong, Err(RenewError::OtherEpoch { .. })));
     }
 

@@ -1,11 +1,13 @@
 //! Node leases (R3): one per node agent, not per instance, so 5,000 agents
 //! renew instead of 100,000 instances.
 //!
-//! The table has two halves. The leases themselves (who holds one, which
-//! epoch, whether the guard holds its expiry) are replicated state, changed
-//! only through commands. Deadlines are the leader's memory: renewals move
-//! them without a log entry, and a new leader starts by extending every
-//! lease by one TTL (`extend_all`) so an election never mass-expires a fleet.
+//! Two halves, two types. The leases themselves (`LeaseTable`: who holds
+//! one, which epoch, whether the guard holds its expiry) are replicated
+//! state, changed only through commands. Their deadlines (`Deadlines`) are
+//! the leader's memory, held by `leader::LeaderMemory` and never by the
+//! catalog: renewals move them without a log entry, and a new leader starts
+//! by extending every lease by one TTL (`extend_all`) so an election never
+//! mass-expires a fleet.
 
 use foldhash::HashMap;
 
@@ -64,11 +66,11 @@ pub struct Renewal {
     pub held: bool,
 }
 
-/// All leases of a shard plus the leader's deadlines.
+/// All leases of a shard: replicated state, changed only by
+/// `Catalog::apply`.
 #[derive(Clone, Debug, Default)]
 pub struct LeaseTable {
     leases: HashMap<NodeId, Lease>,
-    deadlines: HashMap<NodeId, u64>,
 }
 
 impl LeaseTable {
@@ -118,15 +120,54 @@ impl LeaseTable {
             .count()
     }
 
-    /// Renews the lease in the leader's memory (not a replicated command).
+    pub(crate) fn insert(&mut self, lease: Lease) {
+        self.leases.insert(lease.node.clone(), lease);
+    }
+
+    pub(crate) fn get_mut(&mut self, node: &NodeId) -> Option<&mut Lease> {
+        self.leases.get_mut(node)
+    }
+
+    pub(crate) fn remove(&mut self, node: &NodeId) -> Option<Lease> {
+        self.leases.remove(node)
+    }
+}
+
+/// The leader's half: when each lease is due. Renewals move a deadline
+/// without a log entry, so this lives in the leader's memory
+/// (`leader::LeaderMemory`), never in the replicated catalog. A lease it
+/// has no deadline for (or one for an earlier grant of the node) is due one
+/// TTL after it was granted.
+#[derive(Clone, Debug, Default)]
+pub struct Deadlines {
+    by_node: HashMap<NodeId, (LeaseId, u64)>,
+}
+
+impl Deadlines {
+    /// When `lease` is due, ms: its last renewal (or extension) plus its
+    /// TTL, and never before one TTL after its (re)grant.
+    pub fn of(&self, lease: &Lease) -> u64 {
+        let granted = lease.granted_at_ms.saturating_add(lease.ttl_ms);
+        match self.by_node.get(&lease.node) {
+            Some((id, at)) if *id == lease.id => (*at).max(granted),
+            _ => granted,
+        }
+    }
+
+    /// The deadline of `node`'s lease in `leases`, if it holds one.
+    pub fn deadline(&self, leases: &LeaseTable, node: &NodeId) -> Option<u64> {
+        leases.get(node).map(|l| self.of(l))
+    }
+
+    /// Renews `node`'s lease of `epoch` at `now_ms`.
     pub fn renew(
         &mut self,
+        leases: &LeaseTable,
         node: &NodeId,
         epoch: AgentEpoch,
         now_ms: u64,
     ) -> Result<Renewal, RenewError> {
-        let lease = self
-            .leases
+        let lease = leases
             .get(node)
             .ok_or_else(|| RenewError::NoLease { node: node.clone() })?;
         if lease.epoch != epoch {
@@ -137,28 +178,27 @@ impl LeaseTable {
             });
         }
         let deadline_ms = now_ms.saturating_add(lease.ttl_ms);
-        self.deadlines.insert(node.clone(), deadline_ms);
+        self.by_node.insert(node.clone(), (lease.id, deadline_ms));
         Ok(Renewal {
             deadline_ms,
             held: lease.held_since_ms.is_some(),
         })
     }
 
-    /// The leader's current deadline for a node's lease.
-    pub fn deadline(&self, node: &NodeId) -> Option<u64> {
-        self.deadlines.get(node).copied()
-    }
-
     /// Leases the leader should propose to expire at `now_ms`: active ones
     /// past their deadline, and held ones whose hold reached `max_hold_ms`.
     /// Sorted by node so proposals are made in a stable order.
-    pub fn due(&self, now_ms: u64, max_hold_ms: u64) -> Vec<(NodeId, AgentEpoch)> {
-        let mut due: Vec<(NodeId, AgentEpoch)> = self
-            .leases
-            .values()
+    pub fn due(
+        &self,
+        leases: &LeaseTable,
+        now_ms: u64,
+        max_hold_ms: u64,
+    ) -> Vec<(NodeId, AgentEpoch)> {
+        let mut due: Vec<(NodeId, AgentEpoch)> = leases
+            .iter()
             .filter(|l| match l.held_since_ms {
                 Some(since) => now_ms.saturating_sub(since) >= max_hold_ms,
-                None => self.deadlines.get(&l.node).is_some_and(|d| *d <= now_ms),
+                None => self.of(l) <= now_ms,
             })
             .map(|l| (l.node.clone(), l.epoch))
             .collect();
@@ -167,31 +207,19 @@ impl LeaseTable {
     }
 
     /// Gives every lease one full TTL from `now_ms`: what a new leader or a
-    /// restarted arbiter does before it expires anything (R3).
-    pub fn extend_all(&mut self, now_ms: u64) {
-        for lease in self.leases.values() {
-            self.deadlines
-                .insert(lease.node.clone(), now_ms.saturating_add(lease.ttl_ms));
-        }
+    /// restarted arbiter does before it expires anything (R3). Deadlines of
+    /// leases that ended are forgotten.
+    pub fn extend_all(&mut self, leases: &LeaseTable, now_ms: u64) {
+        self.by_node = leases
+            .iter()
+            .map(|l| (l.node.clone(), (l.id, now_ms.saturating_add(l.ttl_ms))))
+            .collect();
     }
 
-    pub(crate) fn insert(&mut self, lease: Lease, now_ms: u64) {
-        self.deadlines
-            .insert(lease.node.clone(), now_ms.saturating_add(lease.ttl_ms));
-        self.leases.insert(lease.node.clone(), lease);
-    }
-
-    pub(crate) fn get_mut(&mut self, node: &NodeId) -> Option<&mut Lease> {
-        self.leases.get_mut(node)
-    }
-
-    pub(crate) fn clear_deadlines(&mut self) {
-        self.deadlines.clear();
-    }
-
-    pub(crate) fn remove(&mut self, node: &NodeId) -> Option<Lease> {
-        self.deadlines.remove(node);
-        self.leases.remove(node)
+    /// Forgets the deadlines of leases that ended.
+    pub fn forget_ended(&mut self, leases: &LeaseTable) {
+        self.by_node
+            .retain(|node, (id, _)| leases.is_live(node, *id));
     }
 }
 
@@ -214,42 +242,67 @@ mod tests {
     #[test]
     fn renewal_moves_the_deadline_and_checks_the_epoch() {
         let mut t = LeaseTable::default();
-        t.insert(lease("n1", 7), 1_000);
+        let mut d = Deadlines::default();
+        let mut l = lease("n1", 7);
+        l.granted_at_ms = 1_000;
+        t.insert(l);
         let n1 = NodeId::new("n1").unwrap();
-        assert_eq!(t.deadline(&n1), Some(11_000));
-        assert!(t.due(11_000, 60_000).contains(&(n1.clone(), AgentEpoch(7))));
-        let r = t.renew(&n1, AgentEpoch(7), 5_000).unwrap();
+        assert_eq!(d.deadline(&t, &n1), Some(11_000), "one TTL after the grant");
+        assert!(d
+            .due(&t, 11_000, 60_000)
+            .contains(&(n1.clone(), AgentEpoch(7))));
+        let r = d.renew(&t, &n1, AgentEpoch(7), 5_000).unwrap();
         assert_eq!(r.deadline_ms, 15_000);
-        assert!(t.due(11_000, 60_000).is_empty());
+        assert!(d.due(&t, 11_000, 60_000).is_empty());
         assert!(matches!(
-            t.renew(&n1, AgentEpoch(6), 5_000),
+            d.renew(&t, &n1, AgentEpoch(6), 5_000),
             Err(RenewError::OtherEpoch { .. })
         ));
         let n2 = NodeId::new("n2").unwrap();
         assert!(matches!(
-            t.renew(&n2, AgentEpoch(1), 5_000),
+            d.renew(&t, &n2, AgentEpoch(1), 5_000),
             Err(RenewError::NoLease { .. })
         ));
     }
 
     #[test]
+    fn a_new_grant_of_the_node_does_not_inherit_the_old_deadline() {
+        let mut t = LeaseTable::default();
+        let mut d = Deadlines::default();
+        let n1 = NodeId::new("n1").unwrap();
+        t.insert(lease("n1", 1));
+        d.renew(&t, &n1, AgentEpoch(1), 50_000).unwrap();
+        assert_eq!(d.deadline(&t, &n1), Some(60_000));
+        // Granted again (another epoch, another id) at 2 s.
+        let mut again = lease("n1", 2);
+        again.id = LeaseId(9);
+        again.granted_at_ms = 2_000;
+        t.insert(again);
+        assert_eq!(d.deadline(&t, &n1), Some(12_000));
+        d.forget_ended(&t);
+        assert!(d.by_node.is_empty());
+    }
+
+    #[test]
     fn extend_all_gives_one_ttl_of_grace() {
         let mut t = LeaseTable::default();
-        t.insert(lease("n1", 1), 0);
-        t.insert(lease("n2", 1), 0);
-        assert_eq!(t.due(20_000, 60_000).len(), 2);
-        t.extend_all(20_000);
-        assert!(t.due(29_999, 60_000).is_empty());
-        assert_eq!(t.due(30_000, 60_000).len(), 2);
+        let mut d = Deadlines::default();
+        t.insert(lease("n1", 1));
+        t.insert(lease("n2", 1));
+        assert_eq!(d.due(&t, 20_000, 60_000).len(), 2);
+        d.extend_all(&t, 20_000);
+        assert!(d.due(&t, 29_999, 60_000).is_empty());
+        assert_eq!(d.due(&t, 30_000, 60_000).len(), 2);
     }
 
     #[test]
     fn held_leases_are_due_only_after_the_maximum_hold() {
         let mut t = LeaseTable::default();
+        let d = Deadlines::default();
         let mut l = lease("n1", 1);
         l.held_since_ms = Some(10_000);
-        t.insert(l, 0);
-        assert!(t.due(69_999, 60_000).is_empty());
-        assert_eq!(t.due(70_000, 60_000).len(), 1);
+        t.insert(l);
+        assert!(d.due(&t, 69_999, 60_000).is_empty());
+        assert_eq!(d.due(&t, 70_000, 60_000).len(), 1);
     }
 }

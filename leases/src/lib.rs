@@ -3,46 +3,53 @@
 //!
 //! Two halves. The sans-IO half is deterministic: `Catalog::apply` takes
 //! a command that carries its own time and returns what changed; the
-//! session machine (`sessions`), the leader memory (`leader`) and the
-//! distributor (`distribution`) take time and randomness as arguments and
-//! return what to do. None of them reads a clock, a socket, a file or an
+//! replica machine (`replica`) and the machines it owns (the session
+//! machine `sessions`, the leader memory `leader`, the distributor
+//! `distribution`) take time and randomness as arguments and return what
+//! to do. None of them reads a clock, a socket, a file, a lock or an
 //! unseeded random source, so the arbiter server, the Raft log and the
-//! fleet simulator all drive this same code. The IO half (`server`, `raft`,
-//! `client`, `tls`, `redb_file`, `clock`) owns sockets, files and the
-//! clock, and only carries the decisions out.
+//! fleet simulator all drive this same code. The IO half owns sockets,
+//! files, locks and the clock, and only carries the decisions out.
 //!
 //! Map of the crate, sans-IO:
 //! - `name`, `ids`: validated names and numeric identities.
 //! - `endpoint`: the endpoint record, states, liveness, principals.
 //! - `command`: the replicated commands; `audit`: their audit entries.
-//! - `catalog`: the state machine and its queries.
-//! - `lease`, `guard`: node leases and the mass-expiry guard.
+//! - `catalog`: the state machine and its queries; `stored`: how it (and
+//!   the delta log) holds a record.
+//! - `lease`, `guard`: node leases (replicated) and their deadlines (the
+//!   leader's memory), the mass-expiry guard.
 //! - `delta_log`, `digest`, `snapshot`, `view`: distribution (R6).
 //! - `protocol`: the agent ↔ arbiter messages; `peer_protocol`: replica ↔
 //!   replica requests; `distribution`: who gets which change when.
-//! - `sessions`: per connected agent, controller or bridge, what the
-//!   leader decides from each message and request (grants, watches,
-//!   authorization, down reports); `answers`: the answers built from the
-//!   catalog; `leader`: session silence, the two-signal down rule,
-//!   expiries, purges.
-//! - `codec`: the only encoder and decoder.
+//! - `replica`: one replica of one Raft group, as one machine: its
+//!   standing, writes (batches, forwarding, answers held until applied),
+//!   witnesses, sessions and distribution; the core task drives it.
+//! - `sessions`: per connected agent, controller or bridge, what each
+//!   message and request means (grants, watches, authorization, down
+//!   reports); `answers`: the answers built from the catalog; `leader`:
+//!   session silence, lease deadlines, the two-signal down rule, expiries,
+//!   purges; `witness`: whom to ask about a silent lease.
 //! - `params`: what every replica of a shard must agree on.
 //! - `policy`, `regions`: service policies as the catalog holds them and
 //!   the regions message agents get (R9).
 //! - `remote`: the non-authoritative view of other regions the region
 //!   bridge reports (R9), held in arbiter memory only.
-//! - `identity`, `secret`: principals from certificates, tokens.
+//! - `identity`: principals from certificates.
 //! - `limits`: token buckets and counts per identity, connection or
 //!   source address (the arbiter's `[limits]`).
-//! - `fault`: the chaos suite's wire fault points, only in builds with the
-//!   `fault-injection` feature (`FAULT_INJECTION` says which build this is).
 //!
-//! IO: `server` (the arbiter process: QUIC sessions, the core task, peers,
-//! admin HTTP), `raft` (openraft over redb), `client` (the QUIC client
+//! IO: `server` (the arbiter process: QUIC sessions, the core task that
+//! drives the replica machine, peers, admin HTTP), `raft` (openraft over
+//! redb; the applied catalog behind its lock), `client` (the QUIC client
 //! agents and controllers use), `tls`, `clock` (the one wall-clock read),
 //! `shutdown` (the one stop signal every task of a process observes),
 //! `http` (what the agent's and the admin HTTP APIs share: JSON errors,
-//! connection limits and timeouts).
+//! connection limits and timeouts), `secret` (token files), `codec` (the
+//! only encoder and decoder: pure, plus the frame reads and writes on
+//! streams), `fault` (the chaos suite's wire fault points behind a global
+//! mutex, reading the clock for its seed, only in builds with the
+//! `fault-injection` feature; `FAULT_INJECTION` says which build this is).
 
 pub mod answers;
 pub mod audit;
@@ -73,11 +80,13 @@ pub mod raft;
 mod redb_file;
 pub mod regions;
 pub mod remote;
+pub mod replica;
 pub mod secret;
 pub mod server;
 pub mod sessions;
 pub mod shutdown;
 pub mod snapshot;
+mod stored;
 
 pub mod tls;
 pub mod view;

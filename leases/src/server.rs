@@ -1,9 +1,11 @@
 //! The arbiter server (`rollcall arbiter`): QUIC with mutual TLS on one UDP
 //! port for agents, an admin HTTP endpoint for operators, durable storage
-//! in the data directory, and the core task that owns the catalog.
+//! in the data directory, and the core task that drives the replica
+//! machine (`replica::ReplicaState`).
 //!
 //! This module only wires the parts together and owns their lifetimes:
-//! the core decides, the connections carry bytes, the store persists.
+//! the replica machine decides, the core task carries its inputs and
+//! outputs, the connections carry bytes, the store persists.
 
 pub mod admin;
 pub mod connection;
@@ -11,6 +13,7 @@ pub mod core;
 pub mod messages;
 pub mod metrics;
 pub mod peer;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! means — a lease to grant or a session to refuse (with the reason), a
 //! watch to start or deny, a renewal, an acknowledgement, a command to
 //! propose, a down report for the leader memory — and what a settled down
-//! report answers. The arbiter core and the fleet simulator both decide
+//! report answers. The replica machine and the fleet simulator both decide
 //! with `Sessions`; neither keeps a copy.
 //!
 //! It reads the applied catalog (to find an instance's node and service)
@@ -1332,7 +1332,7 @@ mod tests {
     #[test]
     fn a_down_report_needs_the_arbiters_own_silence_too() {
         use crate::leader::{agent_principal, LeaderMemory, LeaderParams};
-        let mut cat = catalog();
+        let cat = catalog();
         let params = LeaderParams::from(&ArbiterConfig::default());
         let silence = params.silence_ms;
         let me = Principal {
@@ -1340,7 +1340,7 @@ mod tests {
             name: PrincipalName::new("a").unwrap(),
         };
         let mut leader: LeaderMemory<u32> = LeaderMemory::new(params, me, 0);
-        leader.take_office(0, cat.leases_mut());
+        leader.take_office(0, cat.leases());
         let (n1, n2) = (NodeId::new("n1").unwrap(), NodeId::new("n2").unwrap());
         // n1 was heard just now: the report is held, then heard again →
         // partition.

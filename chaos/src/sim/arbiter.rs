@@ -14,6 +14,13 @@
 //! and what a settled down report answers; the answers are the core's too
 //! ([`rollcall_leases::answers`]). This file only carries messages to and
 //! from them and stamps the commands.
+//!
+//! It does not drive the arbiter's replica machine
+//! ([`rollcall_leases::replica::ReplicaState`]) yet (issue 32, item 3):
+//! what that machine decides beyond the parts above (followers and
+//! forwarded writes, quorum loss, the catalog identity, batches of at
+//! most 1,024 with two in flight, `AwaitPropagation` answered on the last
+//! ack or at the deadline rather than at once) is not modelled here.
 
 use rollcall_leases::distribution::{Distributor, Output};
 use rollcall_leases::identity::Identity;
@@ -127,9 +134,9 @@ impl World {
                 // The core's renewal: the leader memory renews the lease,
                 // and reinstates one the guard holds.
                 let arb = &mut self.arb;
-                let renewal =
-                    arb.leader
-                        .renew(arb.catalog.leases_mut(), &node, epoch, now_ms, &actor);
+                let renewal = arb
+                    .leader
+                    .renew(arb.catalog.leases(), &node, epoch, now_ms, &actor);
                 match renewal {
                     Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
                     Ok(None) => {}
@@ -415,6 +422,13 @@ impl World {
             self.hash(&[0xc0, rev.0, env.at_ms, kind_code(&env.command)]);
         }
         match (&env.command, &applied.effect) {
+            (Command::GrantLease { node, epoch, .. }, Effect::Unchanged) => {
+                // As the core: asking again for the lease held renews it.
+                let arb = &mut self.arb;
+                let _ = arb
+                    .leader
+                    .renew(arb.catalog.leases(), node, *epoch, env.at_ms, &env.actor);
+            }
             (Command::ExpireLease { .. }, Effect::ExpiryHeld) => self.counters.expiry_held += 1,
             (Command::ExpireLease { node, .. }, Effect::LeaseEnded { marked })
             | (Command::NodeDown { node, .. }, Effect::LeaseEnded { marked }) => {
@@ -610,7 +624,7 @@ impl World {
         );
         self.arb
             .leader
-            .take_office(now_ms, self.arb.catalog.leases_mut());
+            .take_office(now_ms, self.arb.catalog.leases());
         self.last_recovery_ms = Some(now_ms);
         self.converged_at_ms = None;
         self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);

@@ -285,7 +285,7 @@ impl World {
             principal(Role::Arbiter, "sim-arbiter"),
             0,
         );
-        leader.take_office(0, catalog.leases_mut());
+        leader.take_office(0, catalog.leases());
         let region = Label::new(&arbiter_config.region).expect("the default region is valid");
         let arb = Arbiter {
             up: true,

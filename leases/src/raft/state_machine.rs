@@ -13,8 +13,8 @@
 //! announcing every applied batch. A lock, not a channel of catalogs,
 //! because a follower serves watches from the catalog as applied (R6):
 //! readers need the current value, cheaply and at any time. Only the state
-//! machine writes through the lock (except the leader's lease-renewal
-//! memory, see `AppliedCatalog::with_lease_memory`).
+//! machine writes through the lock (lease deadlines, which renewals move,
+//! are the leader memory's, inside the replica machine).
 //!
 //! Durability: the catalog itself is not written on every apply. A snapshot
 //! (the `codec::encode_catalog_snapshot` frame, with the last applied log id
@@ -44,7 +44,6 @@ use crate::audit::{self, AuditEntry, AuditQuery};
 use crate::catalog::Catalog;
 use crate::codec::{self, MAX_CATALOG_SNAPSHOT_BYTES};
 use crate::ids::Revision;
-use crate::lease::LeaseTable;
 use crate::params::CatalogParams;
 use crate::snapshot::CatalogSnapshot;
 
@@ -108,18 +107,9 @@ impl AppliedCatalog {
     }
 
     /// The catalog as applied, read-locked until the guard drops. Never
-    /// hold it across an `.await` or while calling `with_lease_memory`:
-    /// applying waits for it.
+    /// hold it across an `.await`: applying waits for it.
     pub fn lock(&self) -> CatalogGuard<'_> {
         CatalogGuard(read(&self.shared))
-    }
-
-    /// Runs `f` on the lease table's leader-memory half (renewals and
-    /// deadlines, which are not replicated; see `lease.rs`). Only the
-    /// leader's driver calls this. A snapshot install replaces the catalog
-    /// and clears every deadline, so a leader extends them all again.
-    pub fn with_lease_memory<T>(&self, f: impl FnOnce(&mut LeaseTable) -> T) -> T {
-        f(write(&self.shared).catalog.leases_mut())
     }
 
     /// The current applied position.
@@ -192,10 +182,6 @@ const POISONED: &str = "the catalog lock is poisoned: a catalog apply panicked";
 
 fn read(shared: &RwLock<Shared>) -> RwLockReadGuard<'_, Shared> {
     shared.read().expect(POISONED)
-}
-
-fn write(shared: &RwLock<Shared>) -> RwLockWriteGuard<'_, Shared> {
-    shared.write().expect(POISONED)
 }
 
 /// The state-machine half of a replica's Raft storage.

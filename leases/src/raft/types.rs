@@ -92,7 +92,8 @@ mod command_frames {
     use crate::codec;
     use crate::command::Envelope;
 
-    /// Most commands in one entry (a batch is at most the core's 4,096).
+    /// Most commands in one entry (a batch is at most the replica
+    /// machine's 1,024).
     const MAX_BATCH: usize = 65_536;
 
     pub fn serialize<S: Serializer>(envs: &[Envelope], s: S) -> Result<S::Ok, S::Error> {

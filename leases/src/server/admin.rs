@@ -54,10 +54,10 @@ use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPol
 use crate::protocol::{RejectKind, Response as Answer};
 use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::remote::RegionView;
-use crate::server::core::raft_json;
 use crate::server::messages::{AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
 use crate::server::peer::{self, Peers};
+use crate::server::status::raft_json;
 
 /// Most audit entries one call returns.
 const MAX_AUDIT_LIMIT: usize = 10_000;

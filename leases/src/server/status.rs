@@ -1,12 +1,27 @@
-//! What the admin API reads from the core: status, remote region views and
-//! the metrics refreshed on a scrape.
+//! What the admin API reads of a replica: status, remote region views and
+//! the metrics refreshed on a scrape, from the replica machine, the applied
+//! catalog and openraft's metrics. Reads only.
 
-use super::*;
+use rollcall_config::ArbiterConfig;
 
-impl Core {
-    pub(super) fn refresh_metrics(&self, now: u64) {
-        let m = &self.metrics;
-        let cat = self.replica.applied.lock();
+use crate::catalog::Catalog;
+use crate::raft::{CatalogRaftNode, ReplicaId};
+use crate::replica::ReplicaState;
+use crate::server::metrics::{
+    KindLabel, Metrics, NodeLabel, RegionLabel, ReplicaLabel, ServiceLabel,
+};
+
+/// A replica as the admin API reads it.
+pub(crate) struct Reader<'a> {
+    pub(crate) config: &'a ArbiterConfig,
+    pub(crate) machine: &'a ReplicaState,
+    pub(crate) raft: &'a CatalogRaftNode,
+    pub(crate) metrics: &'a Metrics,
+}
+
+impl Reader<'_> {
+    pub(crate) fn refresh_metrics(&self, cat: &Catalog, now: u64) {
+        let m = self.metrics;
         m.policy_revision.clear();
         let home = cat.policies().map(|p| (p.policy.home_region(), p.revision));
         let replicated = cat
@@ -20,7 +35,7 @@ impl Core {
         }
         m.remote_view_age.clear();
         m.remote_view_fresh.clear();
-        for held in self.remote.iter() {
+        for held in self.machine.remote().iter() {
             let label = RegionLabel {
                 region: held.view.region.to_string(),
             };
@@ -42,20 +57,20 @@ impl Core {
             }
         }
         m.ack_lag.clear();
-        for agent in self.sessions.agents() {
-            if let Some((node, _)) = self.sessions.held(agent) {
+        for agent in self.machine.sessions().agents() {
+            if let Some((node, _)) = self.machine.sessions().held(agent) {
                 m.ack_lag
                     .get_or_create(&NodeLabel {
                         node: node.to_string(),
                     })
-                    .set(self.dist.ack_lag(agent, &cat) as i64);
+                    .set(self.machine.distributor().ack_lag(agent, cat) as i64);
             }
         }
-        let stats = self.dist.stats();
+        let stats = self.machine.distributor().stats();
         m.snapshots_sent.set(stats.snapshots_sent as i64);
         m.snapshots_refused.set(stats.snapshots_refused as i64);
         m.snapshots_in_flight
-            .set(self.dist.snapshots_in_flight() as i64);
+            .set(self.machine.distributor().snapshots_in_flight() as i64);
         m.snapshots_in_flight_max
             .set(stats.max_concurrent_snapshots_seen as i64);
         m.stalled_agents.set(stats.stalled_agents as i64);
@@ -67,22 +82,22 @@ impl Core {
             counter.inc_by(total.saturating_sub(counter.get()));
         }
         m.connected_agents.set(
-            self.sessions
+            self.machine
+                .sessions()
                 .agents()
-                .filter(|a| self.sessions.held(*a).is_some())
+                .filter(|a| self.machine.sessions().held(*a).is_some())
                 .count() as i64,
         );
         m.held_leases.set(cat.leases().held() as i64);
         m.leases_held_by_witnesses
-            .set(self.leader.held_alive() as i64);
+            .set(self.machine.held_alive() as i64);
         m.leases.set(cat.leases().len() as i64);
         m.revision.set(cat.revision().0 as i64);
-        drop(cat);
-        let raft = self.replica.raft.metrics().borrow().clone();
+        let raft = self.raft.metrics().borrow().clone();
         m.raft_term.set(raft.current_term as i64);
         m.raft_leader
             .set(raft.current_leader.map_or(0, |l| l as i64));
-        m.raft_is_leader.set(i64::from(self.is_leader()));
+        m.raft_is_leader.set(i64::from(self.machine.leads()));
         m.raft_last_log_index
             .set(raft.last_log_index.unwrap_or(0) as i64);
         m.raft_applied_index
@@ -101,9 +116,10 @@ impl Core {
     }
 
     /// `GET /v1/remote`.
-    pub(super) fn remote_json(&self, now: u64) -> serde_json::Value {
+    pub(crate) fn remote_json(&self, now: u64) -> serde_json::Value {
         let regions: Vec<serde_json::Value> = self
-            .remote
+            .machine
+            .remote()
             .iter()
             .map(|held| {
                 let view = &held.view;
@@ -119,35 +135,35 @@ impl Core {
                 })
             })
             .collect();
-        serde_json::json!({"region": self.sessions.rules().region.to_string(), "regions": regions})
+        serde_json::json!({"region": self.machine.sessions().rules().region.to_string(), "regions": regions})
     }
 
-    pub(super) fn status(&self, now: u64) -> serde_json::Value {
-        let cat = self.replica.applied.lock();
+    pub(crate) fn status(&self, cat: &Catalog, now: u64) -> serde_json::Value {
         let agents: Vec<serde_json::Value> = self
-            .sessions
+            .machine
+            .sessions()
             .agents()
             .filter_map(|agent| {
-                let (node, epoch) = self.sessions.held(agent)?;
+                let (node, epoch) = self.machine.sessions().held(agent)?;
                 Some(serde_json::json!({
                     "node": node.as_str(),
                     "epoch": epoch.0,
-                    "last_heard_ms_ago": self.leader.last_heard(node).map(|t| now.saturating_sub(t)),
-                    "ack_lag": self.dist.ack_lag(agent, &cat),
+                    "last_heard_ms_ago": self.machine.last_heard(node).map(|t| now.saturating_sub(t)),
+                    "ack_lag": self.machine.distributor().ack_lag(agent, cat),
                 }))
             })
             .collect();
-        let raft = self.replica.raft.metrics().borrow().clone();
+        let raft = self.raft.metrics().borrow().clone();
         serde_json::json!({
             "name": self.config.name,
-            "region": self.sessions.rules().region.as_str(),
+            "region": self.machine.sessions().rules().region.as_str(),
             "shard": cat.params().shard.0,
             "catalog": cat.identity().map(|c| c.to_string()),
             "revision": cat.revision().0,
             "services": cat.services().len(),
             "leases": cat.leases().len(),
             "held_leases": cat.leases().held(),
-            "snapshots_in_flight": self.dist.snapshots_in_flight(),
+            "snapshots_in_flight": self.machine.distributor().snapshots_in_flight(),
             "agents": agents,
             "raft": raft_json(&raft),
         })

@@ -10,7 +10,9 @@
 //! `Fixed` + `Live` is exactly an `EndpointRecord` (the same fields in the
 //! same order), so the hash here equals `Digest::of_record` of the record
 //! they make; the tests below check it. This module decides nothing about
-//! records; `catalog.rs` does.
+//! records; `catalog.rs` does. It sits beside `catalog` and `delta_log`,
+//! which both hold records this way, so neither imports the other's
+//! internals (the delta log imports nothing of the catalog).
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -1,0 +1,112 @@
+//! What a peer replica hands this one: writes and down reports for the
+//! leader, sessions a follower heard (answered with the renewals refused
+//! and the witness asks open), witnesses' answers, and propagation
+//! questions.
+
+use super::writes::Then;
+use super::*;
+use crate::leader::{agent_principal, Seen};
+
+impl ReplicaState {
+    pub(super) fn peer(
+        &mut self,
+        request: PeerRequest,
+        reply: ReplyId,
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        let leader_only = matches!(
+            request,
+            PeerRequest::Propose(_) | PeerRequest::ProposeBatch(_) | PeerRequest::ReportDown { .. }
+        );
+        if leader_only && !self.leads() {
+            out.push(Output::AnswerPeer {
+                reply,
+                response: PeerResponse::Answer(self.not_leader()),
+            });
+            return;
+        }
+        match request {
+            PeerRequest::Propose(envelope) => self
+                .writes
+                .wake_up
+                .push((envelope, Then::Reply(Reply::Peer(reply)))),
+            PeerRequest::ProposeBatch(envelopes) => self.gather(envelopes, reply, out),
+            PeerRequest::ReportDown {
+                reporter,
+                actor,
+                node,
+                epoch,
+            } => self.report_down(
+                reporter,
+                actor,
+                node,
+                epoch,
+                Reply::Peer(reply),
+                now,
+                cat,
+                out,
+            ),
+            PeerRequest::Heard(heard) => {
+                let mut refused = Vec::new();
+                if self.leads() {
+                    for h in heard {
+                        let at = now.saturating_sub(h.ago_ms);
+                        self.leader.heard(&h.node, at);
+                        if h.renewed {
+                            let actor = agent_principal(&h.node);
+                            match self.renew(&h.node, h.epoch, at, &actor, cat) {
+                                Ok(Some(reinstate)) => {
+                                    self.writes.wake_up.push((reinstate, Then::Nothing))
+                                }
+                                Ok(None) => {}
+                                Err(reason) => refused.push((h.node, reason)),
+                            }
+                        }
+                    }
+                }
+                let asks = if self.leads() {
+                    self.witnesses.open()
+                } else {
+                    Vec::new()
+                };
+                let response = if asks.is_empty() {
+                    PeerResponse::Refused(refused)
+                } else {
+                    PeerResponse::HeardAsks { refused, asks }
+                };
+                out.push(Output::AnswerPeer { reply, response });
+            }
+            PeerRequest::Witnessed(answers) => {
+                if self.leads() {
+                    for a in answers {
+                        let seen = Seen {
+                            gossip: a.gossip,
+                            reachable: a.reachable,
+                        };
+                        self.leader.witnessed(a.witness, &a.node, a.epoch, seen);
+                    }
+                }
+                out.push(Output::AnswerPeer {
+                    reply,
+                    response: PeerResponse::Refused(Vec::new()),
+                });
+            }
+            PeerRequest::Propagation {
+                service,
+                revision,
+                timeout_ms,
+            } => self.await_here(service, revision, timeout_ms, reply, now, out),
+            PeerRequest::AppendEntries(_)
+            | PeerRequest::Vote(_)
+            | PeerRequest::InstallSnapshot(_)
+            | PeerRequest::Membership(_) => out.push(Output::AnswerPeer {
+                reply,
+                response: PeerResponse::Answer(crate::answers::unavailable(
+                    "Raft messages are not the replica machine's".into(),
+                )),
+            }),
+        }
+    }
+}

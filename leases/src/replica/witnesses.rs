@@ -1,0 +1,225 @@
+//! Witnesses and heard notes: which sessions are asked about a silent
+//! lease (the leader's own, and on a follower the leader's open asks
+//! carried to its agents once each), what a follower heard and its
+//! witnesses answered, handed to the leader every sweep interval.
+
+use super::*;
+use crate::ids::AgentEpoch;
+use crate::leader::Seen;
+use crate::witness::{self, WitnessAnswer};
+
+/// What a follower heard since its last report to the leader.
+struct HeardNote {
+    epoch: AgentEpoch,
+    at_ms: u64,
+    renewed: bool,
+}
+
+/// The witness asks and heard notes of one replica.
+#[derive(Default)]
+pub(super) struct Witnesses {
+    /// Leader: the asks still open, with when, handed to the followers
+    /// with their `Heard` answers.
+    open: Vec<(WitnessAsk, u64)>,
+    /// Follower: asks already carried to this replica's agents, with when.
+    carried: HashMap<(NodeId, AgentEpoch), u64>,
+    /// Follower: witnesses' answers to hand to the leader.
+    answers: Vec<WitnessAnswer>,
+    /// Follower: sessions heard since the last report.
+    heard: HashMap<NodeId, HeardNote>,
+}
+
+impl Witnesses {
+    /// A new leader reports to nobody.
+    pub(super) fn took_office(&mut self) {
+        self.heard.clear();
+    }
+
+    /// The leader's open asks.
+    pub(super) fn open(&self) -> Vec<WitnessAsk> {
+        self.open.iter().map(|(a, _)| a.clone()).collect()
+    }
+}
+
+impl ReplicaState {
+    /// Notes that `node` was heard now; a follower also queues it for its
+    /// next report to the leader.
+    pub(super) fn heard(&mut self, node: &NodeId, epoch: AgentEpoch, now: u64, renewed: bool) {
+        self.leader.heard(node, now);
+        if !self.leads() {
+            let note = self
+                .witnesses
+                .heard
+                .entry(node.clone())
+                .or_insert(HeardNote {
+                    epoch,
+                    at_ms: now,
+                    renewed: false,
+                });
+            note.epoch = epoch;
+            note.at_ms = now;
+            note.renewed |= renewed;
+        }
+    }
+
+    /// A witness's answer on one of this replica's sessions: the leader's
+    /// memory takes it, a follower hands it to the leader.
+    pub(super) fn witnessed(
+        &mut self,
+        witness: NodeId,
+        node: NodeId,
+        epoch: AgentEpoch,
+        seen: Seen,
+    ) {
+        if self.leads() {
+            self.leader.witnessed(witness, &node, epoch, seen);
+        } else {
+            self.witnesses.answers.push(WitnessAnswer {
+                witness,
+                node,
+                epoch,
+                gossip: seen.gossip,
+                reachable: seen.reachable,
+            });
+        }
+    }
+
+    /// The leader's new asks: its own witnesses are asked, and the asks
+    /// stay open for `lease.witness_wait_ms` for the followers to carry
+    /// (answers later than that are not waited for; a held lease is asked
+    /// about again every TTL).
+    pub(super) fn open_asks(
+        &mut self,
+        asks: Vec<WitnessAsk>,
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        let keep = self.config.lease.witness_wait_ms;
+        self.witnesses
+            .open
+            .retain(|(_, at)| now.saturating_sub(*at) < keep);
+        for ask in asks {
+            self.ask_witnesses(&ask, now, cat, out);
+            self.witnesses.open.push((ask, now));
+        }
+    }
+
+    /// A follower carries the leader's open witness asks to its own
+    /// agents, each once while it is open (`lease.witness_wait_ms`).
+    pub(super) fn carry_asks(
+        &mut self,
+        asks: Vec<WitnessAsk>,
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        let keep = self.config.lease.witness_wait_ms;
+        self.witnesses
+            .carried
+            .retain(|_, at| now.saturating_sub(*at) < keep);
+        for ask in asks {
+            let key = (ask.node.clone(), ask.epoch);
+            if self.witnesses.carried.contains_key(&key) {
+                continue;
+            }
+            self.witnesses.carried.insert(key, now);
+            self.ask_witnesses(&ask, now, cat, out);
+        }
+    }
+
+    /// Asks this replica's witnesses about a silent lease
+    /// (`witness::choose` among the sessions it heard within
+    /// `lease.silence_ms`).
+    fn ask_witnesses(&mut self, ask: &WitnessAsk, now: u64, cat: &Catalog, out: &mut Vec<Output>) {
+        let silence = self.config.lease.silence_ms;
+        let candidates: Vec<(AgentId, NodeId, crate::name::Label)> = self
+            .sessions
+            .agents()
+            .filter_map(|agent| {
+                let (node, _) = self.sessions.live(agent)?;
+                let heard = self.leader.last_heard(node)?;
+                if now.saturating_sub(heard) > silence {
+                    return None;
+                }
+                let zone = cat.leases().get(node)?.zone.clone();
+                Some((agent, node.clone(), zone))
+            })
+            .collect();
+        let chosen = witness::choose(ask, candidates.iter().map(|(a, n, z)| (*a, n, z)));
+        for agent in chosen {
+            self.send(
+                agent,
+                SessionDown::Witness {
+                    node: ask.node.clone(),
+                    epoch: ask.epoch,
+                    addresses: ask.addresses.clone(),
+                },
+                out,
+            );
+        }
+    }
+
+    /// A follower tells the leader which sessions it heard, and hands it
+    /// its witnesses' answers.
+    pub(super) fn report_heard(&mut self, now: u64, out: &mut Vec<Output>) {
+        if self.leads() {
+            self.witnesses.answers.clear();
+            return;
+        }
+        let Standing::Follower {
+            leader: Some((_, addr)),
+        } = &self.standing
+        else {
+            return;
+        };
+        let wait_ms = self.config.raft.write_timeout_ms;
+        if !self.witnesses.answers.is_empty() {
+            out.push(Output::Tell {
+                to: addr.clone(),
+                request: PeerRequest::Witnessed(std::mem::take(&mut self.witnesses.answers)),
+                wait_ms,
+            });
+        }
+        if self.witnesses.heard.is_empty() {
+            return;
+        }
+        let mut heard: Vec<Heard> = self
+            .witnesses
+            .heard
+            .drain()
+            .map(|(node, note)| Heard {
+                node,
+                epoch: note.epoch,
+                ago_ms: now.saturating_sub(note.at_ms),
+                renewed: note.renewed,
+            })
+            .collect();
+        heard.sort_unstable_by(|a, b| a.node.cmp(&b.node));
+        out.push(Output::ReportHeard {
+            to: addr.clone(),
+            heard,
+            wait_ms,
+        });
+    }
+
+    /// The leader refused renewals this follower reported: the sessions
+    /// of those nodes here are refused.
+    pub(super) fn refused_renewals(
+        &mut self,
+        refused: Vec<(NodeId, String)>,
+        out: &mut Vec<Output>,
+    ) {
+        for (node, reason) in refused {
+            let mut agents: Vec<AgentId> = self
+                .sessions
+                .agents()
+                .filter(|a| self.sessions.held(*a).is_some_and(|(n, _)| *n == node))
+                .collect();
+            agents.sort_unstable();
+            for agent in agents {
+                self.refuse(agent, reason.clone(), out);
+            }
+        }
+    }
+}
