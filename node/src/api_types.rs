@@ -707,6 +707,63 @@ impl EndpointJson {
     }
 }
 
+/// Answer of `GET /v1/agent/instances`: this node's registrations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstancesResponse {
+    /// Every local registration, in instance id order.
+    pub instances: Vec<LocalInstanceJson>,
+}
+
+/// One of this node's registrations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalInstanceJson {
+    /// The instance.
+    pub instance_id: InstanceId,
+    /// Its service, as `namespace/service/port_name`.
+    #[serde(with = "key_text")]
+    pub service: ServiceKey,
+    /// Where callers connect.
+    pub address: IpAddr,
+    /// The port callers connect to.
+    pub port: u16,
+    /// The generation the catalog gave it; `null` while its registration
+    /// is pending.
+    pub generation: Option<u64>,
+    /// What the agent wants for it: `serve`, `drain` or `leave`.
+    pub intent: String,
+    /// Whether the arbiter has committed that intent (`false`: pending,
+    /// sent when the arbiter answers or is back).
+    pub committed: bool,
+    /// The state its health checks give it (`STARTING`, `READY`,
+    /// `UNHEALTHY`); `null` when it has no checks.
+    pub checked: Option<String>,
+}
+
+/// Answer of `GET /v1/services`: the services this agent holds a copy of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicesResponse {
+    /// Each held service, in key order.
+    pub services: Vec<ServiceJson>,
+}
+
+/// One held service with its counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceJson {
+    /// The service key, as `namespace/service/port_name`.
+    #[serde(with = "key_text")]
+    pub service: ServiceKey,
+    /// The revision of its last change held.
+    pub revision: u64,
+    /// Endpoints READY in the copy.
+    pub ready: usize,
+    /// Every endpoint in the copy, whatever its state.
+    pub total: usize,
+    /// Whether the copy is not confirmed by the arbiter in this session.
+    pub stale: bool,
+    /// Age of the copy, ms (0 while the session keeps it current).
+    pub age_ms: u64,
+}
+
 /// Answer of the agent's status endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusResponse {

@@ -34,6 +34,17 @@ pub enum Intent {
     Leave,
 }
 
+impl Intent {
+    /// Its name in the local API (`serve`, `drain`, `leave`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Intent::Serve => "serve",
+            Intent::Drain => "drain",
+            Intent::Leave => "leave",
+        }
+    }
+}
+
 /// One local instance.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LocalInstance {

@@ -4,7 +4,7 @@
 
 use rollcall_leases::{InstanceId, Liveness, ServiceKey, ServiceView, State};
 
-use super::{AgentState, Counters, Settings};
+use super::{AgentState, Counters, LocalEntry, Settings};
 use crate::api_types::{
     ArbiterStatus, GossipStatus, LeaseStatus, StatusResponse, SubscriptionStatus,
 };
@@ -107,6 +107,19 @@ impl AgentState {
     /// The local registrations.
     pub fn registrations(&self) -> &Registrations {
         &self.writes.regs
+    }
+
+    /// Every local registration with the state its checks give it, for
+    /// `GET /v1/agent/instances`.
+    pub fn local_entries(&self) -> Vec<LocalEntry> {
+        self.writes
+            .regs
+            .iter()
+            .map(|local| LocalEntry {
+                checked: self.health_state(&local.registration.instance_id),
+                local: local.clone(),
+            })
+            .collect()
     }
 
     /// The view held of `service`.
