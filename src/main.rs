@@ -93,6 +93,20 @@ enum Command {
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
+    /// This agent's state: arbiter session, catalog, lease, gossip members
+    /// alive and down, and the services it follows with revision and age.
+    Status(InspectArgs),
+    /// The zone's members as this agent's gossip sees them (alive, down).
+    Members(InspectArgs),
+    /// The services this agent holds, with their READY and total endpoint
+    /// counts (it holds what it was configured to follow and what was
+    /// looked up through it; a service the arbiter's watch rules keep from
+    /// this node is never listed).
+    Services(InspectArgs),
+    /// Resolve a service through the agent, as a caller would: the
+    /// endpoints it would be given, or with --watch every change of them
+    /// until Ctrl-C.
+    Resolve(ResolveArgs),
     /// Print a fresh zone key line (`<key id> <64 hex digits>`) for the
     /// agents' `gossip.key_file`.
     GossipKey(GossipKeyArgs),
@@ -297,6 +311,59 @@ struct GossipKeyArgs {
     /// current one.
     #[arg(long, default_value_t = 1)]
     id: u8,
+}
+
+/// Which agent a read-only command asks (no token needed).
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The agent's HTTP API. Default: the region's agent in
+    /// `<data-dir>/dev.json` when a `rollcall dev` runs there, else
+    /// http://127.0.0.1:7070.
+    #[arg(long, value_name = "URL")]
+    agent: Option<String>,
+    /// With `rollcall dev --regions N`: the region whose agent to ask.
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
+    /// The data directory of a `rollcall dev` whose dev.json gives the
+    /// default above.
+    #[arg(long, value_name = "DIR", default_value = "./rollcall-data")]
+    data_dir: PathBuf,
+    /// Print the agent's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl InspectArgs {
+    /// The agent's API.
+    fn api(&self) -> anyhow::Result<rollcall::inspect::AgentApi> {
+        let region = DevTargets::region_in(&self.data_dir, self.region.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        let agent = self
+            .agent
+            .clone()
+            .or_else(|| region.map(|r| r.agent))
+            .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned());
+        Ok(rollcall::inspect::AgentApi::new(&agent))
+    }
+}
+
+#[derive(Debug, Args)]
+struct ResolveArgs {
+    /// The service: `namespace/service/port_name`, or `namespace/service`
+    /// or `service` (namespace and port name `default`).
+    #[arg(value_name = "SERVICE", value_parser = parse_service)]
+    service: rollcall_leases::ServiceKey,
+    /// Every record, whatever its state, not only the endpoints a caller
+    /// would be given.
+    #[arg(long)]
+    all: bool,
+    /// Print the answer again at every change (a blocking query on the
+    /// answer's index), until Ctrl-C; errors are printed as they change
+    /// and asked again every second.
+    #[arg(long)]
+    watch: bool,
+    #[command(flatten)]
+    target: InspectArgs,
 }
 
 #[derive(Debug, Args)]
@@ -684,6 +751,10 @@ fn main() -> ExitCode {
         Command::Cluster(command) => serve(cluster(command)),
         Command::Policy(command) => serve(policy(command)),
         Command::Drain(args) => serve(drain(args)),
+        Command::Status(args) => serve(status(args)),
+        Command::Members(args) => serve(members(args)),
+        Command::Services(args) => serve(services(args)),
+        Command::Resolve(args) => serve(resolve(args)),
         Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos_sim(args),
         Command::Chaos(ChaosCommand::Summary(args)) => chaos_summary(&args),
@@ -1118,10 +1189,33 @@ fn write_targets(targets: &DevTargets, data_dir: &Path) -> anyhow::Result<String
     })?;
     Ok(format!(
         "
-rollcall audit, cluster, policy and drain read their addresses and token files from {} (run them from this directory, or pass --data-dir)
+{}
 ",
-        path.display()
+        targets_hint(&path, data_dir)
     ))
+}
+
+/// The data directory the operator commands read `dev.json` from when
+/// they are given no `--data-dir`.
+const DEFAULT_DATA_DIR: &str = "./rollcall-data";
+
+/// The banner's line about `dev.json` at `path` in `data_dir`: the
+/// commands find it by themselves only from the directory whose
+/// `./rollcall-data` it is; otherwise they need `--data-dir`.
+fn targets_hint(path: &Path, data_dir: &Path) -> String {
+    let dir = absolute(data_dir);
+    let how = if dir == absolute(Path::new(DEFAULT_DATA_DIR)) {
+        format!(
+            "run them from this directory, or pass --data-dir {}",
+            dir.display()
+        )
+    } else {
+        format!("pass them --data-dir {}", dir.display())
+    };
+    format!(
+        "rollcall status, members, services, resolve, drain, audit, cluster and policy read their addresses and token files from {} ({how})",
+        path.display()
+    )
 }
 
 async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
@@ -1491,6 +1585,100 @@ fn rfc3339(at_ms: u64) -> String {
             || format!("{at_ms} ms"),
             |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
         )
+}
+
+/// Prints `value` as pretty JSON.
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("answers always encode")
+    );
+}
+
+async fn status(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let status = args.api()?.status().await?;
+    if args.json {
+        print_json(&status);
+    } else {
+        print!("{}", rollcall::inspect::render_status(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn members(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let status = args.api()?.status().await?;
+    if args.json {
+        print_json(&serde_json::json!({
+            "node": status.node,
+            "zone": status.zone,
+            "gossip": status.gossip,
+        }));
+    } else {
+        print!("{}", rollcall::inspect::render_members(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn services(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let list = args.api()?.services().await?;
+    if args.json {
+        print_json(&list);
+    } else {
+        print!("{}", rollcall::inspect::render_services(&list));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One answer, or with --watch every change until Ctrl-C. Without
+/// --watch an error answer ends the command (exit 2); with it, the error
+/// is printed once while it lasts and the agent asked again every second.
+async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let api = args.target.api()?;
+    let query = rollcall::inspect::ResolveQuery {
+        service: args.service.clone(),
+        all: args.all,
+    };
+    let print = |answer: &rollcall_node::api_types::EndpointsResponse| {
+        if args.target.json && args.watch {
+            println!(
+                "{}",
+                serde_json::to_string(answer).expect("answers always encode")
+            );
+        } else if args.target.json {
+            print_json(answer);
+        } else {
+            if args.watch {
+                println!("--- {}", rfc3339(rollcall_leases::clock::now_ms()));
+            }
+            print!("{}", rollcall::inspect::render_endpoints(answer));
+        }
+    };
+    if !args.watch {
+        print(&api.resolve(&query, None).await?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut index: Option<String> = None;
+    let mut last_error: Option<String> = None;
+    loop {
+        match api.resolve(&query, index.as_deref()).await {
+            Ok(answer) => {
+                last_error = None;
+                if index.as_deref() != Some(answer.index.as_str()) {
+                    print(&answer);
+                    index = Some(answer.index.clone());
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    eprintln!("error: {text} (asking again every second)");
+                    last_error = Some(text);
+                }
+                index = None;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {

@@ -781,7 +781,9 @@ pub struct StatusResponse {
     pub subscriptions: Vec<SubscriptionStatus>,
     /// Writes accepted locally and not yet committed.
     pub pending_writes: u32,
-    /// This node's view of its zone's gossip; `null` when gossip is off.
+    /// This node's view of its zone's gossip; `null` when gossip is off
+    /// (no `gossip.key_file`). Gossip that is on and has heard of no peer
+    /// yet (a zone's lone member) shows empty lists.
     pub gossip: Option<GossipStatus>,
     /// The certificate this agent presents to the arbiter (its identity,
     /// serial and notAfter) and the CAs it trusts; `null` when it has no
@@ -837,6 +839,11 @@ pub struct SubscriptionStatus {
     pub lag: u64,
     /// Whether the held copy is stale.
     pub stale: bool,
+    /// Age of the held copy, ms: 0 while the session keeps it current,
+    /// else the time since it was last known current (since the agent
+    /// started, for a copy from the disk cache not confirmed yet).
+    #[serde(default)]
+    pub age_ms: u64,
 }
 
 /// A service key as its `namespace/service/port_name` text.
@@ -1266,6 +1273,7 @@ mod tests {
                 revision: 7,
                 lag: 0,
                 stale: false,
+                age_ms: 0,
             }],
             pending_writes: 0,
             gossip: Some(GossipStatus {
@@ -1295,7 +1303,7 @@ mod tests {
         );
         assert_eq!(
             value["subscriptions"][0],
-            json!({"service": "shop/cart/http", "revision": 7, "lag": 0, "stale": false})
+            json!({"service": "shop/cart/http", "revision": 7, "lag": 0, "stale": false, "age_ms": 0})
         );
         assert_eq!(value["lease"], json!({"id": 2, "ttl_ms": 10_000}));
         assert_eq!(
