@@ -994,6 +994,41 @@ mod tests {
         assert_eq!(readiness.timing.timeout_ms, 700);
     }
 
+    /// Issue 37, item 6: an interval alone, below the default timeout, gets
+    /// half of itself as its timeout instead of a 422; an interval above
+    /// the default timeout keeps it.
+    #[test]
+    fn an_interval_alone_derives_its_timeout_when_the_default_does_not_fit() {
+        let timing = |interval: u64| {
+            let reg = validate(with(
+                "checks",
+                json!({"readiness": {"kind": "http", "interval_ms": interval}}),
+            ))
+            .unwrap();
+            reg.checks.unwrap().readiness.unwrap().timing
+        };
+        let default = ChecksConfig::default().readiness.timeout_ms;
+        assert_eq!(default, 500);
+        assert_eq!(
+            (timing(200).interval_ms, timing(200).timeout_ms),
+            (200, 100)
+        );
+        assert_eq!(timing(500).timeout_ms, 250);
+        assert_eq!(timing(800).timeout_ms, default);
+        // A stated timeout is never changed: one that does not fit is refused.
+        let e = validate(with(
+            "checks",
+            json!({"readiness": {"kind": "http", "interval_ms": 200, "timeout_ms": 300}}),
+        ))
+        .unwrap_err();
+        assert!(
+            e.detail
+                .contains("timeout_ms = 300 must be below interval_ms = 200"),
+            "{}",
+            e.detail
+        );
+    }
+
     #[test]
     fn an_empty_checks_object_means_no_checks() {
         assert_eq!(validate(with("checks", json!({}))).unwrap().checks, None);
