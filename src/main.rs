@@ -1501,21 +1501,7 @@ async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
             let document: rollcall_config::ServicePolicy =
                 serde_json::from_value(body["policy"].clone())
                     .context("reading the policy in the arbiter's answer")?;
-            println!(
-                "# {service}: revision {}, home region {}, set by {} at {} (ms since the Unix epoch){}",
-                body["revision"],
-                body["home_region"].as_str().unwrap_or("?"),
-                body["set_by"].as_str().unwrap_or("?"),
-                body["set_at_ms"],
-                if body["replicated"] == true {
-                    format!(
-                        "; replicated from its home region at home revision {}",
-                        body["home_revision"]
-                    )
-                } else {
-                    String::new()
-                },
-            );
+            println!("{}", policy_header(&service, &body));
             let file = rollcall_config::PolicyFile {
                 policy: vec![document],
             };
@@ -1577,6 +1563,28 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
 /// (`2026-12-02T04:36:56.277Z`).
+/// The comment line `policy show` prints above a policy, from the
+/// arbiter's answer; times in RFC 3339, as `audit` prints them.
+fn policy_header(service: &impl std::fmt::Display, body: &serde_json::Value) -> String {
+    format!(
+        "# {service}: revision {}, home region {}, set by {} at {}{}",
+        body["revision"],
+        body["home_region"].as_str().unwrap_or("?"),
+        body["set_by"].as_str().unwrap_or("?"),
+        body["set_at_ms"]
+            .as_u64()
+            .map_or_else(|| "?".to_owned(), rfc3339),
+        if body["replicated"] == true {
+            format!(
+                "; replicated from its home region at home revision {}",
+                body["home_revision"]
+            )
+        } else {
+            String::new()
+        },
+    )
+}
+
 fn rfc3339(at_ms: u64) -> String {
     i64::try_from(at_ms)
         .ok()
@@ -1748,6 +1756,18 @@ async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_show_prints_its_time_as_audit_does() {
+        let body = serde_json::json!({
+            "revision": 9, "home_region": "r1", "set_by": "operator:admin",
+            "set_at_ms": 1_000_000_000_007u64, "replicated": false,
+        });
+        assert_eq!(
+            policy_header(&"shop/checkout", &body),
+            "# shop/checkout: revision 9, home region r1, set by operator:admin at 2001-09-09T01:46:40.007Z"
+        );
+    }
 
     #[test]
     fn audit_times_are_rfc3339_utc_to_the_millisecond() {
