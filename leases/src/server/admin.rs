@@ -317,6 +317,23 @@ fn error(status: StatusCode, code: &'static str, detail: impl Into<String>) -> A
     }
 }
 
+/// 429 for a token over its rate, `wait_ms` before its next call is
+/// allowed. `Retry-After` counts whole seconds, so the wait is rounded up
+/// to them and the detail says the same number.
+fn rate_limited(per_second: impl std::fmt::Display, wait_ms: u64) -> AdminError {
+    let seconds = wait_ms.div_ceil(1_000).max(1);
+    AdminError {
+        retry_after_s: Some(seconds),
+        ..error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "the operator token made more than {per_second} calls per second (arbiter limits.admin_calls_per_second); retry after {seconds} s (Retry-After)"
+            ),
+        )
+    }
+}
+
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> {
     let given = headers
         .get(header::AUTHORIZATION)
@@ -325,17 +342,7 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
     match given {
         Some(token) if token.trim() == &*state.token => state.calls.take().map_err(|wait_ms| {
             state.metrics.hit(Limit::AdminCalls);
-            AdminError {
-                retry_after_s: Some(wait_ms.div_ceil(1_000)),
-                ..error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    format!(
-                        "the operator token made more than {} calls per second (arbiter limits.admin_calls_per_second); retry in {wait_ms} ms",
-                        state.calls.per_second
-                    ),
-                )
-            }
+            rate_limited(state.calls.per_second, wait_ms)
         }),
         Some(_) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token does not match admin.token in the arbiter's data directory")),
         None => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "send the operator token (admin.token in the arbiter's data directory) as Authorization: Bearer <token>")),
@@ -969,4 +976,29 @@ async fn put_remote_policies(
         "refused": refused,
     }))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37, item 6: a 429's `Retry-After` and its detail name the same
+    /// wait (a 3 ms wait was "Retry-After: 1" and "retry in 3 ms").
+    #[test]
+    fn a_429_says_the_same_wait_in_its_header_and_its_detail() {
+        for (wait_ms, seconds) in [(3, 1), (1_000, 1), (1_001, 2), (0, 1)] {
+            let answer = rate_limited(100, wait_ms).into_response();
+            assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                answer.headers()[header::RETRY_AFTER],
+                seconds.to_string(),
+                "{wait_ms} ms"
+            );
+            let detail = rate_limited(100, wait_ms).detail;
+            assert!(
+                detail.ends_with(&format!("retry after {seconds} s (Retry-After)")),
+                "{detail}"
+            );
+        }
+    }
 }
