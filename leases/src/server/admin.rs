@@ -803,6 +803,7 @@ async fn put_remote(
             ),
         ));
     }
+    remote_values(report.view.version, report.heard_ms_ago)?;
     let most = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
     if !(1..=most).contains(&report.max_age_ms) {
         return Err(error(
@@ -829,6 +830,37 @@ async fn put_remote(
     )
 }
 
+/// Largest view version accepted: the largest integer JSON carries exactly
+/// (2^53 − 1). A version is a home region's catalog revision, one per
+/// commit, so no real one comes near it.
+const MAX_REMOTE_VERSION: u64 = (1 << 53) - 1;
+
+/// Refuses (422, naming the field, changing nothing) a remote view's
+/// version beyond [`MAX_REMOTE_VERSION`] and a `heard_ms_ago` above the
+/// longest summary age: a view heard longer ago than any view may be old
+/// is stale on arrival, and u64::MAX made its age "56 years".
+fn remote_values(version: Revision, heard_ms_ago: u64) -> Result<(), AdminError> {
+    let most = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
+    if version.0 > MAX_REMOTE_VERSION {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!(
+                "version = {} must be at most {MAX_REMOTE_VERSION}",
+                version.0
+            ),
+        ));
+    }
+    if heard_ms_ago > most {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("heard_ms_ago = {heard_ms_ago} must be at most {most}"),
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /v1/remote/{region}/heard`: the view at `version` is current.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -847,6 +879,7 @@ async fn remote_heard(
     authorize(&state, &headers)?;
     let region = remote_region(&state, path)?;
     let Json(heard) = body.map_err(json_rejected)?;
+    remote_values(heard.version, heard.heard_ms_ago)?;
     let confirmed = ask(&state, |reply| AdminQuery::RemoteHeard {
         region: region.clone(),
         version: heard.version,
@@ -981,6 +1014,23 @@ async fn put_remote_policies(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 37, item 6: a remote view's version and age are bounded.
+    #[test]
+    fn remote_view_values_out_of_bounds_are_refused_by_name() {
+        let hour = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
+        assert!(remote_values(Revision(MAX_REMOTE_VERSION), hour).is_ok());
+        for (version, heard, field) in [
+            (u64::MAX, 0, "version = 18446744073709551615"),
+            (MAX_REMOTE_VERSION + 1, 0, "version = "),
+            (1, u64::MAX, "heard_ms_ago = 18446744073709551615"),
+            (1, hour + 1, "heard_ms_ago = "),
+        ] {
+            let e = remote_values(Revision(version), heard).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert!(e.detail.starts_with(field), "{}", e.detail);
+        }
+    }
 
     /// Issue 37, item 6: a 429's `Retry-After` and its detail name the same
     /// wait (a 3 ms wait was "Retry-After: 1" and "retry in 3 ms").
