@@ -443,31 +443,48 @@ struct DevArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     http: SocketAddr,
     /// The arbiter's admin endpoint (replica k of `--replicas` uses the
-    /// port k − 1 above it).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
+    /// port k − 1 above it). Not with --regions.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7071",
+        conflicts_with = "regions"
+    )]
     admin: SocketAddr,
     /// The arbiter's QUIC address (replica k uses the port k − 1 above
-    /// it); free ports when omitted.
+    /// it; with --regions, region k's arbiter the port 10(k − 1) above it);
+    /// free ports when omitted.
     #[arg(long, value_name = "ADDR")]
     quic: Option<SocketAddr>,
-    /// Arbiter replicas in one Raft group: 1, 3 or 5.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Arbiter replicas in one Raft group: 1, 3 or 5. Not with --regions
+    /// (one replica per region).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        conflicts_with = "regions"
+    )]
     replicas: u8,
     /// A TCP proxy listener for a service (`SERVICE=ADDR`, SERVICE as
     /// `service`, `namespace/service` or `namespace/service/port_name`);
     /// repeatable.
     #[arg(long, value_name = "SERVICE=ADDR", value_parser = parse_proxy)]
     proxy: Vec<rollcall_config::ProxyEntry>,
-    /// The agent's DNS server (UDP and TCP).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8600")]
+    /// The agent's DNS server (UDP and TCP). Not with --regions.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8600",
+        conflicts_with = "regions"
+    )]
     dns: SocketAddr,
     /// Run this many regions (r1, r2, …), each with an arbiter, an agent
     /// (also its region's ingress gateway) and a region bridge. Region k's
     /// agent HTTP API is on the `--http` port + 10(k−1), its arbiter admin
-    /// on the next port, ingress +2, bridge +3, DNS +4, bridge metrics +5;
-    /// `--proxy` listeners
-    /// run on r1's agent; `--admin`, `--quic`, `--dns` and `--replicas`
-    /// do not apply.
+    /// on the next port, ingress +2, bridge +3, DNS +4, bridge metrics +5,
+    /// and its arbiter QUIC on the `--quic` port + 10(k−1) (free ports
+    /// without --quic); `--proxy` listeners run on r1's agent; `--admin`,
+    /// `--dns` and `--replicas` are refused with it.
     #[arg(long, value_name = "N")]
     regions: Option<u8>,
 }
@@ -1144,6 +1161,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let mut options =
             rollcall::dev_regions::RegionsOptions::new(n, args.data_dir.clone(), args.http);
         options.proxies = args.proxy;
+        options.quic = args.quic;
         let dev = rollcall::dev_regions::DevRegions::start(options).await?;
         let targets = write_targets(&dev.targets(), &args.data_dir)?;
         println!("{}{targets}", dev.banner());

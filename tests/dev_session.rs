@@ -553,3 +553,47 @@ fn the_read_commands_list_what_the_agent_holds() {
     assert!(stderr.contains("--region needs the dev.json"), "{stderr}");
     assert_clean_log(&dev.stop());
 }
+
+/// Issue 37, item 5: with `--regions`, `--quic` pins every arbiter's QUIC
+/// port (region k's 10(k − 1) above it), and a flag `--regions` does not
+/// take is refused naming it, starting nothing.
+#[test]
+fn dev_regions_pins_every_port_and_refuses_what_it_does_not_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for flag in [
+        ["--admin", "127.0.0.1:1"],
+        ["--dns", "127.0.0.1:1"],
+        ["--replicas", "3"],
+    ] {
+        let (code, stderr) = cli_fails(d, &[&["dev", "--regions", "2"][..], &flag].concat());
+        assert_eq!(code, Some(2), "{flag:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("'{} <", flag[0])) && stderr.contains("'--regions <N>'"),
+            "{flag:?}: {stderr}"
+        );
+    }
+    assert!(!d.join("rollcall-data").exists(), "nothing started");
+
+    let http = free_ports(16);
+    let quic = free_ports(11);
+    let args: Vec<String> = [
+        "--regions",
+        "2",
+        "--http",
+        &format!("127.0.0.1:{http}"),
+        "--quic",
+        &format!("127.0.0.1:{quic}"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let dev = Dev::start(d, "regions", &args);
+    let banner = std::fs::read_to_string(&dev.stdout).unwrap();
+    for k in [0, 10] {
+        assert!(
+            banner.contains(&format!("QUIC 127.0.0.1:{}", quic + k)),
+            "{banner}"
+        );
+    }
+    assert_clean_log(&dev.stop());
+}
