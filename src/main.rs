@@ -961,13 +961,20 @@ fn serve(
     rollcall_node::runtime::block_on(None, command)
 }
 
+/// The log filter without `RUST_LOG`. openraft's `core::raft_core` warns
+/// only that it ignores a stale message (a vote answer or a replication
+/// result from an earlier term or membership), which every election
+/// produces, e.g. five at each `dev --replicas 3` start: errors only there.
+const DEFAULT_LOG_FILTER: &str =
+    "info,hickory_server=warn,openraft=warn,openraft::core::raft_core=error";
+
 /// Logs on stderr and the one TLS crypto provider, once per process.
 fn init_process() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,hickory_server=warn,openraft=warn".into()),
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal, never into a log file or pipe.
