@@ -14,7 +14,7 @@ use rollcall_leases::server::{ArbiterServer, ServerError};
 use rollcall_leases::tls::{Ca, TlsError, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role};
 
-use rollcall_node::agent::{Agent, AgentError, AgentHandle};
+use rollcall_node::process::{self, AgentError, AgentHandle};
 
 /// Where `rollcall dev` listens and keeps its data.
 #[derive(Clone, Debug)]
@@ -117,7 +117,8 @@ pub async fn named(arbiters: &[ArbiterServer]) -> Result<(), DevError> {
 }
 
 impl Dev {
-    /// Makes certificates, starts the arbiter, then the agent.
+    /// Makes certificates, checks the agent, starts the arbiters, then the
+    /// agent. What started is stopped again when a later step fails.
     pub async fn start(options: DevOptions) -> Result<Dev, DevError> {
         let region = Label::new(REGION).expect("a valid constant");
         let ca = Ca::generate(&region)?;
@@ -139,6 +140,20 @@ impl Dev {
                 "--replicas {n}: use 1, 3 or 5 (a Raft group needs an odd number to keep a majority)"
             )));
         }
+        // The agent is checked (its ports bound, its data directory
+        // written) before any arbiter starts: a port in use stops `dev`
+        // before anything ran. Its arbiters are known once they listen.
+        let agent_dir = options.data_dir.join("agent");
+        let agent_config = AgentConfig {
+            node_id: NODE.into(),
+            region: REGION.into(),
+            http_listen: options.http,
+            data_dir: agent_dir.clone(),
+            proxy: options.proxies.clone(),
+            dns_listen: options.dns,
+            ..AgentConfig::default()
+        };
+        let agent = process::prepare(agent_config, Some(&agent_tls)).await?;
         // Every replica must know the others' QUIC addresses before it
         // starts, so they are fixed here: --quic and the ports after it, or
         // free ports. The group's membership is stored with its log, so
@@ -165,7 +180,7 @@ impl Dev {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let text: Vec<String> = free.iter().map(|a| a.to_string()).collect();
-                std::fs::create_dir_all(&options.data_dir)
+                rollcall_leases::secret::private_dir(&options.data_dir)
                     .and_then(|()| std::fs::write(&ports_file, text.join("\n") + "\n"))
                     .map_err(|e| {
                         DevError::Options(format!("writing {}: {e}", ports_file.display()))
@@ -217,39 +232,32 @@ impl Dev {
         let mut arbiters = Vec::new();
         let mut failed = None;
         while let Some(started) = starting.join_next().await {
-            match started
-                .map_err(|e| DevError::Options(format!("an arbiter replica did not start: {e}")))?
-            {
-                Ok(arbiter) => arbiters.push(arbiter),
-                Err(e) => failed = Some(e),
+            match started {
+                Ok(Ok(arbiter)) => arbiters.push(arbiter),
+                Ok(Err(e)) => failed = Some(e.into()),
+                Err(e) => {
+                    failed = Some(DevError::Options(format!(
+                        "an arbiter replica did not start: {e}"
+                    )))
+                }
             }
         }
         if let Some(e) = failed {
-            for arbiter in arbiters {
-                arbiter.shutdown().await;
-            }
-            return Err(e.into());
+            stop_arbiters(arbiters).await;
+            return Err(e);
         }
         arbiters.sort_by_key(|a| a.replica_id);
-        named(&arbiters).await?;
-        let agent_dir = options.data_dir.join("agent");
-        let agent_config = AgentConfig {
-            node_id: NODE.into(),
-            region: REGION.into(),
-            http_listen: options.http,
-            data_dir: agent_dir.clone(),
-            arbiters: arbiters.iter().map(|a| a.quic_addr.to_string()).collect(),
-            proxy: options.proxies.clone(),
-            dns_listen: options.dns,
-            ..AgentConfig::default()
-        };
-        let agent = Agent::start(agent_config, Some(&agent_tls)).await?;
-        connected(&agent).await?;
-        Ok(Dev {
-            arbiters,
-            agent,
-            agent_dir,
-        })
+        match start_agent(agent, &arbiters).await {
+            Ok(agent) => Ok(Dev {
+                arbiters,
+                agent,
+                agent_dir,
+            }),
+            Err(e) => {
+                stop_arbiters(arbiters).await;
+                Err(e)
+            }
+        }
     }
 
     /// What `rollcall dev` prints at start: the addresses and an example.
@@ -306,12 +314,36 @@ impl Dev {
     /// Stops the agent, then the arbiters (all at once).
     pub async fn shutdown(self) {
         self.agent.shutdown().await;
-        let mut stopping = tokio::task::JoinSet::new();
-        for arbiter in self.arbiters {
-            stopping.spawn(stop_arbiter(arbiter));
-        }
-        while stopping.join_next().await.is_some() {}
+        stop_arbiters(self.arbiters).await;
     }
+}
+
+/// Once the arbiter group commits writes, starts the prepared agent on it
+/// and waits for its session; an agent that started is stopped again if
+/// that wait fails.
+async fn start_agent(
+    mut agent: process::Prepared,
+    arbiters: &[ArbiterServer],
+) -> Result<AgentHandle, DevError> {
+    named(arbiters).await?;
+    agent.set_arbiters(arbiters.iter().map(|a| a.quic_addr.to_string()).collect())?;
+    let agent = agent.start().await?;
+    match connected(&agent).await {
+        Ok(()) => Ok(agent),
+        Err(e) => {
+            agent.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+/// Stops every one of `arbiters`, all at once.
+async fn stop_arbiters(arbiters: Vec<ArbiterServer>) {
+    let mut stopping = tokio::task::JoinSet::new();
+    for arbiter in arbiters {
+        stopping.spawn(stop_arbiter(arbiter));
+    }
+    while stopping.join_next().await.is_some() {}
 }
 
 /// Longest wait for one arbiter of a launcher whose process then exits.

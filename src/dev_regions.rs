@@ -26,7 +26,7 @@ use rollcall_leases::{Label, PrincipalName, Role};
 use rollcall_region_bridge::{Bridge, BridgeTls};
 
 use crate::dev::DevError;
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 
 /// Most regions `--regions` starts.
 pub const MAX_REGIONS: u8 = 9;
@@ -150,100 +150,142 @@ impl DevRegions {
                 &cas[k].issue(&identity, &[], &[])?,
             ))
         };
-        let mut regions = Vec::new();
+        // Every region's agent is checked (its ports bound, its data
+        // directory written) before anything starts: a port in use stops
+        // `dev` before anything ran. Its arbiter is known once it listens.
+        let mut agents = Vec::new();
         for (k, name) in names.iter().enumerate() {
             let kk = k as u8;
-            let dir = data_dir.join(name);
-            let arbiter_config = ArbiterConfig {
-                name: format!("arbiter-{name}"),
-                region: name.clone(),
-                listen: match quic {
-                    Some(quic) => step("--quic", quic, kk, 0)?,
-                    None => SocketAddr::from(([127, 0, 0, 1], 0)),
-                },
-                admin: port(base, kk, 1)?,
-                data_dir: dir.join("arbiter"),
-                registration: RegistrationConfig {
-                    addresses: AddressRule::Any,
-                },
-                ..ArbiterConfig::default()
-            };
-            let arbiter = ArbiterServer::start(
-                arbiter_config,
-                &issue(k, Role::Arbiter, &format!("arbiter-{name}"))?,
-            )
-            .await?;
-            crate::dev::named(std::slice::from_ref(&arbiter)).await?;
-            let agent_dir = dir.join("agent");
             let mut agent_config = AgentConfig {
                 node_id: NODE.into(),
                 region: name.clone(),
                 http_listen: port(base, kk, 0)?,
                 dns_listen: port(base, kk, 4)?,
-                data_dir: agent_dir.clone(),
-                arbiters: vec![arbiter.quic_addr.to_string()],
+                data_dir: data_dir.join(name).join("agent"),
                 proxy: if k == 0 { proxies.clone() } else { Vec::new() },
                 ..AgentConfig::default()
             };
             agent_config.ingress.listen = Some(port(base, kk, 2)?);
-            let agent = Agent::start(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?;
-            crate::dev::connected(&agent).await?;
-            let ingress = agent
-                .ingress_addr
-                .map(|a| a.to_string())
-                .into_iter()
-                .collect();
-            let peers = names
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != k)
-                .map(|(j, peer)| {
-                    Ok(BridgePeer {
-                        region: peer.clone(),
-                        address: bridge_ports[j].to_string(),
-                        ca: dir.join(format!("{peer}-ca.crt")),
-                    })
-                })
-                .collect::<Result<Vec<_>, DevError>>()?;
-            let bridge_config = BridgeConfig {
-                name: format!("bridge-{name}"),
-                region: name.clone(),
-                listen: bridge_ports[k],
-                peers,
-                ingress,
-                summary_max_age_ms,
-                sync_interval_ms,
-                metrics_listen: Some(port(base, kk, 5)?),
-                arbiter: BridgeArbiter {
-                    admin: vec![arbiter.admin_addr.to_string()],
-                    token_file: arbiter.token_file.clone(),
-                },
-                tls: None,
-            };
-            let tls = BridgeTls {
-                material: issue(k, Role::Bridge, &format!("bridge-{name}"))?,
-                peer_cas: names
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != k)
-                    .map(|(j, peer)| {
-                        (
-                            Label::new(peer).expect("r<k> is a valid label"),
-                            vec![cas[j].cert_der().clone()],
-                        )
-                    })
-                    .collect(),
-            };
-            let bridge = Bridge::start(bridge_config, tls)
-                .await
-                .map_err(|e| DevError::Options(format!("region {name}'s bridge: {e}")))?;
-            regions.push(DevRegion {
-                name: name.clone(),
-                arbiter,
-                agent,
-                bridge: Some(bridge),
-                agent_dir,
-            });
+            agents.push(process::prepare(agent_config, Some(&issue(k, Role::Agent, NODE)?)).await?);
+        }
+        let mut regions = Vec::new();
+        for ((k, name), agent) in names.iter().enumerate().zip(agents) {
+            let kk = k as u8;
+            let dir = data_dir.join(name);
+            // What started of this region is stopped when a later step
+            // fails; then the regions before it are (below).
+            let region = async {
+                let arbiter_config = ArbiterConfig {
+                    name: format!("arbiter-{name}"),
+                    region: name.clone(),
+                    listen: match quic {
+                        Some(quic) => step("--quic", quic, kk, 0)?,
+                        None => SocketAddr::from(([127, 0, 0, 1], 0)),
+                    },
+                    admin: port(base, kk, 1)?,
+                    data_dir: dir.join("arbiter"),
+                    registration: RegistrationConfig {
+                        addresses: AddressRule::Any,
+                    },
+                    ..ArbiterConfig::default()
+                };
+                let arbiter = ArbiterServer::start(
+                    arbiter_config,
+                    &issue(k, Role::Arbiter, &format!("arbiter-{name}"))?,
+                )
+                .await?;
+                let rest = async {
+                    crate::dev::named(std::slice::from_ref(&arbiter)).await?;
+                    let mut agent = agent;
+                    agent.set_arbiters(vec![arbiter.quic_addr.to_string()])?;
+                    let agent = agent.start().await?;
+                    let bridge = async {
+                        crate::dev::connected(&agent).await?;
+                        let ingress = agent
+                            .ingress_addr
+                            .map(|a| a.to_string())
+                            .into_iter()
+                            .collect();
+                        let peers = names
+                            .iter()
+                            .enumerate()
+                            .filter(|(j, _)| *j != k)
+                            .map(|(j, peer)| BridgePeer {
+                                region: peer.clone(),
+                                address: bridge_ports[j].to_string(),
+                                ca: dir.join(format!("{peer}-ca.crt")),
+                            })
+                            .collect();
+                        let bridge_config = BridgeConfig {
+                            name: format!("bridge-{name}"),
+                            region: name.clone(),
+                            listen: bridge_ports[k],
+                            peers,
+                            ingress,
+                            summary_max_age_ms,
+                            sync_interval_ms,
+                            metrics_listen: Some(port(base, kk, 5)?),
+                            arbiter: BridgeArbiter {
+                                admin: vec![arbiter.admin_addr.to_string()],
+                                token_file: arbiter.token_file.clone(),
+                            },
+                            tls: None,
+                        };
+                        let tls = BridgeTls {
+                            material: issue(k, Role::Bridge, &format!("bridge-{name}"))?,
+                            peer_cas: names
+                                .iter()
+                                .enumerate()
+                                .filter(|(j, _)| *j != k)
+                                .map(|(j, peer)| {
+                                    (
+                                        Label::new(peer).expect("r<k> is a valid label"),
+                                        vec![cas[j].cert_der().clone()],
+                                    )
+                                })
+                                .collect(),
+                        };
+                        Bridge::start(bridge_config, tls)
+                            .await
+                            .map_err(|e| DevError::Options(format!("region {name}'s bridge: {e}")))
+                    }
+                    .await;
+                    match bridge {
+                        Ok(bridge) => Ok((agent, bridge)),
+                        Err(e) => {
+                            agent.shutdown().await;
+                            Err(e)
+                        }
+                    }
+                }
+                .await;
+                match rest {
+                    Ok((agent, bridge)) => Ok(DevRegion {
+                        name: name.clone(),
+                        arbiter,
+                        agent,
+                        bridge: Some(bridge),
+                        agent_dir: dir.join("agent"),
+                    }),
+                    Err(e) => {
+                        crate::dev::stop_arbiter(arbiter).await;
+                        Err(e)
+                    }
+                }
+            }
+            .await;
+            match region {
+                Ok(region) => regions.push(region),
+                Err(e) => {
+                    let started = DevRegions {
+                        regions,
+                        cas,
+                        data_dir,
+                    };
+                    started.shutdown().await;
+                    return Err(e);
+                }
+            }
         }
         Ok(DevRegions {
             regions,
@@ -348,7 +390,7 @@ impl DevRegions {
             arbiters: vec![region.arbiter.quic_addr.to_string()],
             ..AgentConfig::default()
         };
-        let agent = Agent::start(config, Some(&tls)).await?;
+        let agent = process::start(config, Some(&tls)).await?;
         crate::dev::connected(&agent).await?;
         Ok(agent)
     }

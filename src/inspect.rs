@@ -341,6 +341,15 @@ pub fn render_endpoints(e: &EndpointsResponse) -> String {
     if e.stale {
         let _ = write!(text, "  STALE ({} old)", age(e.age_ms));
     }
+    if e.degraded {
+        let _ = write!(
+            text,
+            "  DEGRADED: {}",
+            e.degraded_reason
+                .as_deref()
+                .unwrap_or("past its maximum age")
+        );
+    }
     text.push('\n');
     if let Some(f) = &e.failover {
         let _ = writeln!(text, "failover: {}", f.detail);

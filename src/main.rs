@@ -1114,7 +1114,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         false => Some(tls_files(config.tls.as_ref(), "agent.tls")?),
     };
     let material = files.as_ref().map(tls::TlsMaterial::load).transpose()?;
-    let handle = rollcall_node::agent::Agent::start(config.clone(), material.as_ref()).await?;
+    let handle = rollcall_node::process::start(config.clone(), material.as_ref()).await?;
     println!(
         "agent serving: http://{} (node token in {})",
         handle.http_addr,

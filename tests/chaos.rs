@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 28] = [
+const REPORT_KEYS: [&str; 29] = [
     "scenario",
     "git_commit",
     "git_dirty",
@@ -34,13 +34,14 @@ const REPORT_KEYS: [&str; 28] = [
     "election",
     "history",
     "cache_corruption",
+    "degraded",
     "regions",
     "pass",
     "failures",
 ];
 
 /// The scenarios issues 7 and 18 ask for; each must have its file.
-const REQUIRED: [&str; 21] = [
+const REQUIRED: [&str; 22] = [
     "pauses-2s",
     "backend-kill",
     "correlated-crash",
@@ -57,6 +58,7 @@ const REQUIRED: [&str; 21] = [
     "leader-kill",
     "quorum-loss",
     "arbiter-outage",
+    "arbiter-outage-degrade",
     "wire-faults",
     "cache-corruption",
     "reconnect-storm",

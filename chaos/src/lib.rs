@@ -21,6 +21,7 @@
 //! measured from outside; its fleet has the simulation's shape (`shape`).
 
 pub mod bench;
+pub mod degraded;
 pub mod echo;
 pub mod history;
 pub mod netns;
@@ -124,6 +125,7 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         crash_commit_ms: result.crash_commit_ms,
         election: result.election,
         cache_corruption: result.cache_corruption,
+        degraded: result.degraded,
     };
     let report = report::compute(&input, &timeline, &scenario.pass);
     // The budget of the settings the run's processes had.

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::degraded::{self, DegradedFigures};
 use crate::scenario::{Pass, Routing};
 use crate::timeline::{Conn, Event, Outcome, Route, Timeline};
 
@@ -61,6 +62,9 @@ pub struct ReportInput {
     pub election: Option<(u64, u64)>,
     /// What a `corrupt_cache` step found, if the run had one.
     pub cache_corruption: Option<Corruption>,
+    /// Whether stale copies were served degraded exactly while past their
+    /// maximum age; `None` unless the scenario checks it.
+    pub degraded: Option<DegradedFigures>,
 }
 
 /// The git commit a binary was built from.
@@ -211,6 +215,10 @@ pub struct Report {
     pub history: Option<HistoryFigures>,
     /// The cache-corruption evidence; `null` without a `corrupt_cache` step.
     pub cache_corruption: Option<Corruption>,
+    /// Stale copies served degraded (README, "Stale copies"); `null`
+    /// unless the scenario sets `degraded_max_age_ms`.
+    #[serde(default)]
+    pub degraded: Option<DegradedFigures>,
     /// Where the connections went by region, per `[[pass.routing]]` rule;
     /// `null` in a one-region run.
     pub regions: Option<RegionsFigures>,
@@ -439,6 +447,7 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         election,
         history: input.history.clone(),
         cache_corruption: input.cache_corruption.clone(),
+        degraded: input.degraded.clone(),
         regions: regions(timeline, &conns, &events, &pass.routing),
         pass: false,
         failures: Vec::new(),
@@ -1218,6 +1227,9 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             Some(_) => {}
         }
     }
+    if pass.degraded_max_age_ms.is_some() {
+        degraded::judge(report.degraded.as_ref(), &mut failures);
+    }
     if let Some(c) = &report.cache_corruption {
         if c.detected < c.files {
             failures.push(format!(
@@ -1382,6 +1394,15 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
         rows.push((
             "election.failed_conns_to_live_backends",
             format!("{} of {}", e.failed_conns_to_live_backends, e.conns),
+        ));
+    }
+    if let Some(d) = &report.degraded {
+        rows.push((
+            "degraded",
+            format!(
+                "{} answers sampled, {} past their maximum age, {} served degraded ({} of them whole: no fresh local evidence), {} disagreeing",
+                d.answers, d.past_max_age, d.degraded, d.fallback, d.mismatched
+            ),
         ));
     }
     if let Some(c) = &report.cache_corruption {
@@ -2080,6 +2101,7 @@ mod tests {
                 "election",
                 "history",
                 "cache_corruption",
+                "degraded",
                 "regions",
                 "pass",
                 "failures",

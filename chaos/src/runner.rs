@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use rollcall_leases::clock::now_ms;
 
+use crate::degraded::{self, DegradedFigures, StaleAnswer};
 use crate::history::{self, Answer, Cause, FinalRecord, WriteKind};
 use crate::netns::{NetError, Topology};
 use crate::report::{Corruption, HistoryFigures};
@@ -207,6 +208,7 @@ struct Cluster {
     faults: Option<String>,
     /// The agents' `gossip.preset`, when the scenario names one.
     gossip_preset: Option<String>,
+    agent_toml: Option<String>,
     /// The scenario's extra services (`extra-0`, `extra-1`, …).
     extra_services: u32,
     /// UDP relays the replicas reach each other through (index = replica),
@@ -400,6 +402,9 @@ pub struct RunResult {
     pub election: Option<(u64, u64)>,
     /// What a `corrupt_cache` step found.
     pub cache_corruption: Option<Corruption>,
+    /// Whether stale copies were served degraded exactly while past their
+    /// maximum age; `None` unless the scenario checks it.
+    pub degraded: Option<DegradedFigures>,
     /// The arbiter outage, `[start, end)` in run ms, if the scenario had one
     /// (an outage still running at the end ends there).
     pub outage: Option<(u64, u64)>,
@@ -479,6 +484,7 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         bad_probed: Vec::new(),
         faults: scenario.faults.clone(),
         gossip_preset: scenario.gossip_preset.clone(),
+        agent_toml: scenario.agent_toml.clone(),
         extra_services: scenario.extra_services,
         nodes,
         http: reqwest::Client::builder()
@@ -744,7 +750,7 @@ fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
         .join(", ");
     let node = cluster.nodes[i].clone();
     let certs = cluster.work.join("certs");
-    let toml = format!(
+    let mut toml = format!(
         "node_id = \"{node}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\nhttp_listen = \"{ip}:{HTTP_PORT}\"\ndns_listen = \"{ip}:8600\"\narbiters = [\"{arbiter}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 1000\nservices = [{extra}]\n\
          [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-{node}.crt\"\nkey = \"{c}/agent-{node}.key\"\n\
          [gossip]\nlisten = \"{ip}:{GOSSIP_PORT}\"\nseeds = [{seeds}]\nkey_file = \"{k}\"\n{preset}\
@@ -770,6 +776,11 @@ fn start_agent(cluster: &mut Cluster, i: usize) -> Result<(), RunError> {
         service = cluster.service,
         followers = cluster.nodes.len(),
     );
+    if let Some(extra) = &cluster.agent_toml {
+        toml.push('\n');
+        toml.push_str(extra);
+        toml.push('\n');
+    }
     let path = cluster.work.join(format!("{node}.toml"));
     std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
     cluster.processes.children.retain(|(n, _)| *n != node);
@@ -964,6 +975,7 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
     let routes: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
     let region_answers: std::sync::Arc<std::sync::Mutex<Vec<RegionAnswer>>> = Default::default();
     let views: std::sync::Arc<std::sync::Mutex<Vec<Route>>> = Default::default();
+    let stale_answers: Records<StaleAnswer> = Default::default();
     let watchers: Vec<tokio::task::JoinHandle<()>> = (0..cluster.nodes.len())
         .map(|i| {
             tokio::spawn(watch_view(
@@ -980,6 +992,10 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         (
             routes.clone(),
             (!cluster.regions.is_empty()).then(|| region_answers.clone()),
+            scenario
+                .pass
+                .degraded_max_age_ms
+                .map(|_| stale_answers.clone()),
         ),
         cluster.http.clone(),
         (0..cluster.nodes.len())
@@ -1201,6 +1217,12 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         crash_commit_ms,
         election: cluster.election,
         cache_corruption: cluster.corruption.clone(),
+        degraded: scenario.pass.degraded_max_age_ms.map(|max_age_ms| {
+            degraded::figures(
+                &stale_answers.lock().expect("stale answers lock"),
+                max_age_ms,
+            )
+        }),
         outage,
         max_concurrent_snapshots,
         snapshots_refused,
@@ -1330,7 +1352,11 @@ type Records<T> = std::sync::Arc<std::sync::Mutex<Vec<T>>>;
 /// and, in a multi-region run, what it says of regions into `answers`,
 /// until aborted or `limit`.
 async fn sample_routes(
-    (routes, answers): (Records<Route>, Option<Records<RegionAnswer>>),
+    (routes, answers, stale): (
+        Records<Route>,
+        Option<Records<RegionAnswer>>,
+        Option<Records<StaleAnswer>>,
+    ),
     http: reqwest::Client,
     agents: Vec<(String, Ipv4Addr)>,
     service: String,
@@ -1365,6 +1391,18 @@ async fn sample_routes(
                 agent: agent.clone(),
                 instances: endpoint_ids(&body),
             });
+            if let (Some(stale), Some(age_ms)) = (&stale, body["age_ms"].as_u64()) {
+                stale.lock().expect("stale answers lock").push(StaleAnswer {
+                    t_ms,
+                    agent: agent.clone(),
+                    age_ms,
+                    degraded: body["degraded"].as_bool().unwrap_or(false),
+                    // The agent's own words (README, "Stale copies").
+                    fallback: body["degraded_reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("no endpoint has fresh local evidence")),
+                });
+            }
             if let (Some(answers), Some(region)) = (&answers, body["region"].as_str()) {
                 answers.lock().expect("answers lock").push(RegionAnswer {
                     t_ms,

@@ -153,6 +153,12 @@ pub struct Scenario {
     /// validates it at start like any config.
     #[serde(default)]
     pub arbiter_toml: Option<String>,
+    /// TOML appended to every agent's config (the harness writes its
+    /// identity, listeners, `[tls]`, `[gossip]`, `[budget]` and the
+    /// `[[proxy]]`), e.g. "[staleness]\nmax_age_ms = 5000". The agent
+    /// validates it at start like any config.
+    #[serde(default)]
+    pub agent_toml: Option<String>,
     /// Regions in the run: 1 (the default) is one region, `r1`; with 2 to
     /// 5, regions `r2`, `r3`, … each get a host of their own (a namespace
     /// holding its arbiter, one gateway agent with an ingress, and
@@ -508,6 +514,12 @@ pub struct Pass {
     /// a live agent's view dropped and later offered again (a local
     /// exclusion the catalog never recorded); unset means not checked.
     pub max_view_dips: Option<u64>,
+    /// The agents' `staleness.max_age_ms` when the run checks `degrade`
+    /// (README, "Stale copies"): every live agent's resolve answer is
+    /// sampled every 100 ms, and each must say it is degraded exactly when
+    /// its copy is older than this; at least one must be, and none may be
+    /// at the end. Unset means not checked.
+    pub degraded_max_age_ms: Option<u64>,
     /// Most full snapshots the arbiter may serve at once (a reconnect
     /// storm's bound); unset means not checked.
     pub max_concurrent_snapshots: Option<u64>,
@@ -592,6 +604,7 @@ impl Default for Pass {
             max_failed_conns_to_live_backends_in_outage: 0,
             max_false_removals: 0,
             max_view_dips: None,
+            degraded_max_age_ms: None,
             max_concurrent_snapshots: None,
             min_concurrent_snapshots: None,
             max_new_conns_to_not_ready: 0,
@@ -1176,6 +1189,7 @@ max_concurrent_snapshots = 16
                 max_failed_conns_to_live_backends_in_outage: 2,
                 max_false_removals: 3,
                 max_view_dips: None,
+                degraded_max_age_ms: None,
                 max_concurrent_snapshots: Some(16),
                 min_concurrent_snapshots: None,
                 max_new_conns_to_not_ready: 0,

@@ -155,8 +155,11 @@ impl Default for DataPlaneConfig {
 pub enum StaleBehaviour {
     /// Keep serving the last-known set.
     Keep,
-    /// Keep serving, counting each such answer in the warning metric
-    /// `rollcall_agent_stale_served_total`.
+    /// Serve a smaller, safer set: only endpoints with fresh local
+    /// evidence (node alive in the zone's gossip, no failed connect within
+    /// `base_ejection_ms`), one retry, 1 s DNS TTLs, no failover on the
+    /// stale copy's targets; the whole copy when none has such evidence
+    /// (README, "Stale copies").
     Degrade,
     /// Refuse: no backend from the proxy, SERVFAIL from DNS, 503 from the API.
     Refuse,

@@ -33,8 +33,8 @@ pub struct GossipOptions {
     pub node: NodeId,
     /// This agent run.
     pub epoch: AgentEpoch,
-    /// The UDP address to bind (port 0: any free port).
-    pub listen: SocketAddr,
+    /// The member's socket, bound.
+    pub socket: GossipSocket,
     /// Members to join through.
     pub seeds: Vec<SocketAddr>,
     /// SWIM settings (a preset plus overrides).
@@ -43,6 +43,24 @@ pub struct GossipOptions {
     pub key: ZoneKey,
     /// The previous zone key, still accepted during a rotation.
     pub previous_key: Option<ZoneKey>,
+}
+
+/// A member's UDP socket, bound and not in use yet: the agent binds it
+/// before it starts anything, so an address in use stops it before
+/// anything ran.
+pub struct GossipSocket {
+    socket: UdpSocket,
+    /// The bound address (this member's identity address).
+    pub local_addr: SocketAddr,
+}
+
+impl GossipSocket {
+    /// Binds `listen` (port 0: any free port).
+    pub async fn bind(listen: SocketAddr) -> std::io::Result<Self> {
+        let socket = UdpSocket::bind(listen).await?;
+        let local_addr = socket.local_addr()?;
+        Ok(GossipSocket { socket, local_addr })
+    }
 }
 
 /// A running member.
@@ -62,6 +80,7 @@ pub struct SharedDrops {
     too_short: AtomicU64,
     unknown_key: AtomicU64,
     forged: AtomicU64,
+    replay: AtomicU64,
     refused: AtomicU64,
 }
 
@@ -73,6 +92,7 @@ impl SharedDrops {
             (&self.too_short, o.too_short),
             (&self.unknown_key, o.unknown_key),
             (&self.forged, o.forged),
+            (&self.replay, o.replay),
             (&self.refused, drops.refused),
         ] {
             cell.store(value, Ordering::Relaxed);
@@ -88,6 +108,7 @@ impl SharedDrops {
                 too_short: load(&self.too_short),
                 unknown_key: load(&self.unknown_key),
                 forged: load(&self.forged),
+                replay: load(&self.replay),
             },
             refused: load(&self.refused),
         }
@@ -96,7 +117,7 @@ impl SharedDrops {
 
 impl GossipHandle {
     /// Incoming datagrams dropped so far, by reason (oversized, truncated,
-    /// sealed with an unknown key, forged, refused by foca).
+    /// sealed with an unknown key, forged, replayed, refused by foca).
     pub fn drops(&self) -> Arc<SharedDrops> {
         self.drops.clone()
     }
@@ -130,13 +151,9 @@ const MAX_ALONE_WAIT_MS: u64 = 4_000;
 /// Most addresses of former members a lone member also asks to rejoin.
 const MAX_KNOWN: usize = 64;
 
-/// Binds the socket, joins the seeds and runs until shut down.
-pub async fn start(
-    options: GossipOptions,
-    listener: impl GossipListener,
-) -> std::io::Result<GossipHandle> {
-    let socket = UdpSocket::bind(options.listen).await?;
-    let local_addr = socket.local_addr()?;
+/// Joins the seeds and runs until shut down.
+pub fn start(options: GossipOptions, listener: impl GossipListener) -> GossipHandle {
+    let GossipSocket { socket, local_addr } = options.socket;
     let id = MemberId::new(options.node.clone(), local_addr, options.epoch);
     let sealer = Sealer::new(
         options.key.clone(),
@@ -156,12 +173,12 @@ pub async fn start(
         (blocked.clone(), drops.clone()),
         listener,
     ));
-    Ok(GossipHandle {
+    GossipHandle {
         local_addr,
         blocked,
         drops,
         task,
-    })
+    }
 }
 
 /// A timer due at an instant; ordered by due time, then arrival.

@@ -10,6 +10,8 @@
 //! - `driver`: the thin UDP driver: socket, timers, events to a listener.
 //! - `identity`: [`MemberId`], who a member is (node, address, agent epoch).
 //! - `seal`: packet authentication with the zone key (R10).
+//! - `replay`: the per-sender replay windows `seal` drops resent
+//!   datagrams by.
 //! - `membership`: [`Membership`], foca behind one door, with the foca
 //!   2.0.0 stale-TurnUndead workaround.
 //! - `sim`: a deterministic simulated network of real `Membership`s, for
@@ -18,10 +20,11 @@
 pub mod driver;
 pub mod identity;
 pub mod membership;
+pub mod replay;
 pub mod seal;
 pub mod sim;
 
-pub use driver::{GossipHandle, GossipListener, GossipOptions, SharedDrops};
+pub use driver::{GossipHandle, GossipListener, GossipOptions, GossipSocket, SharedDrops};
 pub use identity::MemberId;
 pub use membership::{foca_config, DropReason, Drops, Membership, MembershipEvent, Output};
 pub use seal::{KeyFileError, OpenDrops, OpenError, Sealer, ZoneKey, MAX_PACKET};

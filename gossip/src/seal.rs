@@ -12,6 +12,10 @@
 //! nonces would reach a birthday risk of 2⁻³² after about 2³² packets per
 //! key, which a zone of 5,000 agents sends in hours.
 //!
+//! An authentic datagram opened before is dropped (`replay`, see
+//! [`crate::replay`]): the nonce's prefix names the sender's run and its
+//! counter the datagram.
+//!
 //! This module only calls the `chacha20poly1305` crate; it must not
 //! implement any cryptography itself, and nothing it fails to open may be
 //! passed on.
@@ -22,6 +26,8 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::replay::ReplayWindows;
 
 /// Largest datagram we send or accept, in bytes: fits a 1,500-byte
 /// Ethernet MTU with room for IP and UDP headers without fragmentation.
@@ -49,7 +55,7 @@ pub struct ZoneKey {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     /// It could not be read.
-    #[error("cannot read zone key file {path}: {source}")]
+    #[error("cannot read zone key file {path}: {source}; copy the zone's key file there (every agent of a zone holds the same one), or make a zone's first with `rollcall gossip-key`")]
     Io {
         /// The file.
         path: std::path::PathBuf,
@@ -67,10 +73,12 @@ pub enum KeyFileError {
 impl ZoneKey {
     /// Reads a key file: one line `<key id 0-255> <64 hex digits>`.
     pub fn load(path: &std::path::Path) -> Result<ZoneKey, KeyFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Io {
+        let io = |source| KeyFileError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        rollcall_leases::secret::owner_only(path).map_err(io)?;
         let format = || KeyFileError::Format {
             path: path.to_owned(),
         };
@@ -140,6 +148,14 @@ pub enum OpenError {
         /// The key id it carried.
         key_id: u8,
     },
+    /// Authentic, but opened before (or older than its sender's replay
+    /// window): a captured datagram sent again, or one the network
+    /// duplicated.
+    #[error("gossip packet under key id {key_id} was seen before (replay); dropped")]
+    Replayed {
+        /// The key id it carried.
+        key_id: u8,
+    },
 }
 
 /// Counts of datagrams [`Sealer::open`] refused, by reason.
@@ -153,6 +169,8 @@ pub struct OpenDrops {
     pub unknown_key: u64,
     /// See [`OpenError::Forged`].
     pub forged: u64,
+    /// See [`OpenError::Replayed`].
+    pub replay: u64,
 }
 
 /// Seals outgoing payloads with the current zone key and opens incoming
@@ -164,6 +182,7 @@ pub struct Sealer {
     prefix: [u8; 8],
     counter: u32,
     drops: OpenDrops,
+    replay: ReplayWindows,
 }
 
 impl Sealer {
@@ -182,6 +201,7 @@ impl Sealer {
             prefix,
             counter: 0,
             drops: OpenDrops::default(),
+            replay: ReplayWindows::default(),
         }
     }
 
@@ -225,15 +245,28 @@ impl Sealer {
         }
     }
 
-    /// Checks and decrypts a datagram, counting it by reason if refused.
+    /// Checks and decrypts a datagram, and drops a replay of one opened
+    /// before (`replay`), counting it by reason if refused.
     pub fn open(&mut self, packet: &[u8]) -> Result<Vec<u8>, OpenError> {
-        let opened = self.try_open(packet);
+        let opened = self.try_open(packet).and_then(|payload| {
+            // Authentic: its nonce is the sender's own (prefix, counter).
+            let mut prefix = [0; 8];
+            prefix.copy_from_slice(&packet[1..9]);
+            let mut counter = [0; 4];
+            counter.copy_from_slice(&packet[9..HEADER_LEN]);
+            if self.replay.accept(prefix, u32::from_be_bytes(counter)) {
+                Ok(payload)
+            } else {
+                Err(OpenError::Replayed { key_id: packet[0] })
+            }
+        });
         if let Err(error) = &opened {
             let counter = match error {
                 OpenError::TooLarge { .. } => &mut self.drops.too_large,
                 OpenError::TooShort { .. } => &mut self.drops.too_short,
                 OpenError::UnknownKey { .. } => &mut self.drops.unknown_key,
                 OpenError::Forged { .. } => &mut self.drops.forged,
+                OpenError::Replayed { .. } => &mut self.drops.replay,
             };
             *counter += 1;
         }
@@ -372,6 +405,31 @@ mod tests {
             not_yet_rotated.open(&new),
             Err(OpenError::UnknownKey { key_id: 2 })
         );
+    }
+
+    #[test]
+    fn a_replayed_datagram_is_dropped_and_counted() {
+        let mut sender = Sealer::new(key(1, 7), None, 2);
+        let mut receiver = Sealer::new(key(1, 7), None, 1);
+        let first = sender.seal(b"member down: node-3").expect("fits");
+        let second = sender.seal(b"member up: node-3").expect("fits");
+        assert!(receiver.open(&second).is_ok());
+        // Reordered by the network: the earlier one still passes.
+        assert!(receiver.open(&first).is_ok());
+        for packet in [&first, &second] {
+            assert_eq!(
+                receiver.open(packet),
+                Err(OpenError::Replayed { key_id: 1 })
+            );
+        }
+        assert_eq!(receiver.drops().replay, 2);
+        // A forged copy does not move the window: the next real one opens.
+        let mut forged = sender.seal(b"x").expect("fits");
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        assert_eq!(receiver.open(&forged), Err(OpenError::Forged { key_id: 1 }));
+        forged[last] ^= 1;
+        assert!(receiver.open(&forged).is_ok());
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl ArbiterServer {
         let params = CatalogParams::from_config(&config, ShardId(0))
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let region = params.region.clone();
-        std::fs::create_dir_all(&config.data_dir).map_err(io(format!(
+        crate::secret::private_dir(&config.data_dir).map_err(io(format!(
             "creating data directory {}",
             config.data_dir.display()
         )))?;

@@ -800,6 +800,11 @@ impl TlsMaterial {
     pub fn load(files: &TlsFiles) -> Result<TlsMaterial, TlsError> {
         let cas = read_ca_bundle(&files.ca)?;
         let cert_chain = read_certs(&files.cert, "certificate")?;
+        crate::secret::owner_only(&files.key).map_err(|reason| TlsError::Io {
+            action: "restrict to its owner",
+            path: files.key.clone(),
+            reason,
+        })?;
         let key_pem = read_limited(&files.key)?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| match error {
             pem::Error::NoItemsFound => TlsError::NoKey {

@@ -51,7 +51,7 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 use rollcall_node::view::Lookup;
 use support::Better;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -201,7 +201,7 @@ async fn run(sizes: Sizes) {
         ..AgentConfig::default()
     };
     config.data_plane.slow_start_ms = 0;
-    let handle = Agent::start(config, Some(&material(&ca, Role::Agent, "node-a")))
+    let handle = process::start(config, Some(&material(&ca, Role::Agent, "node-a")))
         .await
         .unwrap();
 

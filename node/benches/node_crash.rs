@@ -27,7 +27,7 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role, ServiceKey};
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, Agent, AgentHandle};
 use rollcall_node::view::Lookup;
 
 fn unix_ms() -> u64 {
@@ -73,7 +73,7 @@ impl Fleet {
             PrincipalName::new(&config.node_id).unwrap(),
         );
         let tls = TlsMaterial::from_issued(&self.ca, &self.ca.issue(&identity, &[], &[]).unwrap());
-        Agent::start(config, Some(&tls)).await.unwrap()
+        process::start(config, Some(&tls)).await.unwrap()
     }
 }
 

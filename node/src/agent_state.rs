@@ -23,7 +23,8 @@
 //!   the disk cache, and the services followed on demand;
 //! - [`writes`]: the local API's writes, the intent of each local
 //!   instance (serve, drain, leave), writes kept pending while the arbiter
-//!   is away, the drain window, and the answers; [`authority`] checks who
+//!   is away, the drain window, and the answers ([`write_answers`] says
+//!   what the arbiter's answer to each means); [`authority`] checks who
 //!   may write which instance and which generation a call names;
 //!   [`requests`] builds every request a local instance's life sends, one
 //!   function per shape, for the live path and the replay alike;
@@ -81,6 +82,7 @@ mod health;
 mod reconcile;
 mod requests;
 mod status;
+mod write_answers;
 mod writes;
 
 /// Catalog shards per region. One today; services map to shards by key
@@ -392,6 +394,9 @@ impl AgentState {
             out.push(Output::PublishDown(
                 self.peers.downs.excluded(self.link.is_connected()),
             ));
+        }
+        if let Some(alive) = self.peers.take_alive() {
+            out.push(Output::PublishAlive(alive));
         }
         self.publish_changed(out);
         let wake = self.next_wake();

@@ -40,6 +40,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use rollcall_config::{ChecksConfig, ConnTraffic};
 use rollcall_leases::clock::now_ms;
+use rollcall_leases::secret::token_matches;
 use rollcall_leases::{shard_of, EndpointRecord, Generation, InstanceId, Label, ServiceKey};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
@@ -122,7 +123,7 @@ impl ApiContext {
         peer: Option<(u32, u32)>,
     ) -> Result<Caller, ApiError> {
         match (header.and_then(|h| h.strip_prefix("Bearer ")), peer) {
-            (Some(t), _) if t.trim() == &*self.token => Ok(Caller::Operator),
+            (Some(t), _) if token_matches(t.trim(), &self.token) => Ok(Caller::Operator),
             (Some(_), _) => Err(ApiError::unauthorized("the bearer token does not match agent.token in the agent's data directory")),
             (None, Some((uid, gid))) => Ok(Caller::Workload { uid, gid }),
             (None, None) => Err(ApiError::unauthorized(
@@ -687,6 +688,8 @@ async fn resolve(
                     age_ms: 0,
                     stale: false,
                     mode: "failover".into(),
+                    degraded: false,
+                    degraded_reason: None,
                     region: region.clone(),
                     endpoints: Vec::new(),
                     failover: Some(failover_json(Decision::Remote {
@@ -756,6 +759,8 @@ async fn resolve(
         } else {
             answer.selection.mode.as_str().into()
         },
+        degraded: answer.degraded.is_some(),
+        degraded_reason: answer.degraded.as_ref().map(|d| d.reason.clone()),
         region,
         endpoints,
         failover,

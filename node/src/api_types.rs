@@ -588,6 +588,17 @@ pub struct EndpointsResponse {
     pub region: Label,
     /// The endpoints.
     pub endpoints: Vec<EndpointJson>,
+    /// Whether the copy is past its maximum age and served degraded
+    /// (staleness behaviour `degrade`): only endpoints this agent has
+    /// fresh local evidence of, no failover to other regions (README,
+    /// "Stale copies").
+    #[serde(default)]
+    pub degraded: bool,
+    /// Why, when `degraded`: the copy's age and limit, and which set is
+    /// served (the endpoints with fresh local evidence, or the whole copy
+    /// when none has any).
+    #[serde(default)]
+    pub degraded_reason: Option<String>,
     /// Set when the service has no usable endpoint in this region: where
     /// its traffic goes instead, or why it goes nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -608,6 +619,7 @@ impl EndpointsResponse {
             h.update(&[0]);
         };
         put(&self.mode);
+        put(if self.degraded { "degraded" } else { "" });
         put(self.region.as_str());
         if let Some(f) = &self.failover {
             put(f.region.as_ref().map_or("", |r| r.as_str()));
@@ -1268,6 +1280,8 @@ mod tests {
             age_ms: 120,
             stale: false,
             mode: "serve".into(),
+            degraded: false,
+            degraded_reason: None,
             region: Label::new("r1").unwrap(),
             endpoints: Vec::new(),
             failover: None,
@@ -1277,6 +1291,8 @@ mod tests {
             keys(serde_json::to_value(&endpoints).unwrap()),
             [
                 "age_ms",
+                "degraded",
+                "degraded_reason",
                 "endpoints",
                 "index",
                 "mode",

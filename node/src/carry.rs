@@ -63,6 +63,8 @@ pub trait Carry {
     fn changed(&mut self, _service: ServiceKey) {}
     /// `Output::PublishDown`.
     fn publish_down(&mut self, _nodes: BTreeSet<NodeId>) {}
+    /// `Output::PublishAlive`.
+    fn publish_alive(&mut self, _nodes: BTreeSet<NodeId>) {}
     /// `Output::PublishConnected`.
     fn publish_connected(&mut self, _up: bool) {}
     /// `Output::PublishRegions`.
@@ -105,6 +107,7 @@ pub fn carry(outputs: impl IntoIterator<Item = Output>, to: &mut impl Carry) {
             Output::Publish(published) => to.publish(published),
             Output::Changed(service) => to.changed(service),
             Output::PublishDown(nodes) => to.publish_down(nodes),
+            Output::PublishAlive(nodes) => to.publish_alive(nodes),
             Output::PublishConnected(up) => to.publish_connected(up),
             Output::PublishRegions(regions) => to.publish_regions(regions),
             Output::LiftEjections(node) => to.lift_ejections(node),

@@ -77,7 +77,7 @@ use rollcall_leases::clock::now_ms;
 
 use crate::endpoints::Candidate;
 use crate::failover::Decision;
-use crate::view::{Lookup, Views};
+use crate::view::{Lookup, Views, DEGRADED_TTL_S};
 
 /// The zone this server answers for.
 pub const ZONE: &str = "svc.rollcall.";
@@ -130,24 +130,19 @@ impl DnsHandle {
     }
 }
 
-/// Starts the DNS server over `views` on `listen` (UDP and TCP, same
-/// port) with answers valid for `ttl_s` seconds. It serves until
-/// `DnsHandle::shutdown`.
-pub async fn start(views: Views, listen: SocketAddr, ttl_s: u32) -> Result<DnsHandle, DnsError> {
-    let (udp, tcp) = bind(listen).await?;
-    let local_addr = udp.local_addr().map_err(|source| DnsError::Bind {
-        protocol: "UDP",
-        addr: listen,
-        source,
-    })?;
-    let mut server = Server::new(Handler::new(views, ttl_s));
-    server.register_socket(udp);
-    server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
-    tracing::info!(dns = %local_addr, ttl_s, "DNS server started");
-    Ok(DnsHandle { server, local_addr })
+/// The DNS server's UDP socket and TCP listener, bound on the same port,
+/// not serving yet: the agent binds them before it starts anything, so a
+/// port in use stops it before anything ran.
+pub struct DnsSockets {
+    udp: UdpSocket,
+    tcp: TcpListener,
+    /// The address both are bound to (the real port when asked for port 0).
+    pub local_addr: SocketAddr,
 }
 
-async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> {
+/// Binds UDP and TCP on `listen` (the same port for both; with port 0, a
+/// free port both can have).
+pub async fn bind(listen: SocketAddr) -> Result<DnsSockets, DnsError> {
     let mut attempt = 1;
     loop {
         let udp_error = |source| DnsError::Bind {
@@ -156,9 +151,15 @@ async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> 
             source,
         };
         let udp = UdpSocket::bind(listen).await.map_err(udp_error)?;
-        let addr = udp.local_addr().map_err(udp_error)?;
-        match TcpListener::bind(addr).await {
-            Ok(tcp) => return Ok((udp, tcp)),
+        let local_addr = udp.local_addr().map_err(udp_error)?;
+        match TcpListener::bind(local_addr).await {
+            Ok(tcp) => {
+                return Ok(DnsSockets {
+                    udp,
+                    tcp,
+                    local_addr,
+                })
+            }
             Err(e)
                 if listen.port() == 0
                     && e.kind() == std::io::ErrorKind::AddrInUse
@@ -169,12 +170,27 @@ async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), DnsError> 
             Err(source) => {
                 return Err(DnsError::Bind {
                     protocol: "TCP",
-                    addr,
+                    addr: local_addr,
                     source,
                 })
             }
         }
     }
+}
+
+/// Serves DNS over `views` on `sockets` with answers valid for `ttl_s`
+/// seconds, until `DnsHandle::shutdown`.
+pub fn start(views: Views, sockets: DnsSockets, ttl_s: u32) -> DnsHandle {
+    let DnsSockets {
+        udp,
+        tcp,
+        local_addr,
+    } = sockets;
+    let mut server = Server::new(Handler::new(views, ttl_s));
+    server.register_socket(udp);
+    server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
+    tracing::info!(dns = %local_addr, ttl_s, "DNS server started");
+    DnsHandle { server, local_addr }
 }
 
 /// What a query name names.
@@ -458,6 +474,12 @@ fn reply(
             return Reply::code(ResponseCode::ServFail);
         }
     };
+    // A degraded copy's answer is good for a second at most: callers ask
+    // again soon, and get the arbiter's answer as soon as it is back.
+    let ttl_s = match answer.degraded {
+        Some(_) => ttl_s.min(DEGRADED_TTL_S),
+        None => ttl_s,
+    };
     let ordered = zone_first(&answer.selection.candidates, zone, rng);
     let mut out = Reply::code(ResponseCode::NoError);
     match named {
@@ -736,6 +758,7 @@ mod tests {
             }),
             records: records.to_vec().into(),
             leaving: Arc::default(),
+            degraded: None,
         })
     }
 

@@ -62,6 +62,10 @@ pub enum Refusal {
     NoIngress,
     /// A region is in the data boundary.
     DataBoundary,
+    /// This agent's copy of the service is past its maximum age and its
+    /// staleness behaviour is `degrade`: the failover targets a stale copy
+    /// names are not acted on.
+    StaleCopy,
 }
 
 impl Refusal {
@@ -77,6 +81,7 @@ impl Refusal {
             Refusal::CapacityLimit => "capacity_limit",
             Refusal::NoIngress => "no_ingress",
             Refusal::DataBoundary => "data_boundary",
+            Refusal::StaleCopy => "stale_copy",
         }
     }
 
@@ -92,6 +97,7 @@ impl Refusal {
             Refusal::CapacityLimit => "the regions with capacity are at their capacity limit",
             Refusal::NoIngress => "the regions with capacity declared no ingress address",
             Refusal::DataBoundary => "the only candidate regions are inside the data boundary",
+            Refusal::StaleCopy => "this agent's copy of the service is past its maximum age (degrade), so the failover targets it names are not acted on",
         }
     }
 }

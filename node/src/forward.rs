@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::shutdown::Shutdown;
-use crate::view::{ActiveGuard, Answer, ServiceView, Views};
+use crate::view::{ActiveGuard, Answer, ServiceView, Views, DEGRADED_RETRIES};
 
 /// How long connections still open at shutdown may go on, ms.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
@@ -90,7 +90,13 @@ pub(crate) async fn connect_local(
     let service = view.key();
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let mut tried = BTreeSet::new();
-    for _ in 0..=config.retries {
+    // A degraded copy's endpoints are tried twice at most: the evidence for
+    // them is local and may be old.
+    let retries = match answer.degraded {
+        Some(_) => config.retries.min(DEGRADED_RETRIES),
+        None => config.retries,
+    };
+    for _ in 0..=retries {
         let count = |id: &InstanceId| active.count(id);
         let i = crate::selector::choose(
             candidates,
@@ -109,6 +115,9 @@ pub(crate) async fn connect_local(
                 view.connect_succeeded(instance);
                 let metrics = views.metrics();
                 metrics.proxied_connections.inc();
+                if answer.degraded.is_some() {
+                    metrics.degraded_picks.inc();
+                }
                 if record.state != State::Ready {
                     metrics.connections_to_not_ready.inc();
                 }

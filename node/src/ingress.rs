@@ -93,16 +93,37 @@ impl IngressHandle {
     }
 }
 
-/// Binds `listen` and serves until the shutdown signal.
-pub async fn start(
+/// The gateway's listener, bound and not serving yet: the agent binds
+/// every listener before it starts anything, so an address in use stops
+/// it before anything ran.
+pub struct BoundIngress {
+    listener: TcpListener,
+    /// The address it is bound to (the real port when asked for port 0).
+    pub local_addr: SocketAddr,
+}
+
+/// Binds `listen` (`agent.ingress.listen`).
+pub async fn bind(listen: SocketAddr) -> std::io::Result<BoundIngress> {
+    let listener = TcpListener::bind(listen).await?;
+    let local_addr = listener.local_addr()?;
+    Ok(BoundIngress {
+        listener,
+        local_addr,
+    })
+}
+
+/// Serves `bound` until the shutdown signal.
+pub fn start(
     views: Views,
-    listen: SocketAddr,
+    bound: BoundIngress,
     config: IngressConfig,
     first_resolve_wait_ms: u64,
     shutdown: Shutdown,
-) -> std::io::Result<IngressHandle> {
-    let listener = TcpListener::bind(listen).await?;
-    let local_addr = listener.local_addr()?;
+) -> IngressHandle {
+    let BoundIngress {
+        listener,
+        local_addr,
+    } = bound;
     let gateway = Arc::new(Gateway {
         views,
         config,
@@ -123,7 +144,7 @@ pub async fn start(
         shutdown,
     ));
     tracing::info!(listen = %local_addr, "ingress gateway listening");
-    Ok(IngressHandle { local_addr, task })
+    IngressHandle { local_addr, task }
 }
 
 /// What every connection of the gateway shares.

@@ -12,10 +12,12 @@
 //! `health` (check schedules and verdicts), `endpoints` (selection rules:
 //! protection, panic, ejection, slow start), `selector` (one endpoint per
 //! connection), `failover` (other regions, R9), `registrations` (the local
-//! instances). The published view the data plane reads: `view`. Drivers
-//! that own IO: `agent` (the agent actor and the process), `zone` (the gossip
-//! driver's verdicts as messages), `session` and `store` (its
-//! session and file actors; the prober actor is in `prober`),
+//! instances). The published view the data plane reads: `view`. The
+//! process: `process` (checks everything, then starts it; the handles on
+//! the running agent). Drivers that own IO: `agent` (the agent actor),
+//! `zone` (the gossip driver's verdicts as messages), `session` and
+//! `store` (its session and file actors; the prober actor, which also
+//! answers witness questions, is in `prober`),
 //! `api` (HTTP), `dns`, `proxy`, `ingress`, `forward` (what the last two
 //! share), `prober`, `cache` and
 //! `durable` (files), `runtime` (the actix System), `shutdown` (the one
@@ -23,7 +25,7 @@
 //!
 //! Dependencies inside the crate point one way: the data plane (`proxy`,
 //! `dns`, `ingress`, `api`) reads `view` and never reaches `agent`;
-//! `agent` drives `agent_state` and starts the data plane.
+//! `agent` drives `agent_state`; `process` starts both.
 
 pub mod agent;
 pub mod agent_state;
@@ -41,6 +43,7 @@ pub mod ingress;
 pub mod link;
 pub mod metrics;
 pub mod prober;
+pub mod process;
 pub mod proxy;
 pub mod registrations;
 mod relay;

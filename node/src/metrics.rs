@@ -86,6 +86,13 @@ pub struct RefusalLabel {
     pub reason: String,
 }
 
+/// Label of answers served past their maximum age.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BehaviourLabel {
+    /// The service's staleness behaviour: `keep` or `degrade`.
+    pub behaviour: String,
+}
+
 /// Label of per-region series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegionLabel {
@@ -135,7 +142,9 @@ pub struct AgentMetrics {
     /// Proxied connections.
     pub proxied_connections: Counter,
     /// Answers served from a copy past its maximum age.
-    pub stale_served: Counter,
+    pub stale_served: Family<BehaviourLabel, Counter>,
+    /// Proxied connections that picked an endpoint of a degraded copy.
+    pub degraded_picks: Counter,
     /// Answers refused because the copy was past its maximum age.
     pub stale_refused: Counter,
     /// DNS answers by response code.
@@ -207,7 +216,8 @@ impl AgentMetrics {
             connect_failures_to_stale: Counter::default(),
             connections_to_not_ready: Counter::default(),
             proxied_connections: Counter::default(),
-            stale_served: Counter::default(),
+            stale_served: Family::default(),
+            degraded_picks: Counter::default(),
             stale_refused: Counter::default(),
             dns_answers: Family::default(),
             failover_decisions: Family::default(),
@@ -305,8 +315,13 @@ impl AgentMetrics {
         );
         registry.register(
             "stale_served",
-            "Answers served from a copy past its maximum age",
+            "Answers served from a copy past its maximum age, by staleness behaviour (keep, degrade)",
             m.stale_served.clone(),
+        );
+        registry.register(
+            "degraded_picks",
+            "Proxied connections to an endpoint chosen from a degraded copy",
+            m.degraded_picks.clone(),
         );
         registry.register(
             "stale_refused",
@@ -355,7 +370,7 @@ impl AgentMetrics {
         );
         root.sub_registry_with_prefix("rollcall_gossip").register(
             "dropped",
-            "Incoming gossip datagrams dropped, by reason: too_large, too_short, unknown_key (sealed with a key this node does not hold), forged (the seal does not verify), refused (authentic, but foca refused it)",
+            "Incoming gossip datagrams dropped, by reason: too_large, too_short, unknown_key (sealed with a key this node does not hold), forged (the seal does not verify), replay (authentic, but opened before: a resent or duplicated datagram), refused (authentic, but foca refused it)",
             m.gossip_dropped.clone(),
         );
         AgentMetrics {
@@ -381,6 +396,7 @@ impl AgentMetrics {
             ("too_short", now.open.too_short, before.open.too_short),
             ("unknown_key", now.open.unknown_key, before.open.unknown_key),
             ("forged", now.open.forged, before.open.forged),
+            ("replay", now.open.replay, before.open.replay),
             ("refused", now.refused, before.refused),
         ] {
             self.gossip_dropped

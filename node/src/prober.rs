@@ -20,6 +20,13 @@
 //!   a pause) as long as its listening socket is open. Only http and ttl
 //!   checks detect a freeze; tcp detects a process that exited or never
 //!   listened.
+//!
+//! The actor also answers the arbiter's witness questions (is a silent
+//! node reachable?): a TCP connect to each of the node's addresses side
+//! by side, reachable when any completes within `WITNESS_CONNECT_MS`.
+//! These do not wait under the probe cap: the arbiter waits for the answer
+//! only `lease.witness_wait_ms`, and the budget counts the connect timeout
+//! alone.
 
 use std::io;
 use std::net::SocketAddr;
@@ -30,6 +37,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+
+use rollcall_leases::{AgentEpoch, NodeId};
 
 use crate::agent_state::Input;
 use crate::health::{ProbeKind, ProbeTask};
@@ -283,6 +292,60 @@ impl Handler<RunProbe> for ProberActor {
     }
 }
 
+/// How long a witness's connect to a silent node's address may take: an
+/// answer must reach the arbiter within its `lease.witness_wait_ms` (the
+/// budget calculator counts this).
+pub const WITNESS_CONNECT_TIMEOUT: Duration =
+    Duration::from_millis(rollcall_config::WITNESS_CONNECT_MS);
+
+/// Whether any of `addresses` accepts a TCP connection within `timeout`,
+/// all tried side by side; false for none.
+pub async fn reach(addresses: Vec<SocketAddr>, timeout: Duration) -> bool {
+    let mut set = tokio::task::JoinSet::new();
+    for address in addresses {
+        set.spawn(async move {
+            tokio::time::timeout(timeout, TcpStream::connect(address))
+                .await
+                .is_ok_and(|connected| connected.is_ok())
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        if done.unwrap_or(false) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The arbiter's witness question about a silent node: answered to the
+/// agent as `Input::Reached`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reach {
+    /// The node asked about.
+    pub node: NodeId,
+    /// Its agent run.
+    pub epoch: AgentEpoch,
+    /// Its endpoints' addresses.
+    pub addresses: Vec<SocketAddr>,
+}
+
+impl Handler<Reach> for ProberActor {
+    type Result = ();
+
+    fn handle(&mut self, question: Reach, _: &mut Context<Self>) {
+        let agent = self.agent.clone();
+        tokio::spawn(async move {
+            let reachable = reach(question.addresses, WITNESS_CONNECT_TIMEOUT).await;
+            agent.do_send(Input::Reached {
+                node: question.node,
+                epoch: question.epoch,
+                reachable,
+            });
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +373,16 @@ mod tests {
     fn closed_port() -> SocketAddr {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("local address")
+    }
+
+    #[tokio::test]
+    async fn a_node_is_reachable_when_any_of_its_addresses_accepts() {
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = listening.local_addr().expect("local address");
+        let timeout = Duration::from_secs(5);
+        assert!(reach(vec![closed_port(), open, closed_port()], timeout).await);
+        assert!(!reach(vec![closed_port(), closed_port()], timeout).await);
+        assert!(!reach(Vec::new(), timeout).await);
     }
 
     #[tokio::test]

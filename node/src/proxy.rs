@@ -76,14 +76,20 @@ impl ProxyHandle {
     }
 }
 
-/// Binds `entry.listen` and serves it until the shutdown signal. The
-/// agent follows the service from now on, so its endpoints are usually
-/// there before the first caller.
-pub async fn start(
-    views: Views,
-    entry: &ProxyEntry,
-    shutdown: Shutdown,
-) -> Result<ProxyHandle, ProxyError> {
+/// A `[[proxy]]` entry with its service checked and its address bound,
+/// not serving yet: the agent binds every listener before it starts
+/// anything, so an address in use stops it before anything ran.
+pub struct BoundProxy {
+    listener: TcpListener,
+    /// The address the listener is bound to (the real port when the entry
+    /// asked for port 0).
+    pub local_addr: SocketAddr,
+    service: ServiceKey,
+    traffic: ConnTraffic,
+}
+
+/// Checks `entry`'s service and binds `entry.listen`.
+pub async fn bind(entry: &ProxyEntry) -> Result<BoundProxy, ProxyError> {
     let service: ServiceKey = entry
         .service
         .parse()
@@ -98,13 +104,31 @@ pub async fn start(
     };
     let listener = TcpListener::bind(entry.listen).await.map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
+    Ok(BoundProxy {
+        listener,
+        local_addr,
+        service,
+        traffic: entry.traffic,
+    })
+}
+
+/// Serves `bound` until the shutdown signal. The agent follows the
+/// service from now on, so its endpoints are usually there before the
+/// first caller.
+pub fn start(views: Views, bound: BoundProxy, shutdown: Shutdown) -> ProxyHandle {
+    let BoundProxy {
+        listener,
+        local_addr,
+        service,
+        traffic,
+    } = bound;
     // The view of the service (following it from now on), held for
     // every connection: no lookup by key on the hot path.
     let view = views.service(&service);
     let forward = Arc::new(Forward {
         views,
         view,
-        traffic: entry.traffic,
+        traffic,
     });
     let task = tokio::spawn(accept_loop(
         listener,
@@ -114,11 +138,11 @@ pub async fn start(
         shutdown,
     ));
     tracing::info!(service = %service, listen = %local_addr, "proxy listening");
-    Ok(ProxyHandle {
+    ProxyHandle {
         local_addr,
         service,
         task,
-    })
+    }
 }
 
 /// What every connection of one proxy shares.

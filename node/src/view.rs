@@ -30,13 +30,13 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use dashmap::DashMap;
 use rollcall_config::{ConnTraffic, DataPlaneConfig, StaleBehaviour};
 use rollcall_leases::clock::now_ms;
-use rollcall_leases::{EndpointRecord, InstanceId, Label, NodeId, Revision, ServiceKey, State};
+use rollcall_leases::{InstanceId, Label, NodeId, Revision, ServiceKey, State};
 use tokio::sync::Notify;
 
 use crate::api_types::{RegionsPolicy, RegionsResponse};
-use crate::endpoints::{Selection, ServiceMemory};
+use crate::endpoints::{Candidate, Selection, ServiceMemory};
 use crate::failover::{Decision, Refusal, Regions, Spread};
-use crate::metrics::{AgentMetrics, FailoverLabel, RefusalLabel};
+use crate::metrics::{AgentMetrics, BehaviourLabel, FailoverLabel, RefusalLabel};
 
 /// How often a cached selection is computed again while an endpoint's
 /// slow start ramps its weight up, ms.
@@ -49,112 +49,14 @@ const STALE_FAILURE_WINDOW_MS: u64 = 30_000;
 /// Most recent failed connects remembered per service for that metric.
 const RECENT_FAILURES: usize = 1_000;
 
-/// What the agent holds of one service, as its state machine publishes it.
-#[derive(Clone, Debug)]
-pub struct Published {
-    /// The service.
-    pub service: ServiceKey,
-    /// Whether anything is held.
-    pub status: Status,
-    /// Every record held (empty unless `status` is `Held`).
-    pub records: Arc<[Arc<EndpointRecord>]>,
-    /// Revision of the service's last change held.
-    pub revision: Revision,
-    /// This session confirmed the records are current.
-    pub synced: bool,
-    /// When they were last known current, ms; `None` if never (then the
-    /// age counts from `loaded_at_ms`).
-    pub confirmed_at_ms: Option<u64>,
-    /// When the agent started (a cached copy's age counts from here).
-    pub loaded_at_ms: u64,
-    /// Instances of the service this agent drained or deregisters, which
-    /// the arbiter may not have committed yet: out of this agent's data
-    /// plane at once, shown as DRAINING.
-    pub leaving: Arc<BTreeSet<InstanceId>>,
-    /// Past this age (ms) the copy follows `stale_behaviour`.
-    pub max_age_ms: u64,
-    /// What a copy past its maximum age does.
-    pub stale_behaviour: StaleBehaviour,
-    /// The summed weight of its READY records (the failover demand
-    /// estimate notes it at every lookup).
-    pub ready_weight: u64,
-}
+pub use active::ActiveConnections;
+pub(crate) use active::ActiveGuard;
+pub use answer::{Answer, Degraded, Lookup, Published, Status, DEGRADED_RETRIES, DEGRADED_TTL_S};
 
-/// Whether a followed service has a copy to serve.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Followed, nothing arrived yet.
-    Waiting,
-    /// The arbiter refused this agent's watch, with its reason.
-    Denied(String),
-    /// The arbiter says the service does not exist.
-    Unknown,
-    /// A copy is held (possibly empty).
-    Held,
-}
-
-impl Published {
-    /// A followed service with nothing held yet.
-    pub fn waiting(service: ServiceKey, loaded_at_ms: u64) -> Self {
-        Published {
-            service,
-            status: Status::Waiting,
-            records: Arc::from(Vec::new()),
-            revision: Revision(0),
-            synced: false,
-            confirmed_at_ms: None,
-            loaded_at_ms,
-            leaving: Arc::default(),
-            max_age_ms: u64::MAX,
-            stale_behaviour: StaleBehaviour::Keep,
-            ready_weight: 0,
-        }
-    }
-
-    /// How old the copy is at `now_ms`: 0 while the session keeps it
-    /// current.
-    pub fn age_ms(&self, now_ms: u64) -> u64 {
-        if self.synced {
-            0
-        } else {
-            now_ms.saturating_sub(self.confirmed_at_ms.unwrap_or(self.loaded_at_ms))
-        }
-    }
-}
-
-/// What the view answers for a service.
-#[derive(Clone, Debug)]
-pub enum Lookup {
-    /// Endpoints to use (possibly none).
-    Serve(Answer),
-    /// The arbiter says the service does not exist.
-    Unknown,
-    /// The agent cannot know: not cached and the arbiter unreachable, not
-    /// arrived yet, or the watch refused.
-    CannotKnow(String),
-    /// The copy is past its maximum age and the service's policy refuses.
-    Refused(String),
-}
-
-/// A served lookup. Every field is shared with the view: cloning an answer
-/// copies pointers, not records.
-#[derive(Clone, Debug)]
-pub struct Answer {
-    /// The service.
-    pub service: ServiceKey,
-    /// Revision of its last change held.
-    pub revision: Revision,
-    /// Not confirmed by the arbiter in this session.
-    pub stale: bool,
-    /// Age of the copy, ms.
-    pub age_ms: u64,
-    /// The endpoints to use, and how they were chosen.
-    pub selection: Arc<Selection>,
-    /// Every record held.
-    pub records: Arc<[Arc<EndpointRecord>]>,
-    /// Instances this agent drained or deregistered (shown as DRAINING).
-    pub leaving: Arc<BTreeSet<InstanceId>>,
-}
+mod active;
+mod answer;
+#[cfg(test)]
+mod tests;
 
 /// One service as `Views::held` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,6 +141,9 @@ pub struct Views {
 struct Inner {
     services: DashMap<ServiceKey, Arc<ServiceView>>,
     down: ArcSwap<Down>,
+    /// The nodes this agent's zone gossip sees alive: the fresh local
+    /// evidence a degraded copy routes on.
+    alive: ArcSwap<BTreeSet<NodeId>>,
     regions: ArcSwap<Regions>,
     connected: AtomicBool,
     stamps: AtomicU64,
@@ -262,6 +167,7 @@ impl Views {
             inner: Arc::new(Inner {
                 services: DashMap::new(),
                 down: ArcSwap::from_pointee(Down::default()),
+                alive: ArcSwap::from_pointee(BTreeSet::new()),
                 regions: ArcSwap::from_pointee(Regions::new()),
                 connected: AtomicBool::new(false),
                 stamps: AtomicU64::new(1),
@@ -331,6 +237,13 @@ impl Views {
         }
         let stamp = self.inner.stamps.fetch_add(1, Ordering::Relaxed);
         self.inner.down.store(Arc::new(Down { stamp, nodes }));
+        self.inner.changed.notify_waiters();
+    }
+
+    /// The nodes this agent's zone gossip sees alive (degraded copies
+    /// route only to them).
+    pub fn set_alive(&self, nodes: BTreeSet<NodeId>) {
+        self.inner.alive.store(Arc::new(nodes));
         self.inner.changed.notify_waiters();
     }
 
@@ -464,11 +377,14 @@ impl Views {
     /// Counted in the failover metrics.
     pub fn failover(&self, key: &ServiceKey, traffic: ConnTraffic, now_ms: u64) -> Decision {
         let view = self.service(key);
-        let decision = self
-            .inner
-            .regions
-            .load()
-            .decide(key, traffic, now_ms, &view.spread);
+        let decision = if view.degraded_at(now_ms) {
+            Decision::Refused(Refusal::StaleCopy)
+        } else {
+            self.inner
+                .regions
+                .load()
+                .decide(key, traffic, now_ms, &view.spread)
+        };
         let m = &self.inner.metrics;
         match &decision {
             Decision::Remote { region, .. } => {
@@ -567,6 +483,16 @@ impl ServiceView {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the copy is served degraded at `now_ms`: held, past its
+    /// maximum age, and its staleness behaviour is `degrade`.
+    pub fn degraded_at(&self, now_ms: u64) -> bool {
+        let published = self.published.load();
+        let p = &published.1;
+        p.status == Status::Held
+            && p.stale_behaviour == StaleBehaviour::Degrade
+            && p.age_ms(now_ms) > p.max_age_ms
+    }
+
     /// What the view answers at `now_ms`.
     pub fn lookup(&self, views: &Views, now_ms: u64) -> Lookup {
         self.last_used_ms.store(now_ms, Ordering::Relaxed);
@@ -591,28 +517,90 @@ impl ServiceView {
         }
         let age_ms = p.age_ms(now_ms);
         let metrics = &views.inner.metrics;
-        if age_ms > p.max_age_ms {
-            match p.stale_behaviour {
-                StaleBehaviour::Refuse => {
-                    metrics.stale_refused.inc();
-                    return Lookup::Refused(format!("the copy of {key} is {age_ms} ms old, past its maximum age of {} ms; its staleness policy refuses", p.max_age_ms));
-                }
-                StaleBehaviour::Degrade => {
-                    metrics.stale_served.inc();
-                }
-                StaleBehaviour::Keep => {}
+        let past_max_age = age_ms > p.max_age_ms;
+        if past_max_age {
+            if p.stale_behaviour == StaleBehaviour::Refuse {
+                metrics.stale_refused.inc();
+                return Lookup::Refused(format!("the copy of {key} is {age_ms} ms old, past its maximum age of {} ms; its staleness policy refuses", p.max_age_ms));
             }
+            metrics
+                .stale_served
+                .get_or_create(&BehaviourLabel {
+                    behaviour: behaviour_name(p.stale_behaviour).to_owned(),
+                })
+                .inc();
         }
         self.spread.observe_local(p.ready_weight, now_ms);
+        let mut selection = self.selection(views, *stamp, p, now_ms);
+        let degraded = (past_max_age && p.stale_behaviour == StaleBehaviour::Degrade).then(|| {
+            let (fresh, degraded) = self.degrade(views, &selection, age_ms, p.max_age_ms, now_ms);
+            selection = fresh;
+            degraded
+        });
         Lookup::Serve(Answer {
             service: key.clone(),
             revision: p.revision,
             stale: !p.synced,
             age_ms,
-            selection: self.selection(views, *stamp, p, now_ms),
+            selection,
             records: p.records.clone(),
             leaving: p.leaving.clone(),
+            degraded,
         })
+    }
+
+    /// The degraded selection: `selection`'s candidates this agent has
+    /// fresh local evidence of, or all of them (said so) when none has.
+    fn degrade(
+        &self,
+        views: &Views,
+        selection: &Arc<Selection>,
+        age_ms: u64,
+        max_age_ms: u64,
+        now_ms: u64,
+    ) -> (Arc<Selection>, Degraded) {
+        let alive = views.inner.alive.load();
+        let window_ms = views.inner.settings.data_plane.base_ejection_ms;
+        let fresh: Vec<Candidate> = {
+            let memory = self.lock();
+            let failed_lately = |id: &InstanceId| {
+                memory
+                    .recent_failures
+                    .iter()
+                    .any(|(f, t)| f == id && now_ms.saturating_sub(*t) <= window_ms)
+            };
+            selection
+                .candidates
+                .iter()
+                .filter(|c| {
+                    alive.contains(&c.record.node_id) && !failed_lately(&c.record.instance_id)
+                })
+                .cloned()
+                .collect()
+        };
+        let old = format!("the copy is {age_ms} ms old, past its maximum age of {max_age_ms} ms");
+        if fresh.is_empty() && !selection.candidates.is_empty() {
+            let reason = format!("{old}; no endpoint has fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms), so the whole copy is served as under keep");
+            return (
+                selection.clone(),
+                Degraded {
+                    fallback: true,
+                    reason,
+                },
+            );
+        }
+        let reason = format!("{old}: only endpoints with fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms)");
+        let degraded = Selection {
+            mode: selection.mode,
+            candidates: fresh,
+        };
+        (
+            Arc::new(degraded),
+            Degraded {
+                fallback: false,
+                reason,
+            },
+        )
     }
 
     /// The cached selection, or a new one when what it rests on moved.
@@ -724,43 +712,11 @@ impl ServiceView {
     }
 }
 
-/// How many proxied connections are open to each instance, across every
-/// proxy and the ingress gateway. The selector balances on it. A connect
-/// in progress already counts, so a burst of new connections spreads
-/// instead of piling onto one endpoint. Cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct ActiveConnections {
-    counts: Arc<DashMap<InstanceId, usize>>,
-}
-
-impl ActiveConnections {
-    /// Connections open (or connecting) to `id` through the proxy.
-    pub fn count(&self, id: &InstanceId) -> usize {
-        self.counts.get(id).map_or(0, |c| *c)
-    }
-
-    /// Counts one more connection to `id` until the guard is dropped.
-    pub(crate) fn open(&self, id: &InstanceId) -> ActiveGuard {
-        *self.counts.entry(id.clone()).or_default() += 1;
-        ActiveGuard {
-            counts: self.counts.clone(),
-            id: id.clone(),
-        }
-    }
-}
-
-/// One counted connection; dropping it (the connection ended, failed, or
-/// its task ended) takes it off the count.
-pub(crate) struct ActiveGuard {
-    counts: Arc<DashMap<InstanceId, usize>>,
-    id: InstanceId,
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.counts.remove_if_mut(&self.id, |_, count| {
-            *count = count.saturating_sub(1);
-            *count == 0
-        });
+/// The metric label of a staleness behaviour.
+fn behaviour_name(behaviour: StaleBehaviour) -> &'static str {
+    match behaviour {
+        StaleBehaviour::Keep => "keep",
+        StaleBehaviour::Degrade => "degrade",
+        StaleBehaviour::Refuse => "refuse",
     }
 }

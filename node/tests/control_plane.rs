@@ -15,7 +15,7 @@ use rollcall_leases::{
     AgentEpoch, Generation, InstanceId, Label, NodeId, Registration, Role, ServiceKey, State,
     Version, Weight,
 };
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 use serde_json::Value;
 
 #[actix_rt::test(system = "crate::common::AgentSystem")]
@@ -500,7 +500,7 @@ async fn a_certificate_for_another_node_gets_no_lease_and_writes_nothing() {
     let cluster = Cluster::start().await;
     let admin = cluster.admin();
     let config_b = cluster.agent_config("node-b");
-    let impostor = Agent::start(config_b, Some(&cluster.tls(Role::Agent, "node-a")))
+    let impostor = process::start(config_b, Some(&cluster.tls(Role::Agent, "node-a")))
         .await
         .unwrap();
     let http = Http::of(&impostor);

@@ -15,8 +15,8 @@ use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::{Name, RData, RecordType};
 use hickory_resolver::{Resolver, TokioResolver};
-use rollcall_node::agent::AgentHandle;
 use rollcall_node::dns::{self, DnsHandle};
+use rollcall_node::process::AgentHandle;
 
 /// A resolver that asks only `server`, over TCP or UDP, and caches nothing.
 fn resolver(server: SocketAddr, tcp: bool) -> TokioResolver {
@@ -84,13 +84,8 @@ async fn agent_with_dns_config(
     let handle = cluster.agent_with(config).await;
     let http = Http::of(&handle);
     http.wait_connected().await;
-    let dns = dns::start(
-        handle.agent.views().clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        1,
-    )
-    .await
-    .unwrap();
+    let sockets = dns::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dns = dns::start(handle.agent.views().clone(), sockets, 1);
     (handle, http, dns)
 }
 

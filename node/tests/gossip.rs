@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{eventually, Cluster, Http};
 use rollcall_gossip::ZoneKey;
-use rollcall_node::agent::AgentHandle;
+use rollcall_node::process::AgentHandle;
 
 const AGENTS: usize = 8;
 

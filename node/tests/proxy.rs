@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::{eventually, Cluster, Http};
 use rollcall_config::ProxyEntry;
 use rollcall_leases::{InstanceId, ServiceKey};
-use rollcall_node::agent::AgentHandle;
 use rollcall_node::metrics::ServiceLabel;
+use rollcall_node::process::AgentHandle;
 use rollcall_node::proxy::ProxyHandle;
 use rollcall_node::shutdown::{self, Trigger};
 use rollcall_node::view::Lookup;
@@ -157,9 +157,8 @@ async fn proxy(handle: &AgentHandle, ready: usize) -> TestProxy {
         traffic: Default::default(),
     };
     let (trigger, signal) = shutdown::channel();
-    let proxy = rollcall_node::proxy::start(handle.agent.views().clone(), &entry, signal)
-        .await
-        .unwrap();
+    let bound = rollcall_node::proxy::bind(&entry).await.unwrap();
+    let proxy = rollcall_node::proxy::start(handle.agent.views().clone(), bound, signal);
     let proxy = TestProxy {
         local_addr: proxy.local_addr,
         handle: proxy,

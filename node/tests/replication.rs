@@ -22,7 +22,7 @@ use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, Sess
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{AgentEpoch, Label, NodeId, Role};
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 use serde_json::Value;
 use tokio::net::UdpSocket;
 
@@ -276,7 +276,7 @@ impl Group {
 
     async fn agent_on(&self, node: &str, arbiters: Vec<String>) -> AgentHandle {
         let tls = Cluster::material(&self.ca, Role::Agent, node);
-        Agent::start(self.agent_config(node, arbiters), Some(&tls))
+        process::start(self.agent_config(node, arbiters), Some(&tls))
             .await
             .unwrap()
     }
@@ -571,7 +571,7 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
         let mut config = group.agent_config(node, group.quic_addrs());
         config.keepalive_ms = 200;
         let tls = Cluster::material(&group.ca, Role::Agent, node);
-        agents.push(Agent::start(config, Some(&tls)).await.unwrap());
+        agents.push(process::start(config, Some(&tls)).await.unwrap());
     }
     for (i, agent) in agents.iter().enumerate() {
         let http = Http::of(agent);

@@ -661,6 +661,10 @@ impl Carry for SimCarry<'_> {
         }
     }
 
+    fn publish_alive(&mut self, nodes: BTreeSet<NodeId>) {
+        self.world.agents[self.a as usize].views.set_alive(nodes);
+    }
+
     fn publish_connected(&mut self, up: bool) {
         self.world.agents[self.a as usize].views.set_connected(up);
     }

@@ -464,6 +464,7 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
         // itself (`lost_registrations`).
         history: None,
         cache_corruption: None,
+        degraded: None,
         regions: None,
         pass: true,
         failures: Vec::new(),

@@ -340,7 +340,7 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        Some(token) if token.trim() == &*state.token => state.calls.take().map_err(|wait_ms| {
+        Some(token) if crate::secret::token_matches(token.trim(), &state.token) => state.calls.take().map_err(|wait_ms| {
             state.metrics.hit(Limit::AdminCalls);
             rate_limited(state.calls.per_second, wait_ms)
         }),

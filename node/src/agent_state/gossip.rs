@@ -21,6 +21,8 @@ pub(super) struct Peers {
     pub(super) alive: Option<BTreeSet<NodeId>>,
     /// The nodes kept out of routing must be published again.
     changed: bool,
+    /// The nodes seen alive must be published again.
+    alive_changed: bool,
 }
 
 impl Peers {
@@ -32,6 +34,11 @@ impl Peers {
     /// Whether it must be published again (once).
     pub(super) fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
+    }
+
+    /// The nodes seen alive, when they changed since last asked.
+    pub(super) fn take_alive(&mut self) -> Option<BTreeSet<NodeId>> {
+        std::mem::take(&mut self.alive_changed).then(|| self.alive.clone().unwrap_or_default())
     }
 
     /// The session ended: the arbiter's answers of that session no longer
@@ -59,7 +66,8 @@ impl AgentState {
         }
         tracing::warn!(node = %node, epoch = %epoch, "gossip: peer down");
         self.peers.downs.down(node.clone(), epoch);
-        self.peers
+        self.peers.alive_changed |= self
+            .peers
             .alive
             .get_or_insert_with(BTreeSet::new)
             .remove(&node);
@@ -69,7 +77,8 @@ impl AgentState {
 
     /// The zone's gossip sees a peer (again).
     pub(super) fn peer_up(&mut self, node: NodeId, out: &mut Vec<Output>) {
-        self.peers
+        self.peers.alive_changed |= self
+            .peers
             .alive
             .get_or_insert_with(BTreeSet::new)
             .insert(node.clone());

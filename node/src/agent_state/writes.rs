@@ -9,15 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::Rng;
-use rollcall_leases::protocol::{Request, Response};
-use rollcall_leases::{Generation, InstanceId, Revision, State};
+use rollcall_leases::{Generation, InstanceId, Revision};
 
 use super::calls::{
     deregister_pending, drain_pending, pending_reply, register_pending, Call, CallId, Caller,
-    Drained, Propagation, Refusal, Refused, Registered, Reply, WriteOutcome,
+    Refusal, Refused, Reply,
 };
 use super::requests::{intent_request, register_request};
-use super::{AgentState, Output, Purpose, SaveId, Verdict, WRITE_RETRY_MS};
+use super::{AgentState, Output, Purpose, SaveId, WRITE_RETRY_MS};
 use crate::api_types::ValidRegistration;
 use crate::registrations::{Intent, LocalInstance, Registrations};
 
@@ -47,7 +46,7 @@ pub(crate) enum WriteRequest {
 
 /// What a save of the registrations file is followed by.
 #[derive(Clone, Debug)]
-enum Then {
+pub(super) enum Then {
     Nothing,
     Reply(CallId, Result<Reply, Refusal>),
     /// The intent is on disk: send it.
@@ -169,7 +168,7 @@ impl LocalWrites {
     }
 }
 
-fn reply(out: &mut Vec<Output>, call: CallId, reply: Result<Reply, Refusal>) {
+pub(super) fn reply(out: &mut Vec<Output>, call: CallId, reply: Result<Reply, Refusal>) {
     out.push(Output::Reply { call, reply });
 }
 
@@ -340,7 +339,7 @@ impl AgentState {
 
     /// Keeps a registration the arbiter did not take now (unreachable or
     /// unavailable): it is sent by the next reconcile.
-    fn register_pending<R: Rng + ?Sized>(
+    pub(super) fn register_pending<R: Rng + ?Sized>(
         &mut self,
         call: CallId,
         registration: ValidRegistration,
@@ -354,7 +353,7 @@ impl AgentState {
     }
 
     /// A local registration, serving, checked from now.
-    fn put_local<R: Rng + ?Sized>(
+    pub(super) fn put_local<R: Rng + ?Sized>(
         &mut self,
         registration: ValidRegistration,
         generation: Option<Generation>,
@@ -373,7 +372,7 @@ impl AgentState {
     }
 
     /// Saves the registrations, then does `then`.
-    fn save(&mut self, then: Then, out: &mut Vec<Output>) {
+    pub(super) fn save(&mut self, then: Then, out: &mut Vec<Output>) {
         let w = &mut self.writes;
         w.next_save += 1;
         let save = w.next_save;
@@ -469,7 +468,7 @@ impl AgentState {
     }
 
     /// The arbiter refused an intent: the instance serves as before.
-    fn undo_intent(&mut self, id: &InstanceId, out: &mut Vec<Output>) {
+    pub(super) fn undo_intent(&mut self, id: &InstanceId, out: &mut Vec<Output>) {
         if let Some(local) = self.writes.regs.get_mut(id) {
             local.intent = Intent::Serve;
             local.committed = true;
@@ -538,156 +537,12 @@ impl AgentState {
         };
         self.set_intent(&id, Intent::Leave, then, out);
     }
-
-    /// The arbiter's answer to a local write.
-    pub(super) fn write_answered<R: Rng + ?Sized>(
-        &mut self,
-        request: WriteRequest,
-        result: Result<Response, String>,
-        now_ms: u64,
-        rng: &mut R,
-        out: &mut Vec<Output>,
-    ) {
-        match request {
-            WriteRequest::Register { call, registration } => match Verdict::of(result) {
-                Verdict::Committed {
-                    generation: Some(g),
-                    state,
-                    ..
-                } => {
-                    let answer = Reply::Registered(WriteOutcome::Committed(Registered {
-                        instance: registration.instance_id.clone(),
-                        generation: Some(g),
-                        state: Some(state.unwrap_or(State::Ready)),
-                    }));
-                    self.put_local(registration, Some(g), now_ms, rng);
-                    self.save(Then::Reply(call, Ok(answer)), out);
-                }
-                Verdict::Refused(kind, message) => {
-                    reply(out, call, Err(Refusal::by_arbiter(kind, message)))
-                }
-                Verdict::Committed { .. } | Verdict::Unknown(_) => {
-                    tracing::warn!(instance = %registration.instance_id, "registration not committed; kept pending");
-                    self.register_pending(call, registration, now_ms, rng, out);
-                }
-            },
-            WriteRequest::Intent {
-                call,
-                instance,
-                intent,
-                generation,
-                propagated,
-            } => match Verdict::of(result) {
-                Verdict::Committed { revision, .. } => {
-                    let revision = revision.or_else(|| self.record_of(&instance).map(|r| r.1));
-                    self.intent_committed(&instance, intent, generation, now_ms);
-                    self.save(Then::Nothing, out);
-                    let Some(call) = call else { return };
-                    match (intent, propagated, revision) {
-                        (Intent::Drain, true, Some(revision)) => {
-                            self.await_propagation(call, &instance, revision, out)
-                        }
-                        (Intent::Drain, _, _) => {
-                            let drained = Drained {
-                                revision,
-                                propagated: None,
-                            };
-                            reply(
-                                out,
-                                call,
-                                Ok(Reply::Drained(WriteOutcome::Committed(drained))),
-                            )
-                        }
-                        _ => reply(
-                            out,
-                            call,
-                            Ok(Reply::Deregistered(WriteOutcome::Committed(revision))),
-                        ),
-                    }
-                }
-                Verdict::Refused(kind, message) => {
-                    self.undo_intent(&instance, out);
-                    match call {
-                        Some(call) => reply(out, call, Err(Refusal::by_arbiter(kind, message))),
-                        None => {
-                            tracing::warn!(instance = %instance, reason = %message, "deregistration after the drain failed")
-                        }
-                    }
-                }
-                Verdict::Unknown(e) => {
-                    tracing::warn!(instance = %instance, error = %e, "{} not sent; kept pending", intent_word(intent));
-                    if let Some(call) = call {
-                        reply(out, call, Ok(pending_intent(intent)));
-                    }
-                }
-            },
-            WriteRequest::Propagation { call, revision } => {
-                let answer = match result {
-                    Ok(Response::Propagated { acked, total }) => {
-                        Ok(Reply::Drained(WriteOutcome::Committed(Drained {
-                            revision: Some(revision),
-                            propagated: Some(Propagation { acked, total }),
-                        })))
-                    }
-                    Ok(Response::Rejected { kind, message }) => {
-                        Err(Refusal::by_arbiter(kind, message))
-                    }
-                    Ok(other) => Err(Refusal::new(
-                        Refused::Unavailable,
-                        format!("unexpected answer from the arbiter: {other:?}"),
-                    )),
-                    Err(e) => Err(Refusal::new(
-                        Refused::Unavailable,
-                        format!("the drain committed but waiting for propagation failed: {e}"),
-                    )),
-                };
-                reply(out, call, answer);
-            }
-        }
-    }
-
-    fn await_propagation(
-        &mut self,
-        call: CallId,
-        instance: &InstanceId,
-        revision: Revision,
-        out: &mut Vec<Output>,
-    ) {
-        let Some(service) = self.service_of(instance) else {
-            let e = Refusal::new(
-                Refused::NotFound,
-                format!("the service of instance {instance} is not known here"),
-            );
-            return reply(out, call, Err(e));
-        };
-        let body = Request::AwaitPropagation {
-            service,
-            revision,
-            timeout_ms: self.settings.config.propagation_timeout_ms,
-        };
-        let purpose = Purpose::Write(WriteRequest::Propagation { call, revision });
-        if !self.link.request(body, purpose, out) {
-            let e = Refusal::new(
-                Refused::Unavailable,
-                "the drain committed but the arbiter session ended before propagation",
-            );
-            reply(out, call, Err(e));
-        }
-    }
 }
 
 /// The pending answer of a drain or deregistration.
-fn pending_intent(intent: Intent) -> Reply {
+pub(super) fn pending_intent(intent: Intent) -> Reply {
     match intent {
         Intent::Drain => drain_pending(),
         Intent::Serve | Intent::Leave => deregister_pending(),
-    }
-}
-
-fn intent_word(intent: Intent) -> &'static str {
-    match intent {
-        Intent::Serve => "registration",
-        Intent::Drain => "drain",
-        Intent::Leave => "deregistration",
     }
 }

@@ -15,7 +15,7 @@ use rollcall_leases::identity::Identity;
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{Label, PrincipalName, Role};
-use rollcall_node::agent::{Agent, AgentHandle};
+use rollcall_node::process::{self, AgentHandle};
 use serde_json::Value;
 
 /// The runtime agents run in (`rollcall_node::runtime`): an actix System
@@ -168,7 +168,7 @@ impl Cluster {
 
     pub async fn agent_with(&self, config: AgentConfig) -> AgentHandle {
         let tls = self.tls(Role::Agent, &config.node_id);
-        Agent::start(config, Some(&tls)).await.unwrap()
+        process::start(config, Some(&tls)).await.unwrap()
     }
 }
 
