@@ -7,9 +7,10 @@
 //! Ports, from the base `B` (the agent HTTP address given with `--http`,
 //! default 127.0.0.1:7070), for region k: agent HTTP `B + 10(k−1)`, arbiter
 //! admin `+1`, agent ingress gateway `+2`, bridge QUIC (UDP) `+3`, agent DNS
-//! `+4` (UDP and TCP), bridge metrics `+5`; the arbiter's QUIC port is a
-//! free one. A base port
-//! of 0 takes free ports for everything (tests do).
+//! `+4` (UDP and TCP), bridge metrics `+5`. The arbiter's QUIC port is a
+//! free one, or with `--quic Q` region k's is `Q + 10(k−1)`, so every port
+//! can be pinned. A base port of 0 takes free ports for everything (tests
+//! do).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ pub struct RegionsOptions {
     pub data_dir: PathBuf,
     /// The base address (region r1's agent HTTP API); port 0: free ports.
     pub base: SocketAddr,
+    /// Region r1's arbiter QUIC address (region k's port is 10(k−1)
+    /// above it); free ports when `None`.
+    pub quic: Option<SocketAddr>,
     /// TCP proxy listeners on region r1's agent.
     pub proxies: Vec<rollcall_config::ProxyEntry>,
     /// How often each bridge reads its arbiter, ms. Default 1000.
@@ -55,6 +59,7 @@ impl RegionsOptions {
             regions,
             data_dir,
             base,
+            quic: None,
             proxies: Vec::new(),
             sync_interval_ms: 1_000,
             summary_max_age_ms: 10_000,
@@ -87,13 +92,19 @@ pub struct DevRegions {
 const NODE: &str = "dev-node";
 
 fn port(base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, DevError> {
+    step("--http", base, k, offset)
+}
+
+/// The address `10k + offset` ports above `base` (the flag `flag` gave),
+/// or `base` itself for port 0 (a free port).
+fn step(flag: &str, base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, DevError> {
     if base.port() == 0 {
         return Ok(base);
     }
     base.port()
         .checked_add(10 * u16::from(k) + offset)
         .map(|p| SocketAddr::new(base.ip(), p))
-        .ok_or_else(|| DevError::Options(format!("--http {base}: the ports of {} regions do not fit below 65536; pick a lower base port", k + 1)))
+        .ok_or_else(|| DevError::Options(format!("{flag} {base}: the ports of {} regions do not fit below 65536; pick a lower base port", k + 1)))
 }
 
 impl DevRegions {
@@ -103,6 +114,7 @@ impl DevRegions {
             regions: n,
             data_dir,
             base,
+            quic,
             proxies,
             sync_interval_ms,
             summary_max_age_ms,
@@ -166,7 +178,10 @@ impl DevRegions {
                 let arbiter_config = ArbiterConfig {
                     name: format!("arbiter-{name}"),
                     region: name.clone(),
-                    listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                    listen: match quic {
+                        Some(quic) => step("--quic", quic, kk, 0)?,
+                        None => SocketAddr::from(([127, 0, 0, 1], 0)),
+                    },
                     admin: port(base, kk, 1)?,
                     data_dir: dir.join("arbiter"),
                     registration: RegistrationConfig {

@@ -93,6 +93,20 @@ enum Command {
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
+    /// This agent's state: arbiter session, catalog, lease, gossip members
+    /// alive and down, and the services it follows with revision and age.
+    Status(InspectArgs),
+    /// The zone's members as this agent's gossip sees them (alive, down).
+    Members(InspectArgs),
+    /// The services this agent holds, with their READY and total endpoint
+    /// counts (it holds what it was configured to follow and what was
+    /// looked up through it; a service the arbiter's watch rules keep from
+    /// this node is never listed).
+    Services(InspectArgs),
+    /// Resolve a service through the agent, as a caller would: the
+    /// endpoints it would be given, or with --watch every change of them
+    /// until Ctrl-C.
+    Resolve(ResolveArgs),
     /// Print a fresh zone key line (`<key id> <64 hex digits>`) for the
     /// agents' `gossip.key_file`.
     GossipKey(GossipKeyArgs),
@@ -299,6 +313,59 @@ struct GossipKeyArgs {
     id: u8,
 }
 
+/// Which agent a read-only command asks (no token needed).
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The agent's HTTP API. Default: the region's agent in
+    /// `<data-dir>/dev.json` when a `rollcall dev` runs there, else
+    /// http://127.0.0.1:7070.
+    #[arg(long, value_name = "URL")]
+    agent: Option<String>,
+    /// With `rollcall dev --regions N`: the region whose agent to ask.
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
+    /// The data directory of a `rollcall dev` whose dev.json gives the
+    /// default above.
+    #[arg(long, value_name = "DIR", default_value = "./rollcall-data")]
+    data_dir: PathBuf,
+    /// Print the agent's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl InspectArgs {
+    /// The agent's API.
+    fn api(&self) -> anyhow::Result<rollcall::inspect::AgentApi> {
+        let region = DevTargets::region_in(&self.data_dir, self.region.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        let agent = self
+            .agent
+            .clone()
+            .or_else(|| region.map(|r| r.agent))
+            .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned());
+        Ok(rollcall::inspect::AgentApi::new(&agent))
+    }
+}
+
+#[derive(Debug, Args)]
+struct ResolveArgs {
+    /// The service: `namespace/service/port_name`, or `namespace/service`
+    /// or `service` (namespace and port name `default`).
+    #[arg(value_name = "SERVICE", value_parser = parse_service)]
+    service: rollcall_leases::ServiceKey,
+    /// Every record, whatever its state, not only the endpoints a caller
+    /// would be given.
+    #[arg(long)]
+    all: bool,
+    /// Print the answer again at every change (a blocking query on the
+    /// answer's index), until Ctrl-C; errors are printed as they change
+    /// and asked again every second.
+    #[arg(long)]
+    watch: bool,
+    #[command(flatten)]
+    target: InspectArgs,
+}
+
 #[derive(Debug, Args)]
 struct DrainArgs {
     /// The instance to drain.
@@ -376,31 +443,48 @@ struct DevArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     http: SocketAddr,
     /// The arbiter's admin endpoint (replica k of `--replicas` uses the
-    /// port k − 1 above it).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7071")]
+    /// port k − 1 above it). Not with --regions.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7071",
+        conflicts_with = "regions"
+    )]
     admin: SocketAddr,
     /// The arbiter's QUIC address (replica k uses the port k − 1 above
-    /// it); free ports when omitted.
+    /// it; with --regions, region k's arbiter the port 10(k − 1) above it);
+    /// free ports when omitted.
     #[arg(long, value_name = "ADDR")]
     quic: Option<SocketAddr>,
-    /// Arbiter replicas in one Raft group: 1, 3 or 5.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Arbiter replicas in one Raft group: 1, 3 or 5. Not with --regions
+    /// (one replica per region).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        conflicts_with = "regions"
+    )]
     replicas: u8,
     /// A TCP proxy listener for a service (`SERVICE=ADDR`, SERVICE as
     /// `service`, `namespace/service` or `namespace/service/port_name`);
     /// repeatable.
     #[arg(long, value_name = "SERVICE=ADDR", value_parser = parse_proxy)]
     proxy: Vec<rollcall_config::ProxyEntry>,
-    /// The agent's DNS server (UDP and TCP).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8600")]
+    /// The agent's DNS server (UDP and TCP). Not with --regions.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8600",
+        conflicts_with = "regions"
+    )]
     dns: SocketAddr,
     /// Run this many regions (r1, r2, …), each with an arbiter, an agent
     /// (also its region's ingress gateway) and a region bridge. Region k's
     /// agent HTTP API is on the `--http` port + 10(k−1), its arbiter admin
-    /// on the next port, ingress +2, bridge +3, DNS +4, bridge metrics +5;
-    /// `--proxy` listeners
-    /// run on r1's agent; `--admin`, `--quic`, `--dns` and `--replicas`
-    /// do not apply.
+    /// on the next port, ingress +2, bridge +3, DNS +4, bridge metrics +5,
+    /// and its arbiter QUIC on the `--quic` port + 10(k−1) (free ports
+    /// without --quic); `--proxy` listeners run on r1's agent; `--admin`,
+    /// `--dns` and `--replicas` are refused with it.
     #[arg(long, value_name = "N")]
     regions: Option<u8>,
 }
@@ -684,6 +768,10 @@ fn main() -> ExitCode {
         Command::Cluster(command) => serve(cluster(command)),
         Command::Policy(command) => serve(policy(command)),
         Command::Drain(args) => serve(drain(args)),
+        Command::Status(args) => serve(status(args)),
+        Command::Members(args) => serve(members(args)),
+        Command::Services(args) => serve(services(args)),
+        Command::Resolve(args) => serve(resolve(args)),
         Command::Chaos(ChaosCommand::Run(args)) => serve(chaos_run(args)),
         Command::Chaos(ChaosCommand::Sim(args)) => chaos_sim(args),
         Command::Chaos(ChaosCommand::Summary(args)) => chaos_summary(&args),
@@ -873,13 +961,20 @@ fn serve(
     rollcall_node::runtime::block_on(None, command)
 }
 
+/// The log filter without `RUST_LOG`. openraft's `core::raft_core` warns
+/// only that it ignores a stale message (a vote answer or a replication
+/// result from an earlier term or membership), which every election
+/// produces, e.g. five at each `dev --replicas 3` start: errors only there.
+const DEFAULT_LOG_FILTER: &str =
+    "info,hickory_server=warn,openraft=warn,openraft::core::raft_core=error";
+
 /// Logs on stderr and the one TLS crypto provider, once per process.
 fn init_process() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,hickory_server=warn,openraft=warn".into()),
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal, never into a log file or pipe.
@@ -1073,6 +1168,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let mut options =
             rollcall::dev_regions::RegionsOptions::new(n, args.data_dir.clone(), args.http);
         options.proxies = args.proxy;
+        options.quic = args.quic;
         let dev = rollcall::dev_regions::DevRegions::start(options).await?;
         let targets = write_targets(&dev.targets(), &args.data_dir)?;
         println!("{}{targets}", dev.banner());
@@ -1118,10 +1214,33 @@ fn write_targets(targets: &DevTargets, data_dir: &Path) -> anyhow::Result<String
     })?;
     Ok(format!(
         "
-rollcall audit, cluster, policy and drain read their addresses and token files from {} (run them from this directory, or pass --data-dir)
+{}
 ",
-        path.display()
+        targets_hint(&path, data_dir)
     ))
+}
+
+/// The data directory the operator commands read `dev.json` from when
+/// they are given no `--data-dir`.
+const DEFAULT_DATA_DIR: &str = "./rollcall-data";
+
+/// The banner's line about `dev.json` at `path` in `data_dir`: the
+/// commands find it by themselves only from the directory whose
+/// `./rollcall-data` it is; otherwise they need `--data-dir`.
+fn targets_hint(path: &Path, data_dir: &Path) -> String {
+    let dir = absolute(data_dir);
+    let how = if dir == absolute(Path::new(DEFAULT_DATA_DIR)) {
+        format!(
+            "run them from this directory, or pass --data-dir {}",
+            dir.display()
+        )
+    } else {
+        format!("pass them --data-dir {}", dir.display())
+    };
+    format!(
+        "rollcall status, members, services, resolve, drain, audit, cluster and policy read their addresses and token files from {} ({how})",
+        path.display()
+    )
 }
 
 async fn chaos_run(args: ChaosRunArgs) -> anyhow::Result<ExitCode> {
@@ -1407,21 +1526,7 @@ async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
             let document: rollcall_config::ServicePolicy =
                 serde_json::from_value(body["policy"].clone())
                     .context("reading the policy in the arbiter's answer")?;
-            println!(
-                "# {service}: revision {}, home region {}, set by {} at {} (ms since the Unix epoch){}",
-                body["revision"],
-                body["home_region"].as_str().unwrap_or("?"),
-                body["set_by"].as_str().unwrap_or("?"),
-                body["set_at_ms"],
-                if body["replicated"] == true {
-                    format!(
-                        "; replicated from its home region at home revision {}",
-                        body["home_revision"]
-                    )
-                } else {
-                    String::new()
-                },
-            );
+            println!("{}", policy_header(&service, &body));
             let file = rollcall_config::PolicyFile {
                 policy: vec![document],
             };
@@ -1483,6 +1588,28 @@ async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
 /// (`2026-12-02T04:36:56.277Z`).
+/// The comment line `policy show` prints above a policy, from the
+/// arbiter's answer; times in RFC 3339, as `audit` prints them.
+fn policy_header(service: &impl std::fmt::Display, body: &serde_json::Value) -> String {
+    format!(
+        "# {service}: revision {}, home region {}, set by {} at {}{}",
+        body["revision"],
+        body["home_region"].as_str().unwrap_or("?"),
+        body["set_by"].as_str().unwrap_or("?"),
+        body["set_at_ms"]
+            .as_u64()
+            .map_or_else(|| "?".to_owned(), rfc3339),
+        if body["replicated"] == true {
+            format!(
+                "; replicated from its home region at home revision {}",
+                body["home_revision"]
+            )
+        } else {
+            String::new()
+        },
+    )
+}
+
 fn rfc3339(at_ms: u64) -> String {
     i64::try_from(at_ms)
         .ok()
@@ -1491,6 +1618,100 @@ fn rfc3339(at_ms: u64) -> String {
             || format!("{at_ms} ms"),
             |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
         )
+}
+
+/// Prints `value` as pretty JSON.
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("answers always encode")
+    );
+}
+
+async fn status(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let status = args.api()?.status().await?;
+    if args.json {
+        print_json(&status);
+    } else {
+        print!("{}", rollcall::inspect::render_status(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn members(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let status = args.api()?.status().await?;
+    if args.json {
+        print_json(&serde_json::json!({
+            "node": status.node,
+            "zone": status.zone,
+            "gossip": status.gossip,
+        }));
+    } else {
+        print!("{}", rollcall::inspect::render_members(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn services(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let list = args.api()?.services().await?;
+    if args.json {
+        print_json(&list);
+    } else {
+        print!("{}", rollcall::inspect::render_services(&list));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One answer, or with --watch every change until Ctrl-C. Without
+/// --watch an error answer ends the command (exit 2); with it, the error
+/// is printed once while it lasts and the agent asked again every second.
+async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let api = args.target.api()?;
+    let query = rollcall::inspect::ResolveQuery {
+        service: args.service.clone(),
+        all: args.all,
+    };
+    let print = |answer: &rollcall_node::api_types::EndpointsResponse| {
+        if args.target.json && args.watch {
+            println!(
+                "{}",
+                serde_json::to_string(answer).expect("answers always encode")
+            );
+        } else if args.target.json {
+            print_json(answer);
+        } else {
+            if args.watch {
+                println!("--- {}", rfc3339(rollcall_leases::clock::now_ms()));
+            }
+            print!("{}", rollcall::inspect::render_endpoints(answer));
+        }
+    };
+    if !args.watch {
+        print(&api.resolve(&query, None).await?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut index: Option<String> = None;
+    let mut last_error: Option<String> = None;
+    loop {
+        match api.resolve(&query, index.as_deref()).await {
+            Ok(answer) => {
+                last_error = None;
+                if index.as_deref() != Some(answer.index.as_str()) {
+                    print(&answer);
+                    index = Some(answer.index.clone());
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    eprintln!("error: {text} (asking again every second)");
+                    last_error = Some(text);
+                }
+                index = None;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
@@ -1560,6 +1781,18 @@ async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_show_prints_its_time_as_audit_does() {
+        let body = serde_json::json!({
+            "revision": 9, "home_region": "r1", "set_by": "operator:admin",
+            "set_at_ms": 1_000_000_000_007u64, "replicated": false,
+        });
+        assert_eq!(
+            policy_header(&"shop/checkout", &body),
+            "# shop/checkout: revision 9, home region r1, set by operator:admin at 2001-09-09T01:46:40.007Z"
+        );
+    }
 
     #[test]
     fn audit_times_are_rfc3339_utc_to_the_millisecond() {

@@ -33,12 +33,37 @@ fn defaults_meet_every_slo() {
     }
 }
 
+/// Issue 37, item 4: the defaults have no zone key, so gossip is off and
+/// the lease is the silent crash's only path; with a key both are shown.
+#[test]
+fn gossip_counts_only_with_a_zone_key() {
+    let off = rollcall_budget(&[], &[]);
+    let stdout = text(&off.stdout);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert!(!stdout.contains("gossip path"), "{stdout}");
+    assert!(!stdout.contains("gossip.probe_period_ms"), "{stdout}");
+    assert!(stdout.contains("arbiter.lease.ttl_ms"), "{stdout}");
+    assert!(stdout.contains("gossip is off"), "{stdout}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let agent = dir.path().join("agent.toml");
+    std::fs::write(&agent, "[gossip]\nkey_file = \"zone.key\"\n").expect("write agent");
+    let on = rollcall_budget(&[&agent], &["--config"]);
+    let stdout = text(&on.stdout);
+    assert!(on.status.success(), "{}", text(&on.stderr));
+    assert!(stdout.contains("gossip path"), "{stdout}");
+    assert!(stdout.contains("gossip preset lan"), "{stdout}");
+}
+
 #[test]
 fn slow_gossip_and_long_lease_fail_with_the_setting_named() {
     let dir = tempfile::tempdir().expect("temp dir");
     let agent = dir.path().join("agent.toml");
     let arbiter = dir.path().join("arbiter.toml");
-    std::fs::write(&agent, "[gossip]\nsuspect_to_down_ms = 12000\n").expect("write agent");
+    std::fs::write(
+        &agent,
+        "[gossip]\nkey_file = \"zone.key\"\nsuspect_to_down_ms = 12000\n",
+    )
+    .expect("write agent");
     std::fs::write(&arbiter, "[lease]\nttl_ms = 30000\n").expect("write arbiter");
     let output = rollcall_budget(&[&agent, &arbiter], &["--config", "--arbiter-config"]);
     let stderr = text(&output.stderr);

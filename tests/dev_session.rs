@@ -277,6 +277,19 @@ fn dev_then_dev_with_three_replicas_in_one_directory() {
             .is_some_and(|t| t.len() == 24 && t.ends_with('Z') && t.as_bytes()[10] == b'T'),
         "the time is RFC 3339 in UTC: {register_line}"
     );
+    // The read-only commands too, with no flags at all (issue 37).
+    let services = cli(d, &["services"]);
+    assert!(
+        services
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..3]
+                == ["default/web/default", "1", "1"]),
+        "{services}"
+    );
+    let resolved = cli(d, &["resolve", "web"]);
+    assert!(resolved.contains("old-1"), "{resolved}");
+    let status = cli(d, &["status"]);
+    assert!(status.contains("arbiter  connected to"), "{status}");
     assert_clean_log(&dev.stop());
 
     // Three replicas in the same directory: a new catalog. The agent's cache
@@ -301,7 +314,10 @@ fn dev_then_dev_with_three_replicas_in_one_directory() {
     );
     let audit = cli(d, &["audit", "--service", "default/web"]);
     assert!(audit.contains("new-1"), "{audit}");
-    assert_clean_log(&dev.stop());
+    let stderr = dev.stop();
+    assert_clean_log(&stderr);
+    // Issue 37, item 6: an election's stale messages are not warnings.
+    assert!(!stderr.contains("vote changed"), "{stderr}");
     assert!(
         !d.join("rollcall-data/dev.json").exists(),
         "a stopped dev leaves no targets file"
@@ -361,4 +377,226 @@ fn start_up_messages_say_what_is_wrong_once() {
         1,
         "the cause once: {line}"
     );
+}
+
+/// `rollcall CMD ARGS` in `dir` that must fail: its exit code and stderr.
+fn cli_fails(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rollcall"))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "rollcall {args:?} succeeded");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 37, item 1: `status`, `members`, `services` and `resolve`
+/// against a `rollcall dev` whose data directory is elsewhere: the banner
+/// names the `--data-dir` to pass, and the commands work with it or with
+/// `--agent`; `resolve --watch` prints every change until it is stopped.
+#[test]
+fn the_read_commands_list_what_the_agent_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let data = elsewhere.path().join("state");
+    let http = free_ports(1);
+    let dns = free_ports(1);
+    let admin = free_ports(1);
+    let args: Vec<String> = [
+        "--http",
+        &format!("127.0.0.1:{http}"),
+        "--dns",
+        &format!("127.0.0.1:{dns}"),
+        "--admin",
+        &format!("127.0.0.1:{admin}"),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let dev = Dev::start(d, "read", &args);
+    let banner = std::fs::read_to_string(&dev.stdout).unwrap();
+    assert!(
+        banner.contains(&format!("pass them --data-dir {}", data.display())),
+        "{banner}"
+    );
+    for command in ["status", "members", "services", "resolve"] {
+        let help = cli(d, &[command, "--help"]);
+        assert!(help.contains("--agent <URL>"), "{command}: {help}");
+        assert!(help.contains("--json"), "{command}: {help}");
+    }
+    assert!(cli(d, &["resolve", "--help"]).contains("--watch"));
+    let by_dir = ["--data-dir", data.to_str().unwrap()];
+    let agent = format!("http://127.0.0.1:{http}");
+    let by_url = ["--agent", agent.as_str()];
+
+    let status = cli(d, &[&["status"][..], &by_dir].concat());
+    assert!(status.starts_with("node     dev-node (zone z1"), "{status}");
+    assert!(
+        status.contains("arbiter  connected to 127.0.0.1:"),
+        "{status}"
+    );
+    assert!(
+        status.contains("gossip   off (no gossip.key_file)"),
+        "{status}"
+    );
+    let members = cli(d, &[&["members"][..], &by_url].concat());
+    assert!(
+        members.starts_with("gossip is off on node dev-node"),
+        "{members}"
+    );
+    let services = cli(d, &[&["services"][..], &by_url].concat());
+    assert!(
+        services.starts_with("this agent holds no service"),
+        "{services}"
+    );
+
+    let token = std::fs::read_to_string(data.join("agent/agent.token")).unwrap();
+    let token = token.trim();
+    for (id, port) in [("web-1", 8081), ("web-2", 8082)] {
+        let (status, body) = call(
+            reqwest::Method::PUT,
+            &format!("{agent}/v1/agent/instances"),
+            Some(token),
+            Some(
+                json!({"service": "web", "instance_id": id, "address": "127.0.0.1", "port": port}),
+            ),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    let resolved = cli(d, &[&["resolve", "web"][..], &by_url].concat());
+    let lines: Vec<&str> = resolved.lines().collect();
+    assert!(
+        lines[0].starts_with("default/web/default  region r1  revision "),
+        "{resolved}"
+    );
+    assert!(lines[0].ends_with("mode normal"), "{resolved}");
+    assert_eq!(
+        lines[1].split_whitespace().next(),
+        Some("INSTANCE"),
+        "{resolved}"
+    );
+    assert!(
+        lines[2].starts_with("web-1     127.0.0.1:8081  z1    READY"),
+        "{resolved}"
+    );
+    assert!(
+        lines[3].starts_with("web-2     127.0.0.1:8082  z1    READY"),
+        "{resolved}"
+    );
+    let json: Value = serde_json::from_str(&cli(
+        d,
+        &[&["resolve", "default/web", "--json"][..], &by_url].concat(),
+    ))
+    .unwrap();
+    assert_eq!(json["endpoints"].as_array().unwrap().len(), 2, "{json}");
+    let services = cli(d, &[&["services", "--json"][..], &by_dir].concat());
+    let services: Value = serde_json::from_str(&services).unwrap();
+    assert_eq!(services["services"][0]["service"], "default/web/default");
+    assert_eq!(
+        (
+            &services["services"][0]["ready"],
+            &services["services"][0]["total"]
+        ),
+        (&json!(2), &json!(2))
+    );
+
+    // --watch: the first answer, then one line per change.
+    let out = d.join("watch.out");
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_rollcall"))
+        .args(["resolve", "web", "--watch", "--json", "--agent", &agent])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let answers = || -> Vec<Value> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    wait_for("the first answer", || answers().len() == 1);
+    let (status, body) = call(
+        reqwest::Method::PUT,
+        &format!("{agent}/v1/agent/instances/web-2/drain?wait=committed"),
+        Some(token),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_for("the answer without web-2", || {
+        answers()
+            .last()
+            .is_some_and(|a| a["endpoints"].as_array().unwrap().len() == 1)
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = answers();
+    assert_eq!(seen[seen.len() - 1]["endpoints"][0]["instance_id"], "web-1");
+    // Each line is a change: no two the same in a row.
+    assert!(seen.windows(2).all(|w| w[0]["index"] != w[1]["index"]));
+
+    // Bad input is named; nothing is asked.
+    let (code, stderr) = cli_fails(d, &[&["resolve", "nope"][..], &by_url].concat());
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("404") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+    let (code, stderr) = cli_fails(d, &["resolve", "Web!"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("'Web!'"), "{stderr}");
+    let (code, stderr) = cli_fails(d, &["status", "--region", "r2"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--region needs the dev.json"), "{stderr}");
+    assert_clean_log(&dev.stop());
+}
+
+/// Issue 37, item 5: with `--regions`, `--quic` pins every arbiter's QUIC
+/// port (region k's 10(k − 1) above it), and a flag `--regions` does not
+/// take is refused naming it, starting nothing.
+#[test]
+fn dev_regions_pins_every_port_and_refuses_what_it_does_not_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for flag in [
+        ["--admin", "127.0.0.1:1"],
+        ["--dns", "127.0.0.1:1"],
+        ["--replicas", "3"],
+    ] {
+        let (code, stderr) = cli_fails(d, &[&["dev", "--regions", "2"][..], &flag].concat());
+        assert_eq!(code, Some(2), "{flag:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("'{} <", flag[0])) && stderr.contains("'--regions <N>'"),
+            "{flag:?}: {stderr}"
+        );
+    }
+    assert!(!d.join("rollcall-data").exists(), "nothing started");
+
+    let http = free_ports(16);
+    let quic = free_ports(11);
+    let args: Vec<String> = [
+        "--regions",
+        "2",
+        "--http",
+        &format!("127.0.0.1:{http}"),
+        "--quic",
+        &format!("127.0.0.1:{quic}"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let dev = Dev::start(d, "regions", &args);
+    let banner = std::fs::read_to_string(&dev.stdout).unwrap();
+    for k in [0, 10] {
+        assert!(
+            banner.contains(&format!("QUIC 127.0.0.1:{}", quic + k)),
+            "{banner}"
+        );
+    }
+    assert_clean_log(&dev.stop());
 }

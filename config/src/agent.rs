@@ -412,7 +412,18 @@ mod tests {
     #[test]
     fn bad_values_name_their_fields() {
         type Breaks = fn(&mut AgentConfig);
-        let cases: [(&str, Breaks); 5] = [
+        let cases: [(&str, Breaks); 8] = [
+            ("agent.data_plane.retries", |c| c.data_plane.retries = 11),
+            ("agent.data_plane.slow_start_ms", |c| {
+                c.data_plane.slow_start_ms = 3_600_001
+            }),
+            ("agent.staleness.services[0].max_age_ms", |c| {
+                c.staleness.services = vec![crate::StalenessOverride {
+                    service: crate::ServicePattern::try_from("default/web/*".to_owned()).unwrap(),
+                    max_age_ms: 0,
+                    behaviour: crate::StaleBehaviour::Refuse,
+                }]
+            }),
             ("agent.node_id", |c| c.node_id = "Node_1".to_owned()),
             ("agent.zone", |c| c.zone = String::new()),
             ("agent.arbiters[1]", |c| {

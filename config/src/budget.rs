@@ -351,10 +351,22 @@ pub struct PauseTolerance {
     pub silence_ms: f64,
     /// The preset's name (or "custom" when a setting overrides it).
     pub preset: String,
+    /// Whether gossip runs (`agent.gossip.key_file` set). Without it only
+    /// the node lease removes a paused agent's node, which a pause shorter
+    /// than ttl − ttl/renewals (the lease left after the last renewal at
+    /// worst) never lets expire: that is then `tolerated_ms`.
+    pub gossip_on: bool,
 }
 
 impl fmt::Display for PauseTolerance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.gossip_on {
+            return write!(
+                f,
+                "process pauses tolerated: up to {} (gossip is off, no agent.gossip.key_file: only the node lease can remove a paused agent's node, and a pause shorter than ttl − ttl/{RENEWALS_PER_TTL} never lets it expire)",
+                seconds(self.tolerated_ms),
+            );
+        }
         write!(
             f,
             "process pauses tolerated: up to {} (gossip preset {}: probe period + suspect_to_down − 1 gossip round = {}; both signals must agree, and the arbiter's silence needs {}); a longer pause of an agent can get its live node declared down",
@@ -678,8 +690,19 @@ impl Inputs<'_> {
             case: Case::SilentNodeCrash,
             slo_ms: Some(HARD_FAILURE_SLO_MS),
             post_commit_slo_ms: None,
-            paths: vec![self.gossip_path(), self.lease_path()],
+            // Gossip runs only with a zone key: without one the lease is
+            // the only path.
+            paths: if self.gossip_on() {
+                vec![self.gossip_path(), self.lease_path()]
+            } else {
+                vec![self.lease_path()]
+            },
         }
+    }
+
+    /// Whether the agent runs zone gossip: only with `gossip.key_file`.
+    fn gossip_on(&self) -> bool {
+        self.agent.gossip.key_file.is_some()
     }
 
     /// SWIM declares the node down; the arbiter accepts once its own session
@@ -773,11 +796,17 @@ impl Inputs<'_> {
         } else {
             format!("{} with overrides", gossip.preset.name())
         };
+        let ttl = ms(self.arbiter.lease.ttl_ms);
         PauseTolerance {
-            tolerated_ms: gossip_ms.max(silence_ms),
+            tolerated_ms: if self.gossip_on() {
+                gossip_ms.max(silence_ms)
+            } else {
+                ttl - ttl / ms(RENEWALS_PER_TTL)
+            },
             gossip_ms,
             silence_ms,
             preset,
+            gossip_on: self.gossip_on(),
         }
     }
 
@@ -923,6 +952,47 @@ mod tests {
 
     const EPSILON_MS: f64 = 1e-9;
 
+    /// An agent with a zone key: gossip runs.
+    fn gossiping() -> AgentConfig {
+        let mut agent = AgentConfig::default();
+        agent.gossip.key_file = Some("zone.key".into());
+        agent
+    }
+
+    /// Issue 37, item 4: without `gossip.key_file` gossip does not run, so
+    /// a silent node crash has the lease path alone, and a pause is
+    /// tolerated until the lease can expire.
+    #[test]
+    fn without_a_zone_key_the_lease_is_the_only_path() {
+        let arbiter = ArbiterConfig::default();
+        let off = Budget::compute(&AgentConfig::default(), &arbiter);
+        let on = Budget::compute(&gossiping(), &arbiter);
+        let node = row(&off, Case::SilentNodeCrash);
+        assert_eq!(node.paths.len(), 1);
+        assert_eq!(node.paths[0], row(&on, Case::SilentNodeCrash).paths[1]);
+        assert_ms(
+            node.worst_ms(),
+            on.row(Case::SilentNodeCrash).unwrap().paths[1].worst_ms(),
+            "lease",
+        );
+        assert_eq!(
+            node.dominant().map(|s| s.path.as_str()),
+            Some("arbiter.lease.ttl_ms")
+        );
+        let ttl = arbiter.lease.ttl_ms as f64;
+        assert_ms(
+            off.pause.tolerated_ms,
+            ttl - ttl / 3.0,
+            "pause without gossip",
+        );
+        assert!(
+            off.pause.to_string().contains("gossip is off"),
+            "{}",
+            off.pause
+        );
+        assert!(!off.to_string().contains("gossip path"), "{off}");
+    }
+
     fn row(report: &BudgetReport, case: Case) -> &BudgetRow {
         report.row(case).expect("every case has a row")
     }
@@ -936,13 +1006,13 @@ mod tests {
 
     #[test]
     fn the_pause_a_preset_tolerates_is_named() {
-        let report = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
+        let report = Budget::compute(&gossiping(), &ArbiterConfig::default());
         // lan: 350 + 1200 − 200 ms of gossip; the arbiter's own silence
         // (2000 − 250) is the later signal.
         assert_ms(report.pause.gossip_ms, 1_350.0, "lan gossip");
         assert_ms(report.pause.tolerated_ms, 1_750.0, "lan");
         assert_eq!(report.pause.preset, "lan");
-        let mut agent = AgentConfig::default();
+        let mut agent = gossiping();
         agent.gossip.preset = crate::GossipPreset::Tolerant;
         let report = Budget::compute(&agent, &ArbiterConfig::default());
         assert_ms(report.pause.tolerated_ms, 2_400.0, "tolerant");
@@ -970,7 +1040,7 @@ mod tests {
     /// formulas, independently of the calculator's term lists.
     #[test]
     fn default_rows_follow_the_formulas() {
-        let mut agent = AgentConfig::default();
+        let mut agent = gossiping();
         // A fan-out that is not zero, so its term is checked too.
         agent.budget.followers = 32;
         agent.budget.fanout_us = 400;
@@ -1044,7 +1114,7 @@ mod tests {
 
     #[test]
     fn slow_gossip_and_long_lease_break_the_silent_crash_slo() {
-        let mut agent = AgentConfig::default();
+        let mut agent = gossiping();
         agent.gossip.suspect_to_down_ms = Some(12_000);
         let mut arbiter = ArbiterConfig::default();
         arbiter.lease.ttl_ms = 30_000;
@@ -1067,7 +1137,7 @@ mod tests {
     fn long_silence_dominates_the_gossip_path() {
         let mut arbiter = ArbiterConfig::default();
         arbiter.lease.silence_ms = 9_000;
-        let report = Budget::compute(&AgentConfig::default(), &arbiter);
+        let report = Budget::compute(&gossiping(), &arbiter);
         let node = row(&report, Case::SilentNodeCrash);
         let dominant = node.dominant().expect("a setting dominates");
         assert_eq!(dominant.path, "arbiter.lease.silence_ms");
@@ -1158,7 +1228,7 @@ mod tests {
             }),
         ];
         for (name, raise) in knobs {
-            let mut agent = AgentConfig::default();
+            let mut agent = gossiping();
             let mut arbiter = ArbiterConfig::default();
             let mut before = Budget::compute(&agent, &arbiter);
             for _ in 0..10 {
@@ -1195,7 +1265,7 @@ mod tests {
 
     #[test]
     fn table_lists_every_case_and_both_node_crash_paths() {
-        let report = Budget::compute(&AgentConfig::default(), &ArbiterConfig::default());
+        let report = Budget::compute(&gossiping(), &ArbiterConfig::default());
         let table = report.to_string();
         assert!(table.starts_with("case "), "{table}");
         assert!(table.contains("worst (p99 for gossip)"), "{table}");

@@ -152,11 +152,21 @@ pub struct CheckTimingOverrides {
 }
 
 impl CheckTimingOverrides {
-    /// The timing with every stated field replacing the one in `base`.
+    /// The timing with every stated field replacing the one in `base`. An
+    /// omitted `timeout_ms` is `base`'s, unless a stated `interval_ms` is
+    /// not above it (a timeout must be below the interval): then it is half
+    /// that interval, so an interval inside the documented range is never
+    /// refused for a timeout nobody stated.
     pub fn apply_to(&self, base: &CheckTiming) -> CheckTiming {
+        let interval_ms = self.interval_ms.unwrap_or(base.interval_ms);
+        let timeout_ms = match self.timeout_ms {
+            Some(timeout_ms) => timeout_ms,
+            None if base.timeout_ms >= interval_ms => interval_ms / 2,
+            None => base.timeout_ms,
+        };
         CheckTiming {
-            interval_ms: self.interval_ms.unwrap_or(base.interval_ms),
-            timeout_ms: self.timeout_ms.unwrap_or(base.timeout_ms),
+            interval_ms,
+            timeout_ms,
             failure_threshold: self.failure_threshold.unwrap_or(base.failure_threshold),
             success_threshold: self.success_threshold.unwrap_or(base.success_threshold),
             jitter: self.jitter.unwrap_or(base.jitter),

@@ -87,6 +87,14 @@ impl Default for IngressConfig {
 }
 
 /// `[data_plane]`: how the proxy (and the shared endpoint view used by DNS
+/// Most `data_plane.retries`: with the 250 ms default connect timeout, ten
+/// retries already keep a caller waiting 2.5 s for endpoints that refuse.
+pub const MAX_RETRIES: u32 = 10;
+
+/// Longest `data_plane.slow_start_ms` (1 h): a ramp longer than that keeps
+/// a deploy's new instances nearly idle for the whole deploy.
+pub const MAX_SLOW_START_MS: u64 = 3_600_000;
+
 /// and the resolve API) chooses endpoints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -95,14 +103,16 @@ pub struct DataPlaneConfig {
     /// dead endpoint costs a caller at most this before a retry elsewhere.
     pub connect_timeout_ms: u64,
     /// Retries on another endpoint when a connect fails, only while no byte
-    /// of the client's has been forwarded. Default 2.
+    /// of the client's has been forwarded. Default 2; at most
+    /// [`MAX_RETRIES`] (each can cost a caller `connect_timeout_ms`).
     pub retries: u32,
     /// The proxy prefers endpoints in its own zone while the zone holds at
     /// least this share of the service's READY endpoints, else spills over
     /// to all zones. Default 0.2.
     pub local_zone_min_share: f64,
     /// A newly READY endpoint's weight ramps up linearly over this many ms,
-    /// so a cold instance is not flooded. Default 10000; 0 disables.
+    /// so a cold instance is not flooded. Default 10000; 0 disables; at
+    /// most [`MAX_SLOW_START_MS`].
     pub slow_start_ms: u64,
     /// Consecutive connect failures that eject an endpoint locally. Default 3.
     pub consecutive_failures: u32,
@@ -277,6 +287,8 @@ pub(crate) fn validate(
     }
     let f = |name: &str| format!("{prefix}.data_plane.{name}");
     rules::at_least(&f("connect_timeout_ms"), dp.connect_timeout_ms, 1)?;
+    rules::between(&f("retries"), dp.retries, 0, MAX_RETRIES)?;
+    rules::between(&f("slow_start_ms"), dp.slow_start_ms, 0, MAX_SLOW_START_MS)?;
     rules::at_least(&f("consecutive_failures"), dp.consecutive_failures, 1)?;
     rules::at_least(&f("base_ejection_ms"), dp.base_ejection_ms, 1)?;
     rules::at_least(
@@ -304,6 +316,13 @@ pub(crate) fn validate(
         }
     }
     rules::at_least(&format!("{prefix}.staleness.max_age_ms"), st.max_age_ms, 1)?;
+    for (i, o) in st.services.iter().enumerate() {
+        rules::at_least(
+            &format!("{prefix}.staleness.services[{i}].max_age_ms"),
+            o.max_age_ms,
+            1,
+        )?;
+    }
     for (i, w) in workloads.iter().enumerate() {
         if w.uid.is_none() && w.gid.is_none() {
             return Err(ConfigError::invalid(

@@ -302,6 +302,10 @@ pub fn dns_query(data: &[u8]) {
         assert_eq!(rcode, ResponseCode::Refused);
         return;
     }
+    if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
+        assert_eq!(rcode, ResponseCode::Refused, "a zone transfer");
+        return;
+    }
     let zone = Name::from_ascii("svc.rollcall.").expect("valid name");
     let inside = zone.zone_of(&query.name().to_lowercase());
     if !inside {

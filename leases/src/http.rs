@@ -3,7 +3,10 @@
 //! `{"error": code, "detail": text}`, including the ones the framework
 //! makes itself (an unknown path, a wrong method, a body over the limit, a
 //! path that is not UTF-8), and every listener is served with the same
-//! connection limits and timeouts (`serve`).
+//! connection limits and timeouts (`serve`). The only error answers that
+//! are not JSON are hyper's own, written before a request exists (400 for
+//! bytes that are not a request head, 408, 414, 431): hyper has no hook
+//! for their body, and the README lists them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -292,5 +295,95 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A router as the agent's and the admin API's: `json_errors` over it,
+    /// served by `serve`.
+    async fn start() -> (SocketAddr, crate::shutdown::Trigger) {
+        let router = axum::Router::new()
+            .route("/v1/status", get(|| async { "ok" }))
+            .layer(axum::middleware::map_response(json_errors));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, stop) = crate::shutdown::channel();
+        let limits = Limits {
+            max_connections: 8,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(10),
+        };
+        tokio::spawn(serve(listener, router, limits, |_, a| *a, "test", stop));
+        (addr, trigger)
+    }
+
+    /// Sends `request` as raw bytes; the answer's status line and body.
+    async fn raw(addr: SocketAddr, request: &[u8]) -> (String, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // hyper may answer (and close) before it read everything.
+        let _ = stream.write_all(request).await;
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        (
+            head.lines().next().unwrap_or("").to_owned(),
+            body.to_owned(),
+        )
+    }
+
+    /// Issue 37, item 3: the answers hyper writes itself, before there is a
+    /// request to route (README, "The agent's local HTTP API"), are the
+    /// only error answers that are not the JSON error: each comes with an
+    /// empty body, and every other error is JSON.
+    #[tokio::test]
+    async fn only_hypers_own_answers_are_not_json() {
+        let (addr, _stop) = start().await;
+        let long_url = format!(
+            "GET /v1/status?{} HTTP/1.1\r\nHost: x\r\n\r\n",
+            "a".repeat(100 * 1024)
+        );
+        let many_headers = format!(
+            "GET /v1/status HTTP/1.1\r\nHost: x\r\n{}\r\n",
+            (0..101)
+                .map(|i| format!("x-h{i}: v\r\n"))
+                .collect::<String>()
+        );
+        let large_header = format!(
+            "GET /v1/status HTTP/1.1\r\nHost: x\r\nx-big: {}\r\n\r\n",
+            "v".repeat(500 * 1024)
+        );
+        let cases = [
+            ("garbage", b"\x01\x02 not http\r\n\r\n".to_vec(), "400"),
+            ("a 100 KB URL", long_url.into_bytes(), "414"),
+            ("101 header fields", many_headers.into_bytes(), "431"),
+            ("a 500 KB header", large_header.into_bytes(), "431"),
+        ];
+        for (what, request, status) in cases {
+            let (line, body) = raw(addr, &request).await;
+            assert!(
+                line.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{what}: {line}"
+            );
+            assert_eq!(body, "", "{what}: hyper's own answer has no body");
+        }
+        // Anything that reaches the router is JSON, the framework's own
+        // answers included.
+        let (line, body) = raw(
+            addr,
+            b"DELETE /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(line.starts_with("HTTP/1.1 405 "), "{line}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["error"], "method_not_allowed");
     }
 }

@@ -66,7 +66,8 @@ use reconcile::Reconcile;
 use writes::LocalWrites;
 
 pub use calls::{
-    Call, CallId, Caller, Drained, Propagation, Refusal, Refused, Registered, Reply, WriteOutcome,
+    Call, CallId, Caller, Drained, LocalEntry, Propagation, Refusal, Refused, Registered, Reply,
+    WriteOutcome,
 };
 pub use door::{Input, Output};
 

@@ -1,5 +1,6 @@
 //! The agent's local HTTP API (axum), a public contract:
 //! - `PUT /v1/agent/instances` — register
+//! - `GET /v1/agent/instances` — this node's registrations
 //! - `PUT /v1/agent/instances/{id}/heartbeat?generation=N`
 //! - `POST /v1/agent/instances/{id}/session?generation=N` — held open by
 //!   the instance; when it closes without a drain, the instance is
@@ -8,6 +9,7 @@
 //! - `DELETE /v1/agent/instances/{id}?generation=N`
 //! - `GET /v1/endpoints/{service}[?namespace=&port_name=&zone=&all=true&traffic=read_only|read_write]`
 //!   — with `region` and, when nothing here is usable, `failover`
+//! - `GET /v1/services` — the services this agent holds, READY/total
 //! - `GET /v1/regions` — other regions and policies this agent holds (R9)
 //! - `GET /v1/status`
 //! - `GET /metrics` (Prometheus text)
@@ -45,11 +47,12 @@ use tokio::net::UnixListener;
 use tokio_stream::StreamExt;
 
 use crate::agent_state::{
-    Call, Caller, Drained, Refusal, Refused, Registered, Reply, WriteOutcome, SHARDS,
+    Call, Caller, Drained, LocalEntry, Refusal, Refused, Registered, Reply, WriteOutcome, SHARDS,
 };
 use crate::api_types::{
-    parse_json, ApiError, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson, Propagated,
-    RegisterRequest, RegisterResponse, StatusResponse,
+    parse_json, ApiError, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson,
+    InstancesResponse, LocalInstanceJson, Propagated, RegisterRequest, RegisterResponse,
+    ServiceJson, ServicesResponse, StatusResponse,
 };
 use crate::failover::Decision;
 use crate::shutdown::Shutdown;
@@ -161,12 +164,13 @@ fn api_error(refusal: Refusal) -> ApiError {
 /// The API's routes.
 pub fn router(agent: ApiContext) -> Router {
     Router::new()
-        .route("/v1/agent/instances", put(register))
+        .route("/v1/agent/instances", put(register).get(instances))
         .route("/v1/agent/instances/{id}/heartbeat", put(heartbeat))
         .route("/v1/agent/instances/{id}/session", post(session))
         .route("/v1/agent/instances/{id}/drain", put(drain))
         .route("/v1/agent/instances/{id}", delete(deregister))
         .route("/v1/endpoints/{service}", get(endpoints))
+        .route("/v1/services", get(services))
         .route("/v1/status", get(status))
         .route("/v1/regions", get(regions))
         .route("/metrics", get(metrics))
@@ -558,6 +562,51 @@ async fn endpoints(
 /// An answer of the wrong kind: the agent and this module disagree.
 fn unexpected(reply: Reply) -> ApiError {
     ApiError::unavailable(format!("the agent answered {reply:?}"))
+}
+
+/// `GET /v1/agent/instances`: what the agent's state machine holds of
+/// this node's registrations, pending ones included.
+async fn instances(State(agent): State<ApiContext>) -> Result<Response, ApiError> {
+    match agent.call(Call::Instances).await? {
+        Reply::Instances(entries) => Ok(Json(InstancesResponse {
+            instances: entries.into_iter().map(local_instance).collect(),
+        })
+        .into_response()),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn local_instance(entry: LocalEntry) -> LocalInstanceJson {
+    let LocalEntry { local, checked } = entry;
+    let r = local.registration;
+    LocalInstanceJson {
+        instance_id: r.instance_id,
+        service: r.service,
+        address: r.address,
+        port: r.port,
+        generation: local.generation.map(|g| g.get()),
+        intent: local.intent.as_str().to_owned(),
+        committed: local.committed,
+        checked: checked.map(|s| s.as_str().to_owned()),
+    }
+}
+
+/// `GET /v1/services`: from the published views, never the actor.
+async fn services(State(agent): State<ApiContext>) -> Response {
+    let services = agent
+        .views
+        .held(now_ms())
+        .into_iter()
+        .map(|h| ServiceJson {
+            service: h.service,
+            revision: h.revision.get(),
+            ready: h.ready,
+            total: h.total,
+            stale: h.stale,
+            age_ms: h.age_ms,
+        })
+        .collect();
+    Json(ServicesResponse { services }).into_response()
 }
 
 async fn regions(State(agent): State<ApiContext>) -> Response {

@@ -719,6 +719,63 @@ impl EndpointJson {
     }
 }
 
+/// Answer of `GET /v1/agent/instances`: this node's registrations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstancesResponse {
+    /// Every local registration, in instance id order.
+    pub instances: Vec<LocalInstanceJson>,
+}
+
+/// One of this node's registrations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalInstanceJson {
+    /// The instance.
+    pub instance_id: InstanceId,
+    /// Its service, as `namespace/service/port_name`.
+    #[serde(with = "key_text")]
+    pub service: ServiceKey,
+    /// Where callers connect.
+    pub address: IpAddr,
+    /// The port callers connect to.
+    pub port: u16,
+    /// The generation the catalog gave it; `null` while its registration
+    /// is pending.
+    pub generation: Option<u64>,
+    /// What the agent wants for it: `serve`, `drain` or `leave`.
+    pub intent: String,
+    /// Whether the arbiter has committed that intent (`false`: pending,
+    /// sent when the arbiter answers or is back).
+    pub committed: bool,
+    /// The state its health checks give it (`STARTING`, `READY`,
+    /// `UNHEALTHY`); `null` when it has no checks.
+    pub checked: Option<String>,
+}
+
+/// Answer of `GET /v1/services`: the services this agent holds a copy of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicesResponse {
+    /// Each held service, in key order.
+    pub services: Vec<ServiceJson>,
+}
+
+/// One held service with its counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceJson {
+    /// The service key, as `namespace/service/port_name`.
+    #[serde(with = "key_text")]
+    pub service: ServiceKey,
+    /// The revision of its last change held.
+    pub revision: u64,
+    /// Endpoints READY in the copy.
+    pub ready: usize,
+    /// Every endpoint in the copy, whatever its state.
+    pub total: usize,
+    /// Whether the copy is not confirmed by the arbiter in this session.
+    pub stale: bool,
+    /// Age of the copy, ms (0 while the session keeps it current).
+    pub age_ms: u64,
+}
+
 /// Answer of the agent's status endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusResponse {
@@ -736,7 +793,9 @@ pub struct StatusResponse {
     pub subscriptions: Vec<SubscriptionStatus>,
     /// Writes accepted locally and not yet committed.
     pub pending_writes: u32,
-    /// This node's view of its zone's gossip; `null` when gossip is off.
+    /// This node's view of its zone's gossip; `null` when gossip is off
+    /// (no `gossip.key_file`). Gossip that is on and has heard of no peer
+    /// yet (a zone's lone member) shows empty lists.
     pub gossip: Option<GossipStatus>,
     /// The certificate this agent presents to the arbiter (its identity,
     /// serial and notAfter) and the CAs it trusts; `null` when it has no
@@ -792,6 +851,11 @@ pub struct SubscriptionStatus {
     pub lag: u64,
     /// Whether the held copy is stale.
     pub stale: bool,
+    /// Age of the held copy, ms: 0 while the session keeps it current,
+    /// else the time since it was last known current (since the agent
+    /// started, for a copy from the disk cache not confirmed yet).
+    #[serde(default)]
+    pub age_ms: u64,
 }
 
 /// A service key as its `namespace/service/port_name` text.
@@ -940,6 +1004,41 @@ mod tests {
         assert_eq!(readiness.kind, CheckKind::Http { path: "/".into() });
         assert_eq!(readiness.timing.interval_ms, 3000);
         assert_eq!(readiness.timing.timeout_ms, 700);
+    }
+
+    /// Issue 37, item 6: an interval alone, below the default timeout, gets
+    /// half of itself as its timeout instead of a 422; an interval above
+    /// the default timeout keeps it.
+    #[test]
+    fn an_interval_alone_derives_its_timeout_when_the_default_does_not_fit() {
+        let timing = |interval: u64| {
+            let reg = validate(with(
+                "checks",
+                json!({"readiness": {"kind": "http", "interval_ms": interval}}),
+            ))
+            .unwrap();
+            reg.checks.unwrap().readiness.unwrap().timing
+        };
+        let default = ChecksConfig::default().readiness.timeout_ms;
+        assert_eq!(default, 500);
+        assert_eq!(
+            (timing(200).interval_ms, timing(200).timeout_ms),
+            (200, 100)
+        );
+        assert_eq!(timing(500).timeout_ms, 250);
+        assert_eq!(timing(800).timeout_ms, default);
+        // A stated timeout is never changed: one that does not fit is refused.
+        let e = validate(with(
+            "checks",
+            json!({"readiness": {"kind": "http", "interval_ms": 200, "timeout_ms": 300}}),
+        ))
+        .unwrap_err();
+        assert!(
+            e.detail
+                .contains("timeout_ms = 300 must be below interval_ms = 200"),
+            "{}",
+            e.detail
+        );
     }
 
     #[test]
@@ -1225,6 +1324,7 @@ mod tests {
                 revision: 7,
                 lag: 0,
                 stale: false,
+                age_ms: 0,
             }],
             pending_writes: 0,
             gossip: Some(GossipStatus {
@@ -1254,7 +1354,7 @@ mod tests {
         );
         assert_eq!(
             value["subscriptions"][0],
-            json!({"service": "shop/cart/http", "revision": 7, "lag": 0, "stale": false})
+            json!({"service": "shop/cart/http", "revision": 7, "lag": 0, "stale": false, "age_ms": 0})
         );
         assert_eq!(value["lease"], json!({"id": 2, "ttl_ms": 10_000}));
         assert_eq!(

@@ -173,7 +173,8 @@ impl ServiceCache {
 
     /// Reads every cached service, verifying each file, deleting corrupt ones
     /// and ignoring files that are not `*.snap` (such as temporary files a
-    /// crash left behind).
+    /// crash left behind). Each file not served is in `discarded` with its
+    /// reason, for the caller to log once; this logs nothing about them.
     ///
     /// A cache is only a head start: if the directory cannot be listed this
     /// logs a warning and returns an empty report, and the agent fetches
@@ -206,18 +207,22 @@ impl ServiceCache {
             if path.extension().is_none_or(|ext| ext != EXTENSION) {
                 continue;
             }
+            // Not logged here: the caller logs each file of
+            // `report.discarded` once, with its reason.
             match load_file(&path) {
                 Ok(loaded) => report.views.push(loaded),
                 Err(Unusable::Unreadable(reason)) => {
-                    tracing::warn!(path = %path.display(), %reason, "cannot read a cache file; not serving it");
-                    report.discarded.push((path, reason));
+                    report
+                        .discarded
+                        .push((path, format!("cannot be read: {reason}")));
                 }
                 Err(Unusable::Corrupt(reason)) => {
                     let reason = match durable::remove(&path) {
-                        Ok(_) => reason,
-                        Err(error) => format!("{reason}; deleting it failed: {}", chain(&error)),
+                        Ok(_) => format!("corrupt, deleted: {reason}"),
+                        Err(error) => {
+                            format!("corrupt: {reason}; deleting it failed: {}", chain(&error))
+                        }
                     };
-                    tracing::warn!(path = %path.display(), %reason, "discarded a corrupt cache file");
                     report.discarded.push((path, reason));
                     report.corrupt += 1;
                 }
@@ -491,7 +496,16 @@ mod tests {
         bytes[last] ^= 0x40;
         fs::write(&bad, &bytes).unwrap();
 
-        let report = cache.load_all();
+        // Issue 37, item 6: one log line per corrupt file, the caller's
+        // (the agent logged each twice, here and from the report).
+        let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        let report = tracing::subscriber::with_default(subscriber, || cache.load_all());
+        let logged = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
+        assert_eq!(logged, "", "load_all logs nothing about a discarded file");
         assert_eq!(report.views.len(), 1);
         assert_eq!(report.views[0].0.service(), &key("checkout"));
         assert_eq!(report.discarded.len(), 1);
@@ -502,6 +516,20 @@ mod tests {
             report.discarded
         );
         assert!(!bad.exists(), "a corrupt file must be deleted");
+    }
+
+    /// A log writer into shared memory.
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[test]

@@ -42,8 +42,8 @@
 //!   does not follow yet waits for its snapshot, exactly as the HTTP
 //!   resolve does, and then answers what the arbiter said. Other queries
 //!   never wait on it: each UDP query is its own task.
-//! - REFUSED for names outside `svc.rollcall.` and classes other than IN
-//!   (or ANY); FORMERR for a message without exactly one question; NOTIMP
+//! - REFUSED for names outside `svc.rollcall.`, classes other than IN
+//!   (or ANY) and zone transfers (AXFR, IXFR); FORMERR for a message without exactly one question; NOTIMP
 //!   for opcodes other than QUERY; BADVERS for EDNS versions above 0.
 //!   Undecodable messages get FORMERR from hickory, before this module.
 //!
@@ -440,6 +440,11 @@ fn reply(
     ttl_s: u32,
     rng: &mut impl Rng,
 ) -> Reply {
+    // Zone transfers: the zone is each agent's own view, never a zone file
+    // to copy; refused as a server refuses a transfer it does not allow.
+    if matches!(qtype, RecordType::AXFR | RecordType::IXFR) {
+        return Reply::code(ResponseCode::Refused);
+    }
     let key = match named {
         Named::Outside => return Reply::code(ResponseCode::Refused),
         Named::Invalid => return negative(ResponseCode::NXDomain, ttl_s),
@@ -1032,6 +1037,19 @@ mod tests {
             serve(&web, &[]),
         );
         assert_eq!(target.answers.len(), 1);
+    }
+
+    /// Issue 37, item 6: a zone transfer is refused, not answered empty.
+    #[test]
+    fn zone_transfers_are_refused() {
+        let web = key("default", "web", "default");
+        for qtype in [RecordType::AXFR, RecordType::IXFR] {
+            for q in ["svc.rollcall.", "web.default.svc.rollcall."] {
+                let out = ask(q, qtype, serve(&web, &[]));
+                assert_eq!(out.rcode, ResponseCode::Refused, "{qtype} {q}");
+                assert!(out.answers.is_empty());
+            }
+        }
     }
 
     #[test]

@@ -210,6 +210,15 @@ pub fn remove(path: &Path) -> Result<bool, DurableError> {
     Ok(true)
 }
 
+/// Renames the file at `from` to `to` (same directory) durably: the
+/// directory is fsynced, so after power loss the file is under one name or
+/// the other, never both or neither.
+pub fn rename(from: &Path, to: &Path) -> Result<(), DurableError> {
+    let (dir, _) = split(to)?;
+    fs::rename(from, to).map_err(io_error("rename", from))?;
+    sync_dir(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

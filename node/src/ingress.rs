@@ -138,12 +138,7 @@ pub fn start(
         (max_connections, move |peer| {
             views
                 .metrics()
-                .ingress_refused
-                .get_or_create(&RefusalLabel {
-                    service: String::new(),
-                    reason: "too_many_connections".to_owned(),
-                })
-                .inc();
+                .ingress_refused_unnamed("too_many_connections");
             tracing::debug!(peer = %peer, max_connections, "ingress connection refused: too many open ([ingress] max_connections)");
         }),
         shutdown,
@@ -198,7 +193,11 @@ async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
         .and_then(|line| parse_preamble(&line).map_err(|e| e.to_string()));
     let (service, traffic) = match parsed {
         Ok(p) => p,
-        Err(detail) => return refuse("", "bad_preamble", &detail),
+        Err(detail) => {
+            views.metrics().ingress_refused_unnamed("bad_preamble");
+            tracing::debug!(peer = %peer, detail, "ingress connection refused: bad preamble");
+            return;
+        }
     };
     let name = service.to_string();
     // The first connection of a service makes this agent follow it; its

@@ -182,6 +182,12 @@ pub struct AgentMetrics {
 /// The label value that stands for every service past the cap.
 pub const OTHER_SERVICES: &str = "_other";
 
+/// The label value of an ingress refusal that names no service: a
+/// connection over `[ingress] max_connections` (refused before its
+/// preamble is read) or one whose preamble does not parse. Service names
+/// cannot hold `_`, so it never stands for a real service.
+pub const NO_SERVICE: &str = "_none";
+
 impl AgentMetrics {
     /// Registers every metric.
     pub fn new() -> Self {
@@ -429,6 +435,17 @@ impl AgentMetrics {
         }
     }
 
+    /// Counts an ingress connection refused before any service was named
+    /// (`service="_none"`), for `reason`.
+    pub fn ingress_refused_unnamed(&self, reason: &str) {
+        self.ingress_refused
+            .get_or_create(&RefusalLabel {
+                service: NO_SERVICE.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
     /// [`service_label`](Self::service_label)'s value.
     pub fn service_name(&self, service: &str) -> String {
         let mut named = self.named.lock().unwrap_or_else(|p| p.into_inner());
@@ -541,5 +558,30 @@ impl AgentMetrics {
 impl Default for AgentMetrics {
     fn default() -> Self {
         AgentMetrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37, item 6: an ingress refusal that names no service is
+    /// labelled `_none`, not `service=""`, and takes no per-service slot.
+    #[test]
+    fn refusals_without_a_service_are_labelled_none() {
+        let metrics = AgentMetrics::new();
+        metrics.ingress_refused_unnamed("too_many_connections");
+        metrics.ingress_refused_unnamed("bad_preamble");
+        let text = metrics.render();
+        for reason in ["too_many_connections", "bad_preamble"] {
+            assert!(
+                text.contains(&format!(
+                    "rollcall_agent_ingress_refused_total{{service=\"_none\",reason=\"{reason}\"}} 1"
+                )),
+                "{text}"
+            );
+        }
+        assert!(!text.contains("service=\"\""), "{text}");
+        assert!(metrics.named.lock().unwrap().is_empty());
     }
 }

@@ -34,6 +34,17 @@ pub enum Intent {
     Leave,
 }
 
+impl Intent {
+    /// Its name in the local API (`serve`, `drain`, `leave`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Intent::Serve => "serve",
+            Intent::Drain => "drain",
+            Intent::Leave => "leave",
+        }
+    }
+}
+
 /// One local instance.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LocalInstance {
@@ -66,22 +77,49 @@ pub enum RegistrationsError {
     },
 }
 
+/// The file's name in the data directory. Its payload is JSON behind a
+/// binary checksum header (`durable`), so the name says what it is, the
+/// agent's state, and not a format to edit by hand: an edited file fails
+/// its checksum and the agent refuses to start.
+pub const FILE_NAME: &str = "registrations.state";
+
+/// The name agents before issue 37 wrote the same file under, moved to
+/// [`FILE_NAME`] at the first start.
+pub const OLD_FILE_NAME: &str = "registrations.json";
+
 /// The registrations file of a data directory.
 #[derive(Clone, Debug)]
 pub struct RegistrationsFile {
     path: PathBuf,
+    old: PathBuf,
 }
 
 impl RegistrationsFile {
-    /// `data_dir/registrations.json`.
+    /// `data_dir/registrations.state`.
     pub fn new(data_dir: &Path) -> Self {
         RegistrationsFile {
-            path: data_dir.join("registrations.json"),
+            path: data_dir.join(FILE_NAME),
+            old: data_dir.join(OLD_FILE_NAME),
         }
     }
 
-    /// Loads the file (checksummed), or nothing when there is none.
+    /// Loads the file (checksummed), or nothing when there is none. A file
+    /// under the old name with none under the new one is first renamed
+    /// (the upgrade path; its bytes are the same format); with both, the
+    /// new one is used and the old one left alone, with a warning.
     pub fn load(&self) -> Result<Registrations, RegistrationsError> {
+        match (self.path.exists(), self.old.exists()) {
+            (false, true) => {
+                durable::rename(&self.old, &self.path)?;
+                tracing::info!(from = %self.old.display(), to = %self.path.display(), "registrations file renamed to its new name");
+            }
+            (true, true) => tracing::warn!(
+                used = %self.path.display(),
+                ignored = %self.old.display(),
+                "two registrations files: the one under the old name is ignored; remove it"
+            ),
+            _ => {}
+        }
         match durable::read_verified(&self.path, MAX_FILE_BYTES)? {
             None => Ok(Registrations::default()),
             Some(bytes) => Registrations::decode(&bytes).map_err(|e| RegistrationsError::Parse {
@@ -213,12 +251,37 @@ mod tests {
         let mut regs = file.load().unwrap();
         regs.put(instance("a"));
         file.write(&regs.encode()).unwrap();
-        let path = dir.path().join("registrations.json");
+        let path = dir.path().join(FILE_NAME);
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 2;
         bytes[last] ^= 0x40;
         std::fs::write(&path, bytes).unwrap();
         let err = file.load().unwrap_err();
         assert!(err.to_string().contains("move it away"), "{err}");
+    }
+
+    /// Issue 37, item 6: a data directory of an earlier agent keeps its
+    /// registrations: `registrations.json` is renamed at the first load,
+    /// and written under the new name from then on.
+    #[test]
+    fn a_file_under_the_old_name_is_moved_to_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join(OLD_FILE_NAME);
+        let mut regs = Registrations::default();
+        regs.put(instance("a"));
+        durable::write_atomic(&old, &regs.encode()).unwrap();
+        let file = RegistrationsFile::new(dir.path());
+        let back = file.load().unwrap();
+        assert_eq!(
+            back.get(&InstanceId::new("a").unwrap()),
+            Some(&instance("a"))
+        );
+        assert!(!old.exists());
+        assert!(dir.path().join(FILE_NAME).exists());
+        // Both present (a downgrade, then an upgrade): the new one counts.
+        durable::write_atomic(&old, &Registrations::default().encode()).unwrap();
+        let back = file.load().unwrap();
+        assert!(back.get(&InstanceId::new("a").unwrap()).is_some());
+        assert!(old.exists(), "the old file is left alone");
     }
 }

@@ -30,7 +30,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use dashmap::DashMap;
 use rollcall_config::{ConnTraffic, DataPlaneConfig, StaleBehaviour};
 use rollcall_leases::clock::now_ms;
-use rollcall_leases::{InstanceId, Label, NodeId, ServiceKey, State};
+use rollcall_leases::{InstanceId, Label, NodeId, Revision, ServiceKey, State};
 use tokio::sync::Notify;
 
 use crate::api_types::{RegionsPolicy, RegionsResponse};
@@ -57,6 +57,23 @@ mod active;
 mod answer;
 #[cfg(test)]
 mod tests;
+
+/// One service as `Views::held` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldService {
+    /// The service.
+    pub service: ServiceKey,
+    /// Revision of its last change held.
+    pub revision: Revision,
+    /// Records READY in the copy (those this agent drains not counted).
+    pub ready: usize,
+    /// Every record in the copy, whatever its state.
+    pub total: usize,
+    /// Not confirmed by the arbiter in this session.
+    pub stale: bool,
+    /// Age of the copy, ms (0 while the session keeps it current).
+    pub age_ms: u64,
+}
 
 /// The view's settings, from the agent's config.
 #[derive(Clone, Debug)]
@@ -322,6 +339,37 @@ impl Views {
                 return view.lookup(self, now_ms());
             }
         }
+    }
+
+    /// Every service this agent holds a copy of, in key order, with its
+    /// READY and total record counts (`GET /v1/services`). Services the
+    /// arbiter refused to let this node watch, said do not exist, or has
+    /// not sent yet are left out. Not a lookup: it neither follows a
+    /// service nor keeps one followed.
+    pub fn held(&self, now_ms: u64) -> Vec<HeldService> {
+        let mut held: Vec<HeldService> = self
+            .inner
+            .services
+            .iter()
+            .filter_map(|view| {
+                let published = view.published.load_full();
+                let p = &published.1;
+                (p.status == Status::Held).then(|| HeldService {
+                    service: p.service.clone(),
+                    revision: p.revision,
+                    ready: p
+                        .records
+                        .iter()
+                        .filter(|r| r.state == State::Ready && !p.leaving.contains(&r.instance_id))
+                        .count(),
+                    total: p.records.len(),
+                    stale: !p.synced,
+                    age_ms: p.age_ms(now_ms),
+                })
+            })
+            .collect();
+        held.sort_by(|a, b| a.service.cmp(&b.service));
+        held
     }
 
     /// Where a `traffic` connection (or answer) of `key` goes when it has

@@ -991,3 +991,96 @@ async fn registration_rules_refuse_unlisted_services_and_undeclared_addresses() 
     edge.shutdown().await;
     core.shutdown().await;
 }
+
+/// Issue 37, item 1: `GET /v1/agent/instances` lists this node's
+/// registrations (pending and drained ones as such), and `GET
+/// /v1/services` the services the agent holds with READY/total counts,
+/// leaving out what the arbiter's watch rules keep from this node.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn an_agent_lists_its_registrations_and_the_services_it_holds() {
+    let cluster = Cluster::start_with(|c| {
+        c.watch_rules = vec![rollcall_config::WatchRule {
+            nodes: vec!["node-a".into()],
+            services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],
+        }];
+    })
+    .await;
+    let (_agent, http) = connected_agent(&cluster, "node-a").await;
+    let (_, body) = get_plain(&http, "/v1/agent/instances").await;
+    assert_eq!(body, serde_json::json!({"instances": []}));
+    for (service, id, port) in [
+        ("web", "web-1", 8081),
+        ("web", "web-2", 8082),
+        ("db", "db-1", 5432),
+    ] {
+        let (status, body) = http.register(service, id, port).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _) = http.drain("web-2", "?wait=committed").await;
+    assert_eq!(status, 200);
+    let (status, body) = get_plain(&http, "/v1/agent/instances").await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<(String, String, String, bool)> = body["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["instance_id"].as_str().unwrap().to_owned(),
+                i["service"].as_str().unwrap().to_owned(),
+                i["intent"].as_str().unwrap().to_owned(),
+                i["committed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let want = |id: &str, service: &str, intent: &str| {
+        (
+            id.to_owned(),
+            format!("default/{service}/default"),
+            intent.to_owned(),
+            true,
+        )
+    };
+    assert_eq!(
+        listed,
+        vec![
+            want("db-1", "db", "serve"),
+            want("web-1", "web", "serve"),
+            want("web-2", "web", "drain"),
+        ],
+        "{body}"
+    );
+    assert_eq!(body["instances"][1]["generation"], 1, "{body}");
+    assert_eq!(body["instances"][1]["port"], 8081, "{body}");
+    assert_eq!(body["instances"][1]["checked"], Value::Null, "{body}");
+    // Both looked up; db is refused by the watch rules, so not held.
+    wait_ready(&http, "web", &["web-1"]).await;
+    let (status, _) = http.resolve("db").await;
+    assert_eq!(status, 503);
+    let (status, body) = get_plain(&http, "/v1/services").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["services"],
+        serde_json::json!([{
+            "service": "default/web/default",
+            "revision": body["services"][0]["revision"],
+            "ready": 1,
+            "total": 2,
+            "stale": false,
+            "age_ms": 0,
+        }]),
+        "{body}"
+    );
+    assert!(body["services"][0]["revision"].as_u64().unwrap() > 0);
+}
+
+/// A read as anyone on the host sends it: no token.
+async fn get_plain(http: &Http, path: &str) -> (u16, Value) {
+    let resp = http
+        .client
+        .get(format!("{}{path}", http.base))
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}

@@ -317,6 +317,23 @@ fn error(status: StatusCode, code: &'static str, detail: impl Into<String>) -> A
     }
 }
 
+/// 429 for a token over its rate, `wait_ms` before its next call is
+/// allowed. `Retry-After` counts whole seconds, so the wait is rounded up
+/// to them and the detail says the same number.
+fn rate_limited(per_second: impl std::fmt::Display, wait_ms: u64) -> AdminError {
+    let seconds = wait_ms.div_ceil(1_000).max(1);
+    AdminError {
+        retry_after_s: Some(seconds),
+        ..error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "the operator token made more than {per_second} calls per second (arbiter limits.admin_calls_per_second); retry after {seconds} s (Retry-After)"
+            ),
+        )
+    }
+}
+
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> {
     let given = headers
         .get(header::AUTHORIZATION)
@@ -325,17 +342,7 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
     match given {
         Some(token) if crate::secret::token_matches(token.trim(), &state.token) => state.calls.take().map_err(|wait_ms| {
             state.metrics.hit(Limit::AdminCalls);
-            AdminError {
-                retry_after_s: Some(wait_ms.div_ceil(1_000)),
-                ..error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    format!(
-                        "the operator token made more than {} calls per second (arbiter limits.admin_calls_per_second); retry in {wait_ms} ms",
-                        state.calls.per_second
-                    ),
-                )
-            }
+            rate_limited(state.calls.per_second, wait_ms)
         }),
         Some(_) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token does not match admin.token in the arbiter's data directory")),
         None => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "send the operator token (admin.token in the arbiter's data directory) as Authorization: Bearer <token>")),
@@ -796,6 +803,7 @@ async fn put_remote(
             ),
         ));
     }
+    remote_values(report.view.version, report.heard_ms_ago)?;
     let most = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
     if !(1..=most).contains(&report.max_age_ms) {
         return Err(error(
@@ -822,6 +830,37 @@ async fn put_remote(
     )
 }
 
+/// Largest view version accepted: the largest integer JSON carries exactly
+/// (2^53 − 1). A version is a home region's catalog revision, one per
+/// commit, so no real one comes near it.
+const MAX_REMOTE_VERSION: u64 = (1 << 53) - 1;
+
+/// Refuses (422, naming the field, changing nothing) a remote view's
+/// version beyond [`MAX_REMOTE_VERSION`] and a `heard_ms_ago` above the
+/// longest summary age: a view heard longer ago than any view may be old
+/// is stale on arrival, and u64::MAX made its age "56 years".
+fn remote_values(version: Revision, heard_ms_ago: u64) -> Result<(), AdminError> {
+    let most = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
+    if version.0 > MAX_REMOTE_VERSION {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!(
+                "version = {} must be at most {MAX_REMOTE_VERSION}",
+                version.0
+            ),
+        ));
+    }
+    if heard_ms_ago > most {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("heard_ms_ago = {heard_ms_ago} must be at most {most}"),
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /v1/remote/{region}/heard`: the view at `version` is current.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -840,6 +879,7 @@ async fn remote_heard(
     authorize(&state, &headers)?;
     let region = remote_region(&state, path)?;
     let Json(heard) = body.map_err(json_rejected)?;
+    remote_values(heard.version, heard.heard_ms_ago)?;
     let confirmed = ask(&state, |reply| AdminQuery::RemoteHeard {
         region: region.clone(),
         version: heard.version,
@@ -969,4 +1009,46 @@ async fn put_remote_policies(
         "refused": refused,
     }))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37, item 6: a remote view's version and age are bounded.
+    #[test]
+    fn remote_view_values_out_of_bounds_are_refused_by_name() {
+        let hour = rollcall_config::MAX_SUMMARY_MAX_AGE_MS;
+        assert!(remote_values(Revision(MAX_REMOTE_VERSION), hour).is_ok());
+        for (version, heard, field) in [
+            (u64::MAX, 0, "version = 18446744073709551615"),
+            (MAX_REMOTE_VERSION + 1, 0, "version = "),
+            (1, u64::MAX, "heard_ms_ago = 18446744073709551615"),
+            (1, hour + 1, "heard_ms_ago = "),
+        ] {
+            let e = remote_values(Revision(version), heard).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert!(e.detail.starts_with(field), "{}", e.detail);
+        }
+    }
+
+    /// Issue 37, item 6: a 429's `Retry-After` and its detail name the same
+    /// wait (a 3 ms wait was "Retry-After: 1" and "retry in 3 ms").
+    #[test]
+    fn a_429_says_the_same_wait_in_its_header_and_its_detail() {
+        for (wait_ms, seconds) in [(3, 1), (1_000, 1), (1_001, 2), (0, 1)] {
+            let answer = rate_limited(100, wait_ms).into_response();
+            assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                answer.headers()[header::RETRY_AFTER],
+                seconds.to_string(),
+                "{wait_ms} ms"
+            );
+            let detail = rate_limited(100, wait_ms).detail;
+            assert!(
+                detail.ends_with(&format!("retry after {seconds} s (Retry-After)")),
+                "{detail}"
+            );
+        }
+    }
 }

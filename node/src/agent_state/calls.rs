@@ -7,6 +7,7 @@ use rollcall_leases::protocol::RejectKind;
 use rollcall_leases::{Generation, InstanceId, Revision, State};
 
 use crate::api_types::ValidRegistration;
+use crate::registrations::LocalInstance;
 
 /// A local API call, numbered by the driver; its answer names it.
 pub type CallId = u64;
@@ -77,6 +78,19 @@ pub enum Call {
         /// Who asks.
         caller: Caller,
     },
+    /// `GET /v1/agent/instances`: this node's registrations, as the agent
+    /// holds them (a read: anyone on the host may ask).
+    Instances,
+}
+
+/// One of this node's registrations, as `Call::Instances` lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalEntry {
+    /// What the agent holds of it: the registration, its generation, the
+    /// intent and whether the arbiter committed it.
+    pub local: LocalInstance,
+    /// The state its health checks give it; `None` without checks.
+    pub checked: Option<State>,
 }
 
 /// How a write ended.
@@ -137,6 +151,8 @@ pub enum Reply {
     Deregistered(WriteOutcome<Option<Revision>>),
     /// To `OpenSession`: the generation the session holds.
     SessionOpened(Option<Generation>),
+    /// To `Instances`: every local registration, in instance id order.
+    Instances(Vec<LocalEntry>),
 }
 
 /// Why a call was refused.
@@ -203,7 +219,7 @@ pub(super) fn pending_reply(op: &Call) -> Option<Reply> {
         }
         Call::Drain { .. } => Some(drain_pending()),
         Call::Deregister { .. } => Some(deregister_pending()),
-        Call::Heartbeat { .. } | Call::OpenSession { .. } => None,
+        Call::Heartbeat { .. } | Call::OpenSession { .. } | Call::Instances => None,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use rollcall_leases::{InstanceId, Liveness, ServiceKey, ServiceView, State};
 
-use super::{AgentState, Counters, Settings};
+use super::{AgentState, Counters, LocalEntry, Settings};
 use crate::api_types::{
     ArbiterStatus, GossipStatus, LeaseStatus, StatusResponse, SubscriptionStatus,
 };
@@ -42,21 +42,35 @@ impl AgentState {
             }),
             subscriptions: self
                 .subscriptions()
-                .map(|(service, revision, lag, stale, _)| SubscriptionStatus {
+                .map(|(service, revision, lag, stale, last)| SubscriptionStatus {
                     service: service.clone(),
                     revision,
                     lag,
                     stale,
+                    age_ms: last.map_or(0, |t| now_ms.saturating_sub(t)),
                 })
                 .collect(),
             pending_writes: self.writes.regs.pending().len() as u32,
-            gossip: self.peers.alive.as_ref().map(|alive| GossipStatus {
-                alive: alive.iter().cloned().collect(),
-                down: self.peers.downs.nodes().cloned().collect(),
-            }),
+            gossip: self.gossip_status(),
             // The driver's: it holds the TLS material.
             tls: None,
         }
+    }
+
+    /// The zone's gossip as `/v1/status` shows it: `None` only when gossip
+    /// is off (no `gossip.key_file`). Gossip that is on but has said
+    /// nothing yet (a zone's lone member) is empty lists, not `None`; a
+    /// driver without a key file that feeds verdicts anyway (the
+    /// simulator) shows them.
+    fn gossip_status(&self) -> Option<GossipStatus> {
+        let on = self.settings.config.gossip.key_file.is_some();
+        if !on && self.peers.alive.is_none() {
+            return None;
+        }
+        Some(GossipStatus {
+            alive: self.peers.alive.iter().flatten().cloned().collect(),
+            down: self.peers.downs.nodes().cloned().collect(),
+        })
     }
 
     /// Every followed service: revision held, revisions behind the shard,
@@ -107,6 +121,19 @@ impl AgentState {
     /// The local registrations.
     pub fn registrations(&self) -> &Registrations {
         &self.writes.regs
+    }
+
+    /// Every local registration with the state its checks give it, for
+    /// `GET /v1/agent/instances`.
+    pub fn local_entries(&self) -> Vec<LocalEntry> {
+        self.writes
+            .regs
+            .iter()
+            .map(|local| LocalEntry {
+                checked: self.health_state(&local.registration.instance_id),
+                local: local.clone(),
+            })
+            .collect()
     }
 
     /// The view held of `service`.

@@ -62,11 +62,17 @@ fn registration(instance: &str, checks: bool) -> ValidRegistration {
 
 impl Harness {
     fn new() -> Harness {
-        let config = AgentConfig {
+        Harness::with(|_| {})
+    }
+
+    /// An agent whose config `tune` changed first.
+    fn with(tune: impl FnOnce(&mut AgentConfig)) -> Harness {
+        let mut config = AgentConfig {
             node_id: "n1".into(),
             arbiters: vec!["arbiter-1:7000".into()],
             ..AgentConfig::default()
         };
+        tune(&mut config);
         let settings = Settings {
             node: node(),
             zone: Label::new("z1").unwrap(),

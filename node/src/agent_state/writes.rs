@@ -276,6 +276,7 @@ impl AgentState {
                     });
                 reply(out, call, result);
             }
+            Call::Instances => reply(out, call, Ok(Reply::Instances(self.local_entries()))),
         }
     }
 

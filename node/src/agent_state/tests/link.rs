@@ -74,6 +74,21 @@ fn a_refused_renewal_re_registers_and_re_sends_health() {
     );
 }
 
+/// Issue 37, item 4: `gossip: null` in `/v1/status` means gossip is off;
+/// a zone's lone member (gossip on, no peer heard of) shows empty lists.
+#[test]
+fn status_tells_gossip_off_from_gossip_alone() {
+    let off = Harness::new();
+    assert_eq!(off.state.status(off.now).gossip, None);
+    let mut alone = Harness::with(|c| c.gossip.key_file = Some("zone.key".into()));
+    let status = alone.state.status(alone.now).gossip.expect("gossip is on");
+    assert!(status.alive.is_empty() && status.down.is_empty());
+    let n2 = NodeId::new("n2").unwrap();
+    alone.feed(Input::PeerUp { node: n2.clone() });
+    let status = alone.state.status(alone.now).gossip.unwrap();
+    assert_eq!(status.alive, vec![n2]);
+}
+
 #[test]
 fn a_gossip_down_node_stays_out_until_the_arbiter_answers() {
     let mut h = Harness::new();
