@@ -23,18 +23,16 @@
 //! the agent actor's mailbox as `agent_state::Call`s, whose state machine
 //! decides them.
 
-use std::convert::Infallible;
 use std::path::Path as FsPath;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Message, Recipient};
-use axum::body::{Body, Bytes};
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
@@ -42,16 +40,12 @@ use rollcall_config::{ChecksConfig, ConnTraffic};
 use rollcall_leases::clock::now_ms;
 use rollcall_leases::secret::token_matches;
 use rollcall_leases::{shard_of, EndpointRecord, Generation, InstanceId, Label, ServiceKey};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::net::UnixListener;
-use tokio_stream::StreamExt;
 
-use crate::agent_state::{
-    Call, Caller, Drained, LocalEntry, Refusal, Refused, Registered, Reply, WriteOutcome, SHARDS,
-};
+use crate::agent_state::{Call, Caller, LocalEntry, Refusal, Refused, Reply, SHARDS};
 use crate::api_types::{
-    parse_json, ApiError, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson,
-    InstancesResponse, LocalInstanceJson, Propagated, RegisterRequest, RegisterResponse,
+    ApiError, EndpointJson, EndpointsResponse, FailoverJson, InstancesResponse, LocalInstanceJson,
     ServiceJson, ServicesResponse, StatusResponse,
 };
 use crate::failover::Decision;
@@ -161,6 +155,10 @@ fn api_error(refusal: Refusal) -> ApiError {
     }
 }
 
+mod writes;
+
+use writes::{deregister, drain, heartbeat, register, session};
+
 /// The API's routes.
 pub fn router(agent: ApiContext) -> Router {
     Router::new()
@@ -237,24 +235,6 @@ pub fn serve_tcp(
     ))
 }
 
-/// Held by an open registration session; dropping it (the connection
-/// closed) tells the agent, which marks the instance UNHEALTHY unless it
-/// was drained or replaced.
-struct SessionGuard {
-    sessions: Recipient<SessionClosedMessage>,
-    instance: InstanceId,
-    generation: Option<Generation>,
-}
-
-impl Drop for SessionGuard {
-    fn drop(&mut self) {
-        self.sessions.do_send(SessionClosedMessage {
-            instance: self.instance.clone(),
-            generation: self.generation,
-        });
-    }
-}
-
 /// The peer credentials of a unix-socket caller (`SO_PEERCRED`), stored by
 /// the unix listener for each connection.
 #[derive(Clone, Copy, Debug)]
@@ -299,40 +279,6 @@ impl FromRequestParts<ApiContext> for CallerOf {
     }
 }
 
-/// A write's answer: 200 when committed, 202 when pending, with the body
-/// `body` builds from the outcome and whether it is pending.
-fn outcome<T, B: Serialize>(outcome: WriteOutcome<T>, body: impl FnOnce(T, bool) -> B) -> Response {
-    match outcome {
-        WriteOutcome::Committed(t) => (StatusCode::OK, Json(body(t, false))).into_response(),
-        WriteOutcome::Pending(t) => (StatusCode::ACCEPTED, Json(body(t, true))).into_response(),
-    }
-}
-
-fn registered(r: Registered, pending: bool) -> RegisterResponse {
-    RegisterResponse {
-        instance_id: r.instance,
-        generation: r.generation.map(|g| g.get()),
-        state: r.state.map_or("PENDING", |s| s.as_str()).to_owned(),
-        pending,
-    }
-}
-
-fn drained(d: Drained, pending: bool) -> DrainResponse {
-    DrainResponse {
-        revision: d.revision.map(|r| r.get()),
-        pending,
-        propagated: d.propagated.map(|p| Propagated {
-            acked: p.acked,
-            total: p.total,
-            complete: p.acked >= p.total,
-        }),
-    }
-}
-
-fn deregistered(revision: Option<rollcall_leases::Revision>, pending: bool) -> serde_json::Value {
-    serde_json::json!({"revision": revision.map(|r| r.get()), "pending": pending})
-}
-
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(v)| v)
         .map_err(|e| ApiError::bad_request(e.body_text()))
@@ -340,146 +286,6 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 
 fn instance_id(raw: &str) -> Result<InstanceId, ApiError> {
     InstanceId::new(raw).map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-async fn register(
-    State(agent): State<ApiContext>,
-    CallerOf(caller): CallerOf,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: RegisterRequest = parse_json(&body, MAX_BODY_BYTES)?;
-    let registration = request.validate(&agent.checks)?;
-    match agent
-        .call(Call::Register {
-            registration,
-            caller,
-        })
-        .await?
-    {
-        Reply::Registered(answer) => Ok(outcome(answer, registered)),
-        other => Err(unexpected(other)),
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GenerationQuery {
-    generation: Option<u64>,
-}
-
-async fn heartbeat(
-    State(agent): State<ApiContext>,
-    CallerOf(caller): CallerOf,
-    Path(id): Path<String>,
-    q: Result<Query<GenerationQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let call = Call::Heartbeat {
-        instance: instance_id(&id)?,
-        generation: q.generation,
-        caller,
-    };
-    match agent.call(call).await? {
-        Reply::Heartbeat {
-            instance,
-            generation,
-        } => Ok(Json(serde_json::json!({
-            "instance_id": instance.as_str(),
-            "generation": generation.map(|g| g.get()),
-        }))
-        .into_response()),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// Holds a registration session: a streaming answer of one line per second
-/// while the instance's process keeps the connection open. When the
-/// connection closes, the stream is dropped, and with it the guard that
-/// tells the agent.
-async fn session(
-    State(agent): State<ApiContext>,
-    CallerOf(caller): CallerOf,
-    Path(id): Path<String>,
-    q: Result<Query<GenerationQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let instance = instance_id(&id)?;
-    let call = Call::OpenSession {
-        instance: instance.clone(),
-        generation: q.generation,
-        caller,
-    };
-    let generation = match agent.call(call).await? {
-        Reply::SessionOpened(generation) => generation,
-        other => return Err(unexpected(other)),
-    };
-    let guard = SessionGuard {
-        sessions: agent.sessions.clone(),
-        instance,
-        generation,
-    };
-    let ticks =
-        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(SESSION_KEEPALIVE));
-    let lines = ticks.map(move |_| {
-        let _held = &guard;
-        Ok::<_, Infallible>(Bytes::from_static(b"session open\n"))
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        Body::from_stream(lines),
-    )
-        .into_response())
-}
-
-#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-enum Wait {
-    Committed,
-    Propagated,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DrainQuery {
-    generation: Option<u64>,
-    wait: Option<Wait>,
-}
-
-async fn drain(
-    State(agent): State<ApiContext>,
-    CallerOf(caller): CallerOf,
-    Path(id): Path<String>,
-    q: Result<Query<DrainQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let call = Call::Drain {
-        instance: instance_id(&id)?,
-        generation: q.generation,
-        propagated: q.wait == Some(Wait::Propagated),
-        caller,
-    };
-    match agent.call(call).await? {
-        Reply::Drained(answer) => Ok(outcome(answer, drained)),
-        other => Err(unexpected(other)),
-    }
-}
-
-async fn deregister(
-    State(agent): State<ApiContext>,
-    CallerOf(caller): CallerOf,
-    Path(id): Path<String>,
-    q: Result<Query<GenerationQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let q = query(q)?;
-    let call = Call::Deregister {
-        instance: instance_id(&id)?,
-        generation: q.generation,
-        caller,
-    };
-    match agent.call(call).await? {
-        Reply::Deregistered(answer) => Ok(outcome(answer, deregistered)),
-        other => Err(unexpected(other)),
-    }
 }
 
 #[derive(Deserialize)]
