@@ -34,7 +34,7 @@ use rollcall_leases::{InstanceId, Label, NodeId, Revision, ServiceKey, State};
 use tokio::sync::Notify;
 
 use crate::api_types::{RegionsPolicy, RegionsResponse};
-use crate::endpoints::{Candidate, Selection, ServiceMemory};
+use crate::endpoints::{Selection, ServiceMemory};
 use crate::failover::{Decision, Refusal, Regions, Spread};
 use crate::metrics::{AgentMetrics, BehaviourLabel, FailoverLabel, RefusalLabel};
 
@@ -55,6 +55,7 @@ pub use answer::{Answer, Degraded, Lookup, Published, Status, DEGRADED_RETRIES, 
 
 mod active;
 mod answer;
+mod degrade;
 #[cfg(test)]
 mod tests;
 
@@ -547,60 +548,6 @@ impl ServiceView {
             leaving: p.leaving.clone(),
             degraded,
         })
-    }
-
-    /// The degraded selection: `selection`'s candidates this agent has
-    /// fresh local evidence of, or all of them (said so) when none has.
-    fn degrade(
-        &self,
-        views: &Views,
-        selection: &Arc<Selection>,
-        age_ms: u64,
-        max_age_ms: u64,
-        now_ms: u64,
-    ) -> (Arc<Selection>, Degraded) {
-        let alive = views.inner.alive.load();
-        let window_ms = views.inner.settings.data_plane.base_ejection_ms;
-        let fresh: Vec<Candidate> = {
-            let memory = self.lock();
-            let failed_lately = |id: &InstanceId| {
-                memory
-                    .recent_failures
-                    .iter()
-                    .any(|(f, t)| f == id && now_ms.saturating_sub(*t) <= window_ms)
-            };
-            selection
-                .candidates
-                .iter()
-                .filter(|c| {
-                    alive.contains(&c.record.node_id) && !failed_lately(&c.record.instance_id)
-                })
-                .cloned()
-                .collect()
-        };
-        let old = format!("the copy is {age_ms} ms old, past its maximum age of {max_age_ms} ms");
-        if fresh.is_empty() && !selection.candidates.is_empty() {
-            let reason = format!("{old}; no endpoint has fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms), so the whole copy is served as under keep");
-            return (
-                selection.clone(),
-                Degraded {
-                    fallback: true,
-                    reason,
-                },
-            );
-        }
-        let reason = format!("{old}: only endpoints with fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms)");
-        let degraded = Selection {
-            mode: selection.mode,
-            candidates: fresh,
-        };
-        (
-            Arc::new(degraded),
-            Degraded {
-                fallback: false,
-                reason,
-            },
-        )
     }
 
     /// The cached selection, or a new one when what it rests on moved.

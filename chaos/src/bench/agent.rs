@@ -22,7 +22,6 @@
 //!   connect fails until `Heal`), and restarted with its cache wiped.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,20 +31,18 @@ use rollcall_leases::client::ArbiterClient;
 use rollcall_leases::clock::now_ms;
 use rollcall_leases::codec::encode_session_down;
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::{
-    AgentEpoch, Generation, InstanceId, NodeId, ServiceKey, State, Version, Weight,
-};
+use rollcall_leases::{AgentEpoch, InstanceId, ServiceKey, State, Version, Weight};
 use rollcall_node::agent_state::{
-    AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, Restored, SaveId,
-    SessionId, Settings,
+    AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, Restored, Settings,
 };
 use rollcall_node::api_types::ValidRegistration;
-use rollcall_node::carry::{carry, Carry};
-use rollcall_node::health::ProbeTask;
-use rollcall_node::session::{SessionActor, SessionSlot};
+use rollcall_node::carry::carry;
+use rollcall_node::session::SessionSlot;
+
+mod carrier;
 
 use super::plan::Plan;
-use super::records::{now_us, Apply, Commit, Kind, Load, Records, Return};
+use super::records::{now_us, Commit, Kind, Load, Records, Return};
 
 /// What every agent of a worker shares: the plan, the records, and the
 /// counters the worker polls for progress.
@@ -289,7 +286,7 @@ impl FleetAgent {
     }
 
     fn carry(&mut self, outputs: Vec<Output>, ctx: &mut Context<Self>) {
-        carry(outputs, &mut BenchCarry { act: self, ctx });
+        carry(outputs, &mut carrier::BenchCarry { act: self, ctx });
     }
 
     /// What a request writes, and to which service (none for reads).
@@ -659,117 +656,5 @@ impl Handler<Close> for FleetAgent {
         self.state.close("bench over", &mut out);
         self.carry(out, ctx);
         ctx.stop();
-    }
-}
-
-/// The bench as an agent's driver: a real session, no data plane, no
-/// files, and records of what the coordinator measures.
-struct BenchCarry<'a> {
-    act: &'a mut FleetAgent,
-    ctx: &'a mut Context<FleetAgent>,
-}
-
-impl Carry for BenchCarry<'_> {
-    fn connect(&mut self, session: SessionId, address: String) {
-        if self.act.cut {
-            // The network is cut: the handshake never gets an answer (the
-            // agent's machine waits its backoff).
-            self.ctx
-                .run_later(CUT_CONNECT_FAILS_AFTER, move |act, ctx| {
-                    act.feed(
-                        Input::SessionEnded {
-                            session,
-                            reason: "bench: the network to the arbiters is cut".into(),
-                        },
-                        ctx,
-                    )
-                });
-            return;
-        }
-        let actor = SessionActor::new(
-            session,
-            address,
-            self.act.client.clone(),
-            self.act.hello.clone(),
-            self.ctx.address().recipient(),
-        );
-        self.act.session.open(session, actor);
-    }
-
-    fn close(&mut self, session: SessionId, reason: String) {
-        self.act.session.close(session, reason);
-    }
-
-    fn send(&mut self, session: SessionId, message: SessionUp) {
-        let act = &mut *self.act;
-        let apply = match &message {
-            SessionUp::Ack { service, revision } => act
-                .shared
-                .index
-                .get(service)
-                .map(|&s| Apply(act.index, s, revision.0, now_us())),
-            _ => None,
-        };
-        if act.session.send(session, message) {
-            if let Some(apply) = apply {
-                act.shared.record(|r| r.applies.push(apply));
-            }
-        }
-    }
-
-    fn request(&mut self, session: SessionId, request: RequestId, body: Request) {
-        let (what, at) = (self.act.what(&body), now_us());
-        if self.act.session.ask(session, request, body) {
-            if let Some((kind, service)) = what {
-                self.act.requests.insert(request, (kind, service, at));
-            }
-        } else {
-            self.ctx.notify(Input::Answer {
-                request,
-                result: Err("the arbiter session ended".into()),
-            });
-        }
-    }
-
-    fn reply(&mut self, call: CallId, reply: Result<Reply, Refusal>) {
-        if let Some(step) = self.act.calls.remove(&call) {
-            self.act.answered(step, reply, self.ctx);
-        }
-    }
-
-    fn save_registrations(&mut self, save: SaveId, _bytes: Vec<u8>) {
-        self.ctx.notify(Input::Saved {
-            save,
-            result: Ok(()),
-        });
-    }
-
-    fn witness(&mut self, node: NodeId, epoch: AgentEpoch, _addresses: Vec<SocketAddr>) {
-        self.ctx.notify(Input::Reached {
-            node,
-            epoch,
-            reachable: true,
-        });
-    }
-
-    fn probe(&mut self, instance: InstanceId, generation: Option<Generation>, task: ProbeTask) {
-        self.ctx.notify(Input::Probed {
-            instance,
-            generation,
-            which: task.which,
-            passed: true,
-            detail: "bench: every instance passes".into(),
-        });
-    }
-
-    fn wake_at(&mut self, at: u64) {
-        if let Some(handle) = self.act.wake.take() {
-            self.ctx.cancel_future(handle);
-        }
-        let after = Duration::from_millis(at.saturating_sub(now_ms()));
-        self.act.wake = Some(self.ctx.run_later(after, |act, ctx| {
-            act.wake = None;
-            act.feed(Input::Tick, ctx);
-        }));
     }
 }
