@@ -2,7 +2,7 @@
 //! A `Step` holds one replica's machine and its applied catalog; what
 //! openraft would do (commit a batch, replicate it here, elect a leader)
 //! is done by hand. The tests are by part: `office`, `writes`,
-//! `witnesses`, `agents`.
+//! `witnesses`, `agents`, `peers`.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -19,6 +19,7 @@ use crate::raft::AppliedMark;
 
 mod agents;
 mod office;
+mod peers;
 mod witnesses;
 mod writes;
 
