@@ -40,14 +40,19 @@ pub struct DegradedFigures {
     pub mismatched: u64,
     /// The first of them, in words.
     pub first_mismatch: Option<String>,
-    /// Agents whose last answer was still degraded (the copy never
-    /// confirmed again before the run ended).
+    /// Agents running at the end whose last answer was still degraded
+    /// (the copy never confirmed again before the run ended).
     pub still_degraded_at_end: Vec<String>,
 }
 
 /// The figures of `answers` (in any order) for a maximum age of
-/// `max_age_ms`.
-pub fn figures(answers: &[StaleAnswer], max_age_ms: u64) -> DegradedFigures {
+/// `max_age_ms`; the agents in `down_at_end` (crashed, not restarted) have
+/// no last answer to judge.
+pub fn figures(
+    answers: &[StaleAnswer],
+    max_age_ms: u64,
+    down_at_end: &[String],
+) -> DegradedFigures {
     let mut sorted: Vec<&StaleAnswer> = answers.iter().collect();
     sorted.sort_by_key(|a| a.t_ms);
     let mut f = DegradedFigures {
@@ -73,7 +78,7 @@ pub fn figures(answers: &[StaleAnswer], max_age_ms: u64) -> DegradedFigures {
     }
     f.still_degraded_at_end = last
         .into_iter()
-        .filter(|(_, degraded)| *degraded)
+        .filter(|(agent, degraded)| *degraded && !down_at_end.iter().any(|d| d == agent))
         .map(|(agent, _)| agent.to_owned())
         .collect();
     f
@@ -135,7 +140,7 @@ mod tests {
             answer(100, "a", 6_000, true),
             answer(200, "a", 0, false),
         ];
-        let f = figures(&good, 5_000);
+        let f = figures(&good, 5_000, &[]);
         assert_eq!(
             (f.answers, f.past_max_age, f.degraded, f.mismatched),
             (3, 1, 1, 0)
@@ -149,9 +154,12 @@ mod tests {
             answer(100, "b", 100, true),
             answer(200, "c", 6_000, true),
         ];
-        let f = figures(&bad, 5_000);
+        let f = figures(&bad, 5_000, &[]);
         assert_eq!(f.mismatched, 2);
         assert_eq!(f.still_degraded_at_end, ["b", "c"]);
+        // A crashed agent's last answer is not judged.
+        let f = figures(&bad, 5_000, &["c".to_owned()]);
+        assert_eq!(f.still_degraded_at_end, ["b"]);
         let mut failures = Vec::new();
         judge(Some(&f), &mut failures);
         assert_eq!(failures.len(), 2, "{failures:?}");
@@ -159,7 +167,7 @@ mod tests {
 
         let mut whole = answer(100, "a", 6_000, true);
         whole.fallback = true;
-        let f = figures(&[whole, answer(200, "a", 0, false)], 5_000);
+        let f = figures(&[whole, answer(200, "a", 0, false)], 5_000, &[]);
         assert_eq!(f.fallback, 1);
         let mut failures = Vec::new();
         judge(Some(&f), &mut failures);
@@ -171,7 +179,7 @@ mod tests {
         let mut failures = Vec::new();
         judge(None, &mut failures);
         judge(
-            Some(&figures(&[answer(0, "a", 0, false)], 5_000)),
+            Some(&figures(&[answer(0, "a", 0, false)], 5_000, &[])),
             &mut failures,
         );
         assert_eq!(failures.len(), 2, "{failures:?}");

@@ -1218,9 +1218,16 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         election: cluster.election,
         cache_corruption: cluster.corruption.clone(),
         degraded: scenario.pass.degraded_max_age_ms.map(|max_age_ms| {
+            let down: Vec<String> = cluster
+                .crashed
+                .down()
+                .into_iter()
+                .map(|i| cluster.nodes[i].clone())
+                .collect();
             degraded::figures(
                 &stale_answers.lock().expect("stale answers lock"),
                 max_age_ms,
+                &down,
             )
         }),
         outage,
