@@ -1455,6 +1455,9 @@ async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         request.unwrap_or((reqwest::Method::GET, "/v1/cluster".to_owned(), None));
     let url = format!("http://{admin}{path}");
     let body = admin_call(method, &url, &token, body).await?;
+    if let ClusterCommand::Remove { admin: args, id } = &command {
+        forget_replica(args, *id)?;
+    }
     println!(
         "term {}  leader {}  (asked replica {})",
         body["term"], body["leader"], body["id"]
@@ -1490,6 +1493,32 @@ async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         println!("(lag is known on the leader; ask its admin address for it)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// After `cluster remove`: the `rollcall dev` whose dev.json gave the
+/// defaults no longer lists the removed replica, so later commands do not
+/// ask it (it answers only that it was removed).
+fn forget_replica(args: &ClusterArgs, id: u64) -> anyhow::Result<()> {
+    let Some(mut dev) = DevTargets::read(&args.data_dir).map_err(anyhow::Error::msg)? else {
+        return Ok(());
+    };
+    let region = dev
+        .region(args.region.as_deref())
+        .map_err(anyhow::Error::msg)?
+        .region
+        .clone();
+    let Some(targets) = dev.regions.iter_mut().find(|r| r.region == region) else {
+        return Ok(());
+    };
+    let before = targets.arbiters.len();
+    targets.arbiters.retain(|a| a.replica != id);
+    if targets.arbiters.len() < before {
+        let path = dev
+            .write(&args.data_dir)
+            .with_context(|| format!("updating {}", args.data_dir.display()))?;
+        println!("{}: replica {id} is no longer listed", path.display());
+    }
+    Ok(())
 }
 
 async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {

@@ -312,6 +312,47 @@ fn dev_then_dev_with_three_replicas_in_one_directory() {
         3,
         "{members}"
     );
+    // Issue 37, item 2: a removed replica knows it, says so and names the
+    // leader; dev.json no longer lists it, so the defaults ask the others.
+    let removed = cli(d, &["cluster", "remove", "--id", "3"]);
+    assert!(
+        removed.contains("replica 3 is no longer listed"),
+        "{removed}"
+    );
+    let third = format!("127.0.0.1:{}", admin + 2);
+    let token3 = d.join("rollcall-data/arbiter-3/admin.token");
+    wait_for("replica 3 knows it was removed", || {
+        Command::new(env!("CARGO_BIN_EXE_rollcall"))
+            .args(["cluster", "members", "--admin", &third, "--token-file"])
+            .arg(&token3)
+            .current_dir(d)
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stderr).contains("was removed"))
+    });
+    let (code, stderr) = cli_fails(
+        d,
+        &[
+            "cluster",
+            "members",
+            "--admin",
+            &third,
+            "--token-file",
+            token3.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("410") && stderr.contains("ask another replica"),
+        "{stderr}"
+    );
+    let members = cli(d, &["cluster", "members"]);
+    assert_eq!(
+        members.lines().filter(|l| l.contains(" voter ")).count(),
+        2,
+        "{members}"
+    );
+    let targets = std::fs::read_to_string(d.join("rollcall-data/dev.json")).unwrap();
+    assert_eq!(targets.matches("\"replica\"").count(), 2, "{targets}");
     let audit = cli(d, &["audit", "--service", "default/web"]);
     assert!(audit.contains("new-1"), "{audit}");
     let stderr = dev.stop();

@@ -106,6 +106,11 @@ pub enum PeerRequest {
     /// answers `Answers` with each one's `Response`, in order. A follower
     /// hands a lone write over as `Propose`.
     ProposeBatch(Vec<crate::command::Envelope>),
+    /// From the leader to a replica whose removal from the group just
+    /// committed: it serves nothing as a member from now on
+    /// (`server::removal`). Appended last, so the variants before keep
+    /// their wire numbers.
+    Removed(crate::server::removal::Removal),
 }
 
 /// Most writes in one `ProposeBatch`.

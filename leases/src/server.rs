@@ -13,6 +13,7 @@ pub mod core;
 pub mod messages;
 pub mod metrics;
 pub mod peer;
+pub mod removal;
 pub mod status;
 
 use std::net::SocketAddr;
@@ -112,6 +113,14 @@ impl ArbiterServer {
             "creating data directory {}",
             config.data_dir.display()
         )))?;
+        let removed = removal::Removed::load(&config.data_dir).map_err(io(format!(
+            "reading {} in {}",
+            removal::MARKER,
+            config.data_dir.display()
+        )))?;
+        if let Some(removal) = removed.get() {
+            tracing::warn!(reason = %removal.describe(), "this replica was removed from its group");
+        }
         let (log, state_machine) = raft::open(&config.data_dir, params)?;
         let state_machine = state_machine.with_audit_limit(config.store.audit_max_entries);
         let applied = state_machine.catalog();
@@ -231,6 +240,8 @@ impl ArbiterServer {
                 raft: node.clone(),
                 region: region.clone(),
                 timeout: write_timeout,
+                peers: peers.clone(),
+                removed: removed.clone(),
             },
             connection::Guards::new(config.limits, metrics.clone()),
         ));
@@ -245,6 +256,7 @@ impl ArbiterServer {
             write_timeout,
             tls: live.clone(),
             calls: admin::AdminCalls::new(&config.limits),
+            removed: removed.clone(),
         });
         let limits = crate::http::Limits::from(&config.http_limits);
         let admin_task = tokio::spawn(crate::http::serve(

@@ -395,7 +395,9 @@ impl AgentState {
                 self.peers.downs.excluded(self.link.is_connected()),
             ));
         }
-        if let Some(alive) = self.peers.take_alive() {
+        if let Some(mut alive) = self.peers.take_alive() {
+            // This agent's own node is alive by the best evidence there is.
+            alive.insert(self.settings.node.clone());
             out.push(Output::PublishAlive(alive));
         }
         self.publish_changed(out);

@@ -101,10 +101,11 @@ impl ReplicaState {
             PeerRequest::AppendEntries(_)
             | PeerRequest::Vote(_)
             | PeerRequest::InstallSnapshot(_)
-            | PeerRequest::Membership(_) => out.push(Output::AnswerPeer {
+            | PeerRequest::Membership(_)
+            | PeerRequest::Removed(_) => out.push(Output::AnswerPeer {
                 reply,
                 response: PeerResponse::Answer(crate::answers::unavailable(
-                    "Raft messages are not the replica machine's".into(),
+                    "Raft and membership messages are not the replica machine's".into(),
                 )),
             }),
         }

@@ -88,6 +88,9 @@ pub struct AdminState {
     pub tls: Arc<crate::tls::LiveTls>,
     /// `limits.admin_calls_per_second` of the operator token.
     pub calls: Arc<AdminCalls>,
+    /// Whether this replica was removed from its group: then every call
+    /// but `/metrics` answers `410 removed`.
+    pub removed: super::removal::Removed,
 }
 
 /// The admin calls made with the operator token (the API has one token,
@@ -231,7 +234,7 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
     let metrics = state.raft.metrics().borrow().clone();
     let leader = metrics.current_leader;
     let answer = if leader == Some(metrics.id) {
-        peer::change_membership(&state.raft, change, state.write_timeout).await
+        peer::change_membership(&state.raft, &state.peers, change, state.write_timeout).await
     } else {
         let addr = leader.and_then(|id| {
             metrics
@@ -335,6 +338,9 @@ fn rate_limited(per_second: impl std::fmt::Display, wait_ms: u64) -> AdminError 
 }
 
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> {
+    if let Some(removal) = state.removed.get() {
+        return Err(error(StatusCode::GONE, "removed", removal.describe()));
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

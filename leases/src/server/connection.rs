@@ -160,6 +160,10 @@ pub struct PeerContext {
     pub region: Label,
     /// How long a forwarded write may take.
     pub timeout: std::time::Duration,
+    /// The client to the other replicas (the leader tells a removed one).
+    pub peers: std::sync::Arc<super::peer::Peers>,
+    /// Whether this replica was removed from its group.
+    pub removed: super::removal::Removed,
 }
 
 /// How long a refused peer gets to read the refusal before the arbiter
@@ -219,15 +223,11 @@ async fn serve(
         }
     };
     if identity.principal.role == Role::Arbiter {
-        peer::serve(
-            conn,
-            identity,
-            peers.region,
-            peers.raft,
-            core,
-            peers.timeout,
-        )
-        .await;
+        peer::serve(conn, identity, peers, core).await;
+        return;
+    }
+    if let Some(removal) = peers.removed.get() {
+        close(&conn, close_code::REFUSED, &removal.describe());
         return;
     }
     let _slot = match guards.admit(&identity) {
@@ -267,6 +267,9 @@ async fn serve(
         reason = tls::peer_certificate_expired(&conn) => {
             tracing::warn!(agent, reason = %reason, "closing a session whose peer certificate expired");
             close(&conn, close_code::UNAUTHENTICATED, &reason);
+        }
+        removal = peers.removed.wait() => {
+            close(&conn, close_code::REFUSED, &removal.describe());
         }
     }
     writer.abort();

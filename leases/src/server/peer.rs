@@ -332,6 +332,7 @@ fn request_kind(r: &PeerRequest) -> &'static str {
         PeerRequest::Propagation { .. } => "Propagation",
         PeerRequest::Witnessed(_) => "Witnessed",
         PeerRequest::ProposeBatch(_) => "ProposeBatch",
+        PeerRequest::Removed(_) => "Removed",
     }
 }
 
@@ -409,11 +410,10 @@ impl RaftNetwork<CatalogRaft> for PeerLink {
 pub async fn serve(
     conn: quinn::Connection,
     identity: Identity,
-    region: Label,
-    raft: CatalogRaftNode,
+    context: super::connection::PeerContext,
     core: mpsc::Sender<CoreMsg>,
-    timeout: Duration,
 ) {
+    let region = context.region.clone();
     if identity.region != region {
         let reason = format!(
             "certificate is for region {}, this arbiter serves region {region}",
@@ -445,9 +445,8 @@ pub async fn serve(
             conn.clone(),
             send,
             recv,
-            raft.clone(),
+            context.clone(),
             core.clone(),
-            timeout,
         ));
     }
 }
@@ -456,9 +455,8 @@ async fn stream(
     conn: quinn::Connection,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    raft: CatalogRaftNode,
+    context: super::connection::PeerContext,
     core: mpsc::Sender<CoreMsg>,
-    timeout: Duration,
 ) {
     let request = match codec::read_frame(&mut recv, MAX_PEER_MESSAGE_BYTES).await {
         Ok(bytes) => decode_peer_request(&bytes).map_err(|e| e.to_string()),
@@ -478,7 +476,7 @@ async fn stream(
     };
     let started = std::time::Instant::now();
     let kind = request_kind(&request);
-    let answer = handle(request, &raft, &core, timeout).await;
+    let answer = handle(request, &context, &core).await;
     tracing::debug!(
         kind,
         ms = started.elapsed().as_millis() as u64,
@@ -490,10 +488,10 @@ async fn stream(
 
 async fn handle(
     request: PeerRequest,
-    raft: &CatalogRaftNode,
+    context: &super::connection::PeerContext,
     core: &mpsc::Sender<CoreMsg>,
-    timeout: Duration,
 ) -> PeerResponse {
+    let (raft, timeout) = (&context.raft, context.timeout);
     match request {
         PeerRequest::AppendEntries(rpc) => {
             PeerResponse::AppendEntries(raft.append_entries(rpc).await)
@@ -503,8 +501,9 @@ async fn handle(
             PeerResponse::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
         PeerRequest::Membership(change) => {
-            PeerResponse::Answer(change_membership(raft, change, timeout).await)
+            PeerResponse::Answer(change_membership(raft, &context.peers, change, timeout).await)
         }
+        PeerRequest::Removed(removal) => PeerResponse::Answer(removed(context, removal)),
         other => {
             let (reply, answer) = oneshot::channel();
             if core
@@ -532,6 +531,95 @@ async fn handle(
 /// catches up as a learner, then joins the voters; a removed one leaves
 /// both. Answers `Committed` with no revision, or why not.
 pub async fn change_membership(
+    raft: &CatalogRaftNode,
+    peers: &Peers,
+    change: MembershipChange,
+    timeout: Duration,
+) -> Response {
+    // The removed replica's address, while the membership still names it.
+    let removed_addr = match &change {
+        MembershipChange::Remove { id } => addr_of(raft, *id),
+        MembershipChange::Add { .. } => None,
+    };
+    let answer = apply_membership(raft, change.clone(), timeout).await;
+    if let (MembershipChange::Remove { id }, Response::Committed { .. }) = (&change, &answer) {
+        tell_removed(raft, peers, *id, removed_addr, timeout).await;
+    }
+    answer
+}
+
+/// Replica `id`'s address in the membership this replica holds.
+fn addr_of(raft: &CatalogRaftNode, id: ReplicaId) -> Option<String> {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .nodes()
+        .find(|(m, _)| **m == id)
+        .map(|(_, node)| node.addr.clone())
+}
+
+/// Tells replica `id`, whose removal just committed here, that it is out
+/// of the group (best effort: a replica that is down is not told).
+async fn tell_removed(
+    raft: &CatalogRaftNode,
+    peers: &Peers,
+    id: ReplicaId,
+    addr: Option<String>,
+    timeout: Duration,
+) {
+    let Some(addr) = addr else {
+        tracing::warn!(
+            replica = id,
+            "the removed replica's address is not known here; it is not told it was removed"
+        );
+        return;
+    };
+    let own = raft.metrics().borrow().id;
+    let removal = crate::server::removal::Removal {
+        replica: id,
+        by: own,
+        leader_addr: addr_of(raft, own).unwrap_or_default(),
+        at_ms: crate::clock::now_ms(),
+    };
+    match peers
+        .call(&addr, &PeerRequest::Removed(removal), timeout)
+        .await
+    {
+        Ok(_) => tracing::info!(replica = id, addr = %addr, "the removed replica was told"),
+        Err(e) => {
+            tracing::warn!(replica = id, addr = %addr, error = %e, "the removed replica could not be told it was removed; stop it")
+        }
+    }
+}
+
+/// Records this replica's removal (the leader's word, over an
+/// authenticated peer connection of this region).
+fn removed(
+    context: &super::connection::PeerContext,
+    removal: crate::server::removal::Removal,
+) -> Response {
+    let own = context.raft.metrics().borrow().id;
+    if removal.replica != own {
+        return Response::Rejected {
+            kind: RejectKind::Invalid,
+            message: format!("this is replica {own}, not replica {}", removal.replica),
+        };
+    }
+    match context.removed.record(removal.clone()) {
+        Ok(()) => {
+            tracing::warn!(reason = %removal.describe(), "removed from the Raft group: serving no session or admin call as a member from now on");
+            Response::Committed {
+                revision: None,
+                generation: None,
+                state: None,
+            }
+        }
+        Err(e) => crate::answers::unavailable(format!("recording the removal failed: {e}")),
+    }
+}
+
+/// Applies a membership change on the leader (see [`change_membership`]).
+async fn apply_membership(
     raft: &CatalogRaftNode,
     change: MembershipChange,
     timeout: Duration,

@@ -215,8 +215,9 @@ pub enum Output {
     /// The nodes out of this agent's routing because its gossip holds them
     /// down (R7).
     PublishDown(BTreeSet<NodeId>),
-    /// The nodes the zone's gossip sees alive: the fresh local evidence a
-    /// copy past its maximum age routes on under `degrade`.
+    /// The nodes the zone's gossip sees alive, and this agent's own node:
+    /// the fresh local evidence a copy past its maximum age routes on under
+    /// `degrade`.
     PublishAlive(BTreeSet<NodeId>),
     /// Whether a session is up.
     PublishConnected(bool),

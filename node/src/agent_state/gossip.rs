@@ -13,7 +13,6 @@ use super::{AgentState, Output, Purpose, Verdict};
 use crate::link::DownVerdicts;
 
 /// The zone's peers as gossip sees them.
-#[derive(Default)]
 pub(super) struct Peers {
     /// Down verdicts, reported or held.
     pub(super) downs: DownVerdicts,
@@ -23,6 +22,18 @@ pub(super) struct Peers {
     changed: bool,
     /// The nodes seen alive must be published again.
     alive_changed: bool,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers {
+            downs: DownVerdicts::default(),
+            alive: None,
+            changed: false,
+            // Published once at start: this node itself is alive.
+            alive_changed: true,
+        }
+    }
 }
 
 impl Peers {

@@ -122,7 +122,7 @@ pub struct Answer {
 
 /// How a copy past its maximum age is served under `degrade` (README,
 /// "Stale copies"): only the endpoints this agent has fresh local
-/// evidence of (their node alive in its zone's gossip, and no failed
+/// evidence of (their node this agent's own or alive in its zone's gossip, and no failed
 /// connect from here within `data_plane.base_ejection_ms`), in the same
 /// zone order as ever; at most one retry; DNS answers valid for 1 s; no
 /// failover to the regions the stale copy names. When no endpoint has

@@ -40,7 +40,7 @@ impl ServiceView {
         };
         let old = format!("the copy is {age_ms} ms old, past its maximum age of {max_age_ms} ms");
         if fresh.is_empty() && !selection.candidates.is_empty() {
-            let reason = format!("{old}; no endpoint has fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms), so the whole copy is served as under keep");
+            let reason = format!("{old}; no endpoint has fresh local evidence (their node this agent's own or alive in its zone's gossip, no failed connect in the last {window_ms} ms), so the whole copy is served as under keep");
             return (
                 selection.clone(),
                 Degraded {
@@ -49,7 +49,7 @@ impl ServiceView {
                 },
             );
         }
-        let reason = format!("{old}: only endpoints with fresh local evidence (node alive in this zone's gossip, no failed connect in the last {window_ms} ms)");
+        let reason = format!("{old}: only endpoints with fresh local evidence (their node this agent's own or alive in its zone's gossip, no failed connect in the last {window_ms} ms)");
         let degraded = Selection {
             mode: selection.mode,
             candidates: fresh,
