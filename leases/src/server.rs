@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod connection;
 pub mod core;
+pub mod membership;
 pub mod messages;
 pub mod metrics;
 pub mod peer;

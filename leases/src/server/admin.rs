@@ -56,7 +56,7 @@ use crate::raft::{AppliedCatalog, CatalogRaftNode};
 use crate::remote::RegionView;
 use crate::server::messages::{AdminQuery, CoreMsg};
 use crate::server::metrics::Metrics;
-use crate::server::peer::{self, Peers};
+use crate::server::peer::Peers;
 use crate::server::status::raft_json;
 
 /// Most audit entries one call returns.
@@ -234,7 +234,8 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
     let metrics = state.raft.metrics().borrow().clone();
     let leader = metrics.current_leader;
     let answer = if leader == Some(metrics.id) {
-        peer::change_membership(&state.raft, &state.peers, change, state.write_timeout).await
+        super::membership::change_membership(&state.raft, &state.peers, change, state.write_timeout)
+            .await
     } else {
         let addr = leader.and_then(|id| {
             metrics

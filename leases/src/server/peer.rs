@@ -28,11 +28,10 @@ use crate::identity::Identity;
 use crate::name::Label;
 use crate::peer_protocol::{
     decode_peer_request, decode_peer_response, encode_peer_request, encode_peer_response, raft_rpc,
-    MembershipChange, PeerRequest, PeerResponse,
+    PeerRequest, PeerResponse,
 };
 use crate::protocol::close_code;
-use crate::protocol::{RejectKind, Response};
-use crate::raft::{CatalogRaft, CatalogRaftNode, ReplicaId};
+use crate::raft::{CatalogRaft, ReplicaId};
 use crate::server::messages::CoreMsg;
 use crate::tls::{self, LiveTls};
 
@@ -500,10 +499,12 @@ async fn handle(
         PeerRequest::InstallSnapshot(rpc) => {
             PeerResponse::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
-        PeerRequest::Membership(change) => {
-            PeerResponse::Answer(change_membership(raft, &context.peers, change, timeout).await)
+        PeerRequest::Membership(change) => PeerResponse::Answer(
+            super::membership::change_membership(raft, &context.peers, change, timeout).await,
+        ),
+        PeerRequest::Removed(removal) => {
+            PeerResponse::Answer(super::membership::removed(context, removal))
         }
-        PeerRequest::Removed(removal) => PeerResponse::Answer(removed(context, removal)),
         other => {
             let (reply, answer) = oneshot::channel();
             if core
@@ -524,175 +525,6 @@ async fn handle(
                 ))
             })
         }
-    }
-}
-
-/// Applies a membership change on the leader: an added replica first
-/// catches up as a learner, then joins the voters; a removed one leaves
-/// both. Answers `Committed` with no revision, or why not.
-pub async fn change_membership(
-    raft: &CatalogRaftNode,
-    peers: &Peers,
-    change: MembershipChange,
-    timeout: Duration,
-) -> Response {
-    // The removed replica's address, while the membership still names it.
-    let removed_addr = match &change {
-        MembershipChange::Remove { id } => addr_of(raft, *id),
-        MembershipChange::Add { .. } => None,
-    };
-    let answer = apply_membership(raft, change.clone(), timeout).await;
-    if let (MembershipChange::Remove { id }, Response::Committed { .. }) = (&change, &answer) {
-        tell_removed(raft, peers, *id, removed_addr, timeout).await;
-    }
-    answer
-}
-
-/// Replica `id`'s address in the membership this replica holds.
-fn addr_of(raft: &CatalogRaftNode, id: ReplicaId) -> Option<String> {
-    raft.metrics()
-        .borrow()
-        .membership_config
-        .nodes()
-        .find(|(m, _)| **m == id)
-        .map(|(_, node)| node.addr.clone())
-}
-
-/// Tells replica `id`, whose removal just committed here, that it is out
-/// of the group (best effort: a replica that is down is not told).
-async fn tell_removed(
-    raft: &CatalogRaftNode,
-    peers: &Peers,
-    id: ReplicaId,
-    addr: Option<String>,
-    timeout: Duration,
-) {
-    let Some(addr) = addr else {
-        tracing::warn!(
-            replica = id,
-            "the removed replica's address is not known here; it is not told it was removed"
-        );
-        return;
-    };
-    let own = raft.metrics().borrow().id;
-    let removal = crate::server::removal::Removal {
-        replica: id,
-        by: own,
-        leader_addr: addr_of(raft, own).unwrap_or_default(),
-        at_ms: crate::clock::now_ms(),
-    };
-    match peers
-        .call(&addr, &PeerRequest::Removed(removal), timeout)
-        .await
-    {
-        Ok(_) => tracing::info!(replica = id, addr = %addr, "the removed replica was told"),
-        Err(e) => {
-            tracing::warn!(replica = id, addr = %addr, error = %e, "the removed replica could not be told it was removed; stop it")
-        }
-    }
-}
-
-/// Records this replica's removal (the leader's word, over an
-/// authenticated peer connection of this region).
-fn removed(
-    context: &super::connection::PeerContext,
-    removal: crate::server::removal::Removal,
-) -> Response {
-    let own = context.raft.metrics().borrow().id;
-    if removal.replica != own {
-        return Response::Rejected {
-            kind: RejectKind::Invalid,
-            message: format!("this is replica {own}, not replica {}", removal.replica),
-        };
-    }
-    match context.removed.record(removal.clone()) {
-        Ok(()) => {
-            tracing::warn!(reason = %removal.describe(), "removed from the Raft group: serving no session or admin call as a member from now on");
-            Response::Committed {
-                revision: None,
-                generation: None,
-                state: None,
-            }
-        }
-        Err(e) => crate::answers::unavailable(format!("recording the removal failed: {e}")),
-    }
-}
-
-/// Applies a membership change on the leader (see [`change_membership`]).
-async fn apply_membership(
-    raft: &CatalogRaftNode,
-    change: MembershipChange,
-    timeout: Duration,
-) -> Response {
-    if let MembershipChange::Remove { id } = &change {
-        let known = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .nodes()
-            .any(|(n, _)| n == id);
-        if !known {
-            return Response::Rejected {
-                kind: RejectKind::NotFound,
-                message: format!("replica {id} is not a member of the group; nothing changed"),
-            };
-        }
-    }
-    let work = async {
-        let voters: std::collections::BTreeSet<ReplicaId> = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
-        match change {
-            MembershipChange::Add { id, addr } => {
-                raft.add_learner(id, BasicNode::new(addr), true).await?;
-                let mut next = voters;
-                next.insert(id);
-                raft.change_membership(next, false).await?;
-            }
-            MembershipChange::Remove { id } => {
-                if voters.contains(&id) {
-                    let mut next = voters;
-                    next.remove(&id);
-                    raft.change_membership(next, false).await?;
-                } else {
-                    let gone = openraft::ChangeMembers::RemoveNodes([id].into());
-                    raft.change_membership(gone, false).await?;
-                }
-            }
-        }
-        Ok::<(), RaftError<ReplicaId, openraft::error::ClientWriteError<ReplicaId, BasicNode>>>(())
-    };
-    // Catching a new replica up can take a while; the membership change
-    // itself is bounded like any write once it starts.
-    match tokio::time::timeout(timeout * 20, work).await {
-        Ok(Ok(())) => Response::Committed {
-            revision: None,
-            generation: None,
-            state: None,
-        },
-        Ok(Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f)))) => {
-            crate::answers::unavailable(match f.leader_node {
-                Some(n) => format!(
-                    "this replica is not the leader; the leader is replica {} at {}",
-                    f.leader_id.unwrap_or_default(),
-                    n.addr
-                ),
-                None => "there is no leader now (no quorum?); retry".into(),
-            })
-        }
-        Ok(Err(RaftError::APIError(e))) => Response::Rejected {
-            kind: RejectKind::Invalid,
-            message: e.to_string(),
-        },
-        Ok(Err(e)) => crate::answers::unavailable(e.to_string()),
-        Err(_) => crate::answers::unavailable(format!(
-            "the membership change did not complete within {} ms; check `rollcall cluster members`",
-            (timeout * 20).as_millis()
-        )),
     }
 }
 
