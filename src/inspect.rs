@@ -303,10 +303,24 @@ pub fn render_members(s: &StatusResponse) -> String {
     table(&rows)
 }
 
-/// What `rollcall services` prints.
+/// What `rollcall services` prints: the region's services as the arbiter
+/// listed them, or (said on the first line) only the copies this agent
+/// holds when the arbiter could not be asked.
 pub fn render_services(list: &ServicesResponse) -> String {
+    let held = list.source == "held";
+    let mut text = String::new();
+    if held {
+        text.push_str(
+            "the arbiter could not be asked: these are only the services this agent holds\n",
+        );
+    }
     if list.services.is_empty() {
-        return "this agent holds no service (it follows a service from its first lookup, or from agent.services)\n".to_owned();
+        text.push_str(if held {
+            "this agent holds no service (it follows a service from its first lookup, or from agent.services)\n"
+        } else {
+            "the region has no service this node may watch\n"
+        });
+        return text;
     }
     let mut rows = vec![vec![
         "SERVICE".to_owned(),
@@ -328,7 +342,11 @@ pub fn render_services(list: &ServicesResponse) -> String {
             },
         ]);
     }
-    table(&rows)
+    text.push_str(&table(&rows));
+    if list.truncated {
+        text.push_str("(more services than one answer lists; these are the first in key order)\n");
+    }
+    text
 }
 
 /// What `rollcall resolve` prints: a line about the answer, then one row
@@ -448,22 +466,35 @@ mod tests {
 
     #[test]
     fn services_are_a_table_with_counts() {
-        let list = ServicesResponse {
-            services: vec![ServiceJson {
-                service: "default/web/default".parse().unwrap(),
-                revision: 12,
-                ready: 1,
-                total: 2,
-                stale: true,
-                age_ms: 61_000,
-            }],
+        let service = |stale| ServiceJson {
+            service: "default/web/default".parse().unwrap(),
+            revision: 12,
+            ready: 1,
+            total: 2,
+            stale,
+            age_ms: if stale { 61_000 } else { 0 },
+        };
+        let list = |source: &str, services| ServicesResponse {
+            source: source.to_owned(),
+            revision: (source == "catalog").then_some(40),
+            truncated: false,
+            services,
         };
         assert_eq!(
-            render_services(&list),
+            render_services(&list("catalog", vec![service(false)])),
             "SERVICE              READY  TOTAL  REVISION  STALE\n\
+             default/web/default  1      2      12        no\n"
+        );
+        assert_eq!(
+            render_services(&list("held", vec![service(true)])),
+            "the arbiter could not be asked: these are only the services this agent holds\n\
+             SERVICE              READY  TOTAL  REVISION  STALE\n\
              default/web/default  1      2      12        yes (61.0 s old)\n"
         );
-        assert!(render_services(&ServicesResponse { services: vec![] })
-            .starts_with("this agent holds no service"));
+        assert!(render_services(&list("held", vec![])).ends_with("this agent holds no service (it follows a service from its first lookup, or from agent.services)\n"));
+        assert_eq!(
+            render_services(&list("catalog", vec![])),
+            "the region has no service this node may watch\n"
+        );
     }
 }

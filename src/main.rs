@@ -98,10 +98,10 @@ enum Command {
     Status(InspectArgs),
     /// The zone's members as this agent's gossip sees them (alive, down).
     Members(InspectArgs),
-    /// The services this agent holds, with their READY and total endpoint
-    /// counts (it holds what it was configured to follow and what was
-    /// looked up through it; a service the arbiter's watch rules keep from
-    /// this node is never listed).
+    /// The region's services with their READY and total endpoint counts,
+    /// from the catalog through this agent (a service the arbiter's watch
+    /// rules keep from this node is not listed); when the agent cannot
+    /// reach the arbiter, the services it holds, said so.
     Services(InspectArgs),
     /// Resolve a service through the agent, as a caller would: the
     /// endpoints it would be given, or with --watch every change of them

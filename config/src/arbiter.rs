@@ -272,13 +272,14 @@ pub struct DistributionConfig {
     /// A revision sent to an agent and not acknowledged this long after the
     /// send completed is sent again, in ms: as deltas from the agent's
     /// acknowledged revision while the delta log reaches back to it, else
-    /// as a snapshot (within `max_concurrent_snapshots`). Each further
-    /// re-send of the same gap waits twice as long, up to 8 times this; the
-    /// wait resets once the agent's ack catches up. This is what heals a
-    /// lost update or an agent's failed apply when the service does not
-    /// change again. Default 500: well above a healthy ack's round trip,
-    /// and two lost sends in a row (re-sends at 0.5 s and 1.5 s, plus the
-    /// sweep interval) still land inside the 3 s leave budget.
+    /// as a snapshot (within `max_concurrent_snapshots`). The first four
+    /// re-sends of the same gap each wait this long; each later one waits
+    /// twice as long as the one before, up to 8 times this; the count
+    /// resets once the agent's ack catches up. This is what heals a lost
+    /// update or an agent's failed apply when the service does not change
+    /// again. Default 500: well above a healthy ack's round trip, and four
+    /// lost sends in a row (re-sends at 0.5, 1, 1.5 and 2 s, plus the sweep
+    /// interval) still land inside the 3 s leave budget.
     /// From 100 to 60000.
     pub resend_after_ms: u64,
 }

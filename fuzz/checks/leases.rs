@@ -19,7 +19,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use rollcall_leases::codec::{self, CodecError, FrameKind};
 use rollcall_leases::peer_protocol::{self, Heard, MembershipChange, PeerRequest, PeerResponse};
 use rollcall_leases::protocol::{
-    NodeInstance, RejectKind, Request, Response, ServiceUpdate, SessionDown, SessionUp,
+    NodeInstance, RejectKind, Request, Response, ServiceCount, ServiceUpdate, SessionDown,
+    SessionUp,
 };
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogId, CatalogParams, CatalogSnapshot, Command, Digest, Envelope,
@@ -297,6 +298,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             revision: Revision(9),
             timeout_ms: 3_000,
         },
+        Request::Services,
     ] {
         out.push(("arbiter_rpc", codec::encode_request(&request)));
     }
@@ -317,6 +319,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         Response::Rejected {
             kind: RejectKind::StaleGeneration,
             message: "stale".into(),
+        },
+        Response::Services {
+            services: vec![ServiceCount {
+                service: key("web"),
+                revision: Revision(4),
+                ready: 1,
+                total: 2,
+            }],
+            revision: Revision(9),
+            truncated: false,
         },
     ] {
         out.push(("arbiter_rpc", codec::encode_response(&response)));

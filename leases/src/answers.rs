@@ -4,8 +4,8 @@
 
 use crate::catalog::{Applied, Catalog, Effect, Rejection};
 use crate::command::{Command, Envelope};
-use crate::name::NodeId;
-use crate::protocol::{NodeInstance, RejectKind, Response};
+use crate::name::{NodeId, ServiceKey};
+use crate::protocol::{NodeInstance, RejectKind, Response, ServiceCount, MAX_LISTED_SERVICES};
 
 /// The answer to a command decided by the catalog: committed (with the
 /// revision, a registration's generation and the instance's state after
@@ -65,6 +65,30 @@ pub fn node_instances(catalog: &Catalog, node: &NodeId) -> Response {
             })
             .collect(),
     )
+}
+
+/// `Services`: the services `may_watch` lets the caller see, in key
+/// order, at most [`MAX_LISTED_SERVICES`] of them.
+pub fn services(catalog: &Catalog, may_watch: impl Fn(&ServiceKey) -> bool) -> Response {
+    let mut visible = catalog.services().into_iter().filter(|s| may_watch(s));
+    let services: Vec<ServiceCount> = visible
+        .by_ref()
+        .take(MAX_LISTED_SERVICES)
+        .filter_map(|service| {
+            let info = catalog.service(&service)?;
+            Some(ServiceCount {
+                service,
+                revision: info.revision,
+                ready: u32::try_from(info.ready).unwrap_or(u32::MAX),
+                total: u32::try_from(info.records).unwrap_or(u32::MAX),
+            })
+        })
+        .collect();
+    Response::Services {
+        services,
+        revision: catalog.revision(),
+        truncated: visible.next().is_some(),
+    }
 }
 
 /// A refusal the caller should retry (HTTP 503).

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::codec::{self, CodecError, FrameError, MAX_SESSION_DOWN_BYTES, MAX_SMALL_MESSAGE_BYTES};
+use crate::codec::{self, CodecError, FrameError, MAX_RESPONSE_BYTES, MAX_SESSION_DOWN_BYTES};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use std::sync::Arc;
 
@@ -176,7 +176,7 @@ impl ArbiterConn {
             .await
             .map_err(|e| ClientError::Connection(e.to_string()))?;
         let _ = send.finish();
-        let bytes = codec::read_frame(&mut recv, MAX_SMALL_MESSAGE_BYTES).await?;
+        let bytes = codec::read_frame(&mut recv, MAX_RESPONSE_BYTES).await?;
         Ok(codec::decode_response(&bytes)?)
     }
 

@@ -43,9 +43,11 @@ pub const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_SERVICE_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
 /// Largest encoded snapshot of a shard.
 pub const MAX_CATALOG_SNAPSHOT_BYTES: usize = 512 * 1024 * 1024;
-/// Largest message an agent sends on its session, and largest request or
-/// response.
+/// Largest message an agent sends on its session, and largest request.
 pub const MAX_SMALL_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest response: a `Services` list of `MAX_LISTED_SERVICES` keys of
+/// the longest names fits.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Largest session message from an arbiter (an update carrying snapshots).
 pub const MAX_SESSION_DOWN_BYTES: usize = 64 * 1024 * 1024;
 /// Largest message between replicas: a batch of log entries or one
@@ -413,7 +415,7 @@ pub fn encode_response(m: &Response) -> Vec<u8> {
 
 /// Decodes a response.
 pub fn decode_response(bytes: &[u8]) -> Result<Response, CodecError> {
-    unframe(bytes, FrameKind::Response, MAX_SMALL_MESSAGE_BYTES)
+    unframe(bytes, FrameKind::Response, MAX_RESPONSE_BYTES)
 }
 
 /// Why a frame could not be read from a stream.

@@ -21,9 +21,13 @@
 //!   acknowledged revision while the log reaches back to it, else a snapshot.
 //!   Streams are reliable, but an agent's apply can fail (a snapshot that
 //!   does not check is dropped without an answer), and without this the
-//!   agent would stay stale until the service changes again. The wait
-//!   doubles with each re-send of the same gap, up to
-//!   `MAX_RESEND_BACKOFF` times, and resets once the ack catches up.
+//!   agent would stay stale until the service changes again. The first
+//!   `QUICK_RESENDS` re-sends of the same gap each wait `resend_after_ms`;
+//!   later ones wait twice as long each time, up to `MAX_RESEND_BACKOFF`
+//!   times; the count resets once the ack catches up. Quick first: a lost
+//!   drain must still reach the agent within the 3 s leave promise when a
+//!   few sends in a row are lost (with 500 ms, four re-sends by 2 s), while
+//!   an agent that can never apply costs one send per 4 s at most.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -44,6 +48,10 @@ pub type EncodeSnapshot = fn(&ServiceSnapshot) -> Arc<[u8]>;
 /// The longest wait before a re-send, as a multiple of `resend_after_ms`.
 pub const MAX_RESEND_BACKOFF: u64 = 8;
 
+/// Re-sends of one gap that wait only `resend_after_ms` before the waits
+/// start doubling.
+pub const QUICK_RESENDS: u32 = 4;
+
 /// Distribution settings (from `[distribution]` in the arbiter config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DistParams {
@@ -56,7 +64,8 @@ pub struct DistParams {
     /// What a refused snapshot is told to wait before asking again, ms.
     pub snapshot_retry_ms: u64,
     /// A send not acknowledged this long after it completed is sent again
-    /// (then after twice as long, up to `MAX_RESEND_BACKOFF` times), ms.
+    /// (`QUICK_RESENDS` times; then after twice as long each time, up to
+    /// `MAX_RESEND_BACKOFF` times), ms.
     pub resend_after_ms: u64,
 }
 
@@ -130,8 +139,8 @@ struct Sub {
     /// When the last send carrying this service was queued, then when it
     /// completed: the re-send clock starts here.
     sent_at_ms: u64,
-    /// The next re-send waits `resend_after_ms` times this (1, 2, 4, 8).
-    backoff: u64,
+    /// Re-sends of the current gap so far (0 once the ack catches up).
+    resends: u32,
     /// Queued by `sweep`: the next flush sends from `acked`, not `sent`.
     resend: bool,
 }
@@ -142,9 +151,16 @@ impl Sub {
             sent: have,
             acked: have.unwrap_or_default(),
             sent_at_ms: now_ms,
-            backoff: 1,
+            resends: 0,
             resend: false,
         }
+    }
+
+    /// How long the next re-send waits, as a multiple of `resend_after_ms`:
+    /// 1 for the first `QUICK_RESENDS`, then 2, 4, 8, 8, …
+    fn backoff(&self) -> u64 {
+        let doublings = self.resends.saturating_sub(QUICK_RESENDS - 1).min(3);
+        (1u64 << doublings).min(MAX_RESEND_BACKOFF)
     }
 
     /// Something was sent that the agent has not acknowledged.
@@ -289,7 +305,7 @@ impl Distributor {
         {
             sub.acked = sub.acked.max(revision);
             if !sub.unacked() {
-                sub.backoff = 1;
+                sub.resends = 0;
             }
         }
     }
@@ -382,12 +398,12 @@ impl Distributor {
                 if !sub.unacked()
                     || sub.resend
                     || carried.contains(service)
-                    || now_ms < sub.sent_at_ms + resend_after_ms * sub.backoff
+                    || now_ms < sub.sent_at_ms + resend_after_ms * sub.backoff()
                 {
                     continue;
                 }
                 sub.resend = true;
-                sub.backoff = (sub.backoff * 2).min(MAX_RESEND_BACKOFF);
+                sub.resends = sub.resends.saturating_add(1);
                 state.pending.insert(service.clone());
                 queued = true;
             }

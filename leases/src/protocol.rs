@@ -250,6 +250,27 @@ pub enum Request {
         /// The longest wait.
         timeout_ms: u64,
     },
+    /// The region's services with their READY and total counts, from the
+    /// catalog this replica applied; only those the caller's node may
+    /// watch (`[[watch_rules]]`). At most [`MAX_LISTED_SERVICES`].
+    Services,
+}
+
+/// The most services one `Services` answer lists (in key order; the
+/// answer says when there were more).
+pub const MAX_LISTED_SERVICES: usize = 10_000;
+
+/// One service as `Request::Services` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCount {
+    /// The service.
+    pub service: ServiceKey,
+    /// The revision of its last change.
+    pub revision: Revision,
+    /// Its READY records.
+    pub ready: u32,
+    /// Its records, whatever their state.
+    pub total: u32,
 }
 
 /// How a request was refused, for the agent to map onto HTTP codes.
@@ -308,6 +329,16 @@ pub enum Response {
         kind: RejectKind,
         /// What was wrong and what to do about it.
         message: String,
+    },
+    /// The answer to `Services`.
+    Services {
+        /// The services the caller may watch, in key order.
+        services: Vec<ServiceCount>,
+        /// The catalog this replica applied, at this revision.
+        revision: Revision,
+        /// More services matched than [`MAX_LISTED_SERVICES`]; the list
+        /// holds the first ones.
+        truncated: bool,
     },
 }
 

@@ -71,6 +71,8 @@ pub enum Authorized {
     },
     /// The records on the caller's node.
     List(NodeId),
+    /// The region's services the caller's node may watch.
+    Services(NodeId),
     /// Wait until the subscribers of `service` acknowledged `revision`.
     Await {
         /// The service.
@@ -334,6 +336,12 @@ impl Rules {
                 Some(node) => Ok(Authorized::List(node)),
                 None => Err(forbidden(
                     "only an agent with a session can list its node's records".into(),
+                )),
+            },
+            Request::Services => match agent_session() {
+                Some(node) => Ok(Authorized::Services(node)),
+                None => Err(forbidden(
+                    "only an agent with a session can list the region's services".into(),
                 )),
             },
             Request::AwaitPropagation {
@@ -737,6 +745,11 @@ impl Sessions {
                 epoch,
             },
             Authorized::List(node) => Accepted::List(node),
+            Authorized::Services(node) => {
+                Accepted::Answer(crate::answers::services(catalog, |service| {
+                    self.rules.may_watch(&node, service).is_ok()
+                }))
+            }
             Authorized::Await {
                 service,
                 revision,
@@ -768,6 +781,8 @@ pub enum Accepted {
     },
     /// Answer with the node's records.
     List(NodeId),
+    /// Answer with this, read from the applied catalog.
+    Answer(Response),
     /// Answer once the subscribers acknowledged the revision.
     Await {
         /// The service.
@@ -1292,6 +1307,44 @@ mod tests {
             s.message(3, subscribe("web", 1), 2).1,
             Step::Deny { reason, .. } if reason.contains("serves shard 0, not shard 1")
         ));
+    }
+
+    #[test]
+    fn the_services_listed_are_those_the_node_may_watch() {
+        let mut s = sessions();
+        let mut cat = catalog();
+        cat.apply(&Envelope {
+            at_ms: 2,
+            actor: identity(Role::Agent, "n1").principal,
+            command: Command::Register(registration("n1", "db")),
+        })
+        .unwrap();
+        let listed = |s: &Sessions, agent| match s.request(agent, Request::Services, &cat, 3) {
+            Ok(Accepted::Answer(Response::Services {
+                services,
+                revision,
+                truncated,
+            })) => {
+                assert_eq!((revision, truncated), (cat.revision(), false));
+                services
+                    .iter()
+                    .map(|c| (c.service.service.to_string(), c.ready, c.total))
+                    .collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        // Without a session, nothing is listed.
+        s.connect(1, identity(Role::Agent, "n1"), Vec::new());
+        assert!(s.request(1, Request::Services, &cat, 3).is_err());
+        s.message(1, hello("n1"), 3);
+        assert_eq!(
+            listed(&s, 1),
+            vec![("db".to_owned(), 1, 1), ("web".to_owned(), 1, 1)]
+        );
+        // n2 may watch web only.
+        s.connect(2, identity(Role::Agent, "n2"), Vec::new());
+        s.message(2, hello("n2"), 3);
+        assert_eq!(listed(&s, 2), vec![("web".to_owned(), 1, 1)]);
     }
 
     #[test]

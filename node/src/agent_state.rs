@@ -37,7 +37,9 @@
 //!   pending in order, sends again the health verdicts the catalog does
 //!   not hold, reports held down verdicts and deregisters records of this
 //!   node that no local registration backs;
-//! - [`status`]: what the driver reads (`/v1/status`, metrics).
+//! - [`status`]: what the driver reads (`/v1/status`, metrics);
+//! - [`listing`]: the region's services, asked of the arbiter for a
+//!   local call.
 //!
 //! Calls are answered in domain terms ([`Reply`], [`Refusal`]); `api`
 //! maps them onto HTTP.
@@ -66,8 +68,8 @@ use reconcile::Reconcile;
 use writes::LocalWrites;
 
 pub use calls::{
-    Call, CallId, Caller, Drained, LocalEntry, Propagation, Refusal, Refused, Registered, Reply,
-    WriteOutcome,
+    Call, CallId, Caller, Drained, LocalEntry, Propagation, Refusal, Refused, RegionServices,
+    Registered, Reply, WriteOutcome,
 };
 pub use door::{Input, Output};
 
@@ -79,6 +81,7 @@ mod door;
 mod following;
 mod gossip;
 mod health;
+mod listing;
 mod reconcile;
 mod requests;
 mod status;
@@ -158,6 +161,8 @@ enum Purpose {
     ReportDown { node: NodeId, in_plan: bool },
     /// A step of the reconcile plan (`reconcile`).
     Plan(reconcile::PlanRequest),
+    /// The region's services, for a local call (`listing`).
+    Services(CallId),
 }
 
 /// What the arbiter's answer says about a write.
@@ -360,6 +365,7 @@ impl AgentState {
                 }
             }
             Purpose::Plan(step) => self.plan_answer(step, result, now_ms, out),
+            Purpose::Services(call) => listing::answered(call, result, out),
         }
     }
 

@@ -397,22 +397,52 @@ fn local_instance(entry: LocalEntry) -> LocalInstanceJson {
     }
 }
 
-/// `GET /v1/services`: from the published views, never the actor.
-async fn services(State(agent): State<ApiContext>) -> Response {
-    let services = agent
-        .views
-        .held(now_ms())
-        .into_iter()
-        .map(|h| ServiceJson {
-            service: h.service,
-            revision: h.revision.get(),
-            ready: h.ready,
-            total: h.total,
-            stale: h.stale,
-            age_ms: h.age_ms,
-        })
-        .collect();
-    Json(ServicesResponse { services }).into_response()
+/// `GET /v1/services`: the region's services as the arbiter lists them
+/// (through the agent's session); when it cannot be asked, the services
+/// this agent holds, from the published views.
+async fn services(State(agent): State<ApiContext>) -> Result<Response, ApiError> {
+    let listed = match agent.call(Call::Services).await? {
+        Reply::Services(listed) => listed,
+        other => return Err(unexpected(other)),
+    };
+    let answer = match listed {
+        Some(region) => ServicesResponse {
+            source: "catalog".to_owned(),
+            revision: Some(region.revision.get()),
+            truncated: region.truncated,
+            services: region
+                .services
+                .into_iter()
+                .map(|s| ServiceJson {
+                    service: s.service,
+                    revision: s.revision.get(),
+                    ready: usize::try_from(s.ready).unwrap_or(usize::MAX),
+                    total: usize::try_from(s.total).unwrap_or(usize::MAX),
+                    stale: false,
+                    age_ms: 0,
+                })
+                .collect(),
+        },
+        None => ServicesResponse {
+            source: "held".to_owned(),
+            revision: None,
+            truncated: false,
+            services: agent
+                .views
+                .held(now_ms())
+                .into_iter()
+                .map(|h| ServiceJson {
+                    service: h.service,
+                    revision: h.revision.get(),
+                    ready: h.ready,
+                    total: h.total,
+                    stale: h.stale,
+                    age_ms: h.age_ms,
+                })
+                .collect(),
+        },
+    };
+    Ok(Json(answer).into_response())
 }
 
 async fn regions(State(agent): State<ApiContext>) -> Response {

@@ -751,28 +751,40 @@ pub struct LocalInstanceJson {
     pub checked: Option<String>,
 }
 
-/// Answer of `GET /v1/services`: the services this agent holds a copy of.
+/// Answer of `GET /v1/services`: the region's services, listed by the
+/// arbiter; or, when it cannot be asked, the services this agent holds a
+/// copy of.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServicesResponse {
-    /// Each held service, in key order.
+    /// `catalog` (the arbiter listed the region's services) or `held` (the
+    /// arbiter could not be asked: only the copies this agent holds).
+    pub source: String,
+    /// The revision of the catalog listed (`null` for `held`).
+    pub revision: Option<u64>,
+    /// More services than the arbiter lists at once (10,000): the list
+    /// holds the first ones in key order.
+    pub truncated: bool,
+    /// Each service, in key order.
     pub services: Vec<ServiceJson>,
 }
 
-/// One held service with its counts.
+/// One service with its counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceJson {
     /// The service key, as `namespace/service/port_name`.
     #[serde(with = "key_text")]
     pub service: ServiceKey,
-    /// The revision of its last change held.
+    /// The revision of its last change (held, for `held`).
     pub revision: u64,
-    /// Endpoints READY in the copy.
+    /// Endpoints READY (in the catalog, or in the copy).
     pub ready: usize,
-    /// Every endpoint in the copy, whatever its state.
+    /// Every endpoint, whatever its state.
     pub total: usize,
-    /// Whether the copy is not confirmed by the arbiter in this session.
+    /// Whether the copy is not confirmed by the arbiter in this session
+    /// (always `false` for `catalog`).
     pub stale: bool,
-    /// Age of the copy, ms (0 while the session keeps it current).
+    /// Age of the copy, ms (0 while the session keeps it current, and
+    /// for `catalog`).
     pub age_ms: u64,
 }
 

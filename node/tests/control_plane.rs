@@ -994,11 +994,12 @@ async fn registration_rules_refuse_unlisted_services_and_undeclared_addresses() 
 
 /// Issue 37, item 1: `GET /v1/agent/instances` lists this node's
 /// registrations (pending and drained ones as such), and `GET
-/// /v1/services` the services the agent holds with READY/total counts,
-/// leaving out what the arbiter's watch rules keep from this node.
+/// /v1/services` the region's services with READY/total counts as the
+/// arbiter lists them, leaving out what its watch rules keep from this
+/// node; with the arbiter away, the services the agent holds, said so.
 #[actix_rt::test(system = "crate::common::AgentSystem")]
-async fn an_agent_lists_its_registrations_and_the_services_it_holds() {
-    let cluster = Cluster::start_with(|c| {
+async fn an_agent_lists_its_registrations_and_the_regions_services() {
+    let mut cluster = Cluster::start_with(|c| {
         c.watch_rules = vec![rollcall_config::WatchRule {
             nodes: vec!["node-a".into()],
             services: vec![ServicePattern::try_from("default/web/*".to_owned()).unwrap()],
@@ -1059,6 +1060,9 @@ async fn an_agent_lists_its_registrations_and_the_services_it_holds() {
     assert_eq!(status, 503);
     let (status, body) = get_plain(&http, "/v1/services").await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(body["source"], "catalog", "{body}");
+    assert_eq!(body["truncated"], false, "{body}");
+    let catalog_revision = body["revision"].as_u64().unwrap();
     assert_eq!(
         body["services"],
         serde_json::json!([{
@@ -1071,7 +1075,53 @@ async fn an_agent_lists_its_registrations_and_the_services_it_holds() {
         }]),
         "{body}"
     );
-    assert!(body["services"][0]["revision"].as_u64().unwrap() > 0);
+    let web_revision = body["services"][0]["revision"].as_u64().unwrap();
+    assert!(
+        web_revision > 0 && web_revision <= catalog_revision,
+        "{body}"
+    );
+
+    // A node no watch rule names sees the whole region, services it has
+    // never looked up included.
+    let other = cluster.agent("node-b").await;
+    let other_http = Http::of(&other);
+    other_http.wait_connected().await;
+    let (status, body) = get_plain(&other_http, "/v1/services").await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<(&str, u64, u64)> = body["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["service"].as_str().unwrap(),
+                s["ready"].as_u64().unwrap(),
+                s["total"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![("default/db/default", 1, 1), ("default/web/default", 1, 2)],
+        "{body}"
+    );
+    other.shutdown().await;
+
+    // The arbiter away: the copies this agent holds, said so.
+    cluster.stop_arbiter().await;
+    http.wait_disconnected().await;
+    let (status, body) = get_plain(&http, "/v1/services").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["source"], "held", "{body}");
+    assert_eq!(body["revision"], Value::Null, "{body}");
+    let held: Vec<&str> = body["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["service"].as_str().unwrap())
+        .collect();
+    assert_eq!(held, vec!["default/web/default"], "{body}");
+    assert_eq!(body["services"][0]["stale"], true, "{body}");
 }
 
 /// A read as anyone on the host sends it: no token.

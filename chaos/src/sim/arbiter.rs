@@ -224,6 +224,7 @@ impl World {
                 let response = answers::node_instances(&self.arb.catalog, &node);
                 self.answer(a, request, response);
             }
+            Ok(Accepted::Answer(response)) => self.answer(a, request, response),
             Ok(Accepted::Await {
                 service, revision, ..
             }) => {

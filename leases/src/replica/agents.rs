@@ -163,6 +163,7 @@ impl ReplicaState {
                 reply,
                 response: crate::answers::node_instances(cat, &node),
             }),
+            Ok(Accepted::Answer(response)) => out.push(Output::Answer { reply, response }),
             Err(response) => {
                 if let Response::Rejected { kind, message } = &response {
                     self.counters.refused(kind.as_str());

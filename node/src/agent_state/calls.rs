@@ -3,7 +3,7 @@
 //! refused for a reason). `api` maps these onto status codes and the JSON
 //! error shape; nothing here knows about HTTP.
 
-use rollcall_leases::protocol::RejectKind;
+use rollcall_leases::protocol::{RejectKind, ServiceCount};
 use rollcall_leases::{Generation, InstanceId, Revision, State};
 
 use crate::api_types::ValidRegistration;
@@ -81,6 +81,20 @@ pub enum Call {
     /// `GET /v1/agent/instances`: this node's registrations, as the agent
     /// holds them (a read: anyone on the host may ask).
     Instances,
+    /// `GET /v1/services`: the region's services, asked of the arbiter
+    /// replica this agent's session is with.
+    Services,
+}
+
+/// The region's services as the arbiter listed them (`Call::Services`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionServices {
+    /// The services this node may watch, in key order.
+    pub services: Vec<ServiceCount>,
+    /// The revision of the catalog the replica listed them from.
+    pub revision: Revision,
+    /// The list stops at the arbiter's limit; there are more.
+    pub truncated: bool,
 }
 
 /// One of this node's registrations, as `Call::Instances` lists it.
@@ -153,6 +167,11 @@ pub enum Reply {
     SessionOpened(Option<Generation>),
     /// To `Instances`: every local registration, in instance id order.
     Instances(Vec<LocalEntry>),
+    /// To `Services`: the arbiter's list; `None` when it could not be
+    /// asked (no session, the session ended, no answer within
+    /// `agent.write_answer_ms`): the caller falls back on the copies this
+    /// agent holds.
+    Services(Option<RegionServices>),
 }
 
 /// Why a call was refused.
@@ -209,9 +228,10 @@ impl Refusal {
     }
 }
 
-/// The pending answer of a local write call, given when the arbiter has
-/// not answered it within `agent.write_answer_ms`; `None` for calls that
-/// are not writes.
+/// The answer of a call that waits for the arbiter, given when the
+/// arbiter has not answered it within `agent.write_answer_ms` (a write
+/// stays pending; a listing is not had); `None` for calls answered
+/// locally.
 pub(super) fn pending_reply(op: &Call) -> Option<Reply> {
     match op {
         Call::Register { registration, .. } => {
@@ -219,6 +239,7 @@ pub(super) fn pending_reply(op: &Call) -> Option<Reply> {
         }
         Call::Drain { .. } => Some(drain_pending()),
         Call::Deregister { .. } => Some(deregister_pending()),
+        Call::Services => Some(Reply::Services(None)),
         Call::Heartbeat { .. } | Call::OpenSession { .. } | Call::Instances => None,
     }
 }

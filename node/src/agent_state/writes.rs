@@ -157,7 +157,7 @@ impl LocalWrites {
             .collect();
         for call in due {
             if let Some((_, pending)) = self.unanswered.remove(&call) {
-                tracing::info!(call, "a local write got no answer from the arbiter in agent.write_answer_ms; answered as pending");
+                tracing::info!(call, "a local call got no answer from the arbiter in agent.write_answer_ms; answered without it (a write as pending)");
                 self.answered_early.insert(call);
                 out.push(Output::Reply {
                     call,
@@ -277,6 +277,7 @@ impl AgentState {
                 reply(out, call, result);
             }
             Call::Instances => reply(out, call, Ok(Reply::Instances(self.local_entries()))),
+            Call::Services => self.list_services(call, out),
         }
     }
 
