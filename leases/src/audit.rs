@@ -93,16 +93,26 @@ impl AuditEntry {
                 (None, detail)
             }
             Command::Register(reg) => {
-                let (generation, state) = match effect {
-                    Effect::Registered { generation, state } => {
-                        (generation.to_string(), state.as_str())
-                    }
-                    _ => ("?".into(), reg.initial.as_str()),
+                let (generation, state, replaced) = match effect {
+                    Effect::Registered {
+                        generation,
+                        state,
+                        replaced,
+                    } => (generation.to_string(), state.as_str(), replaced.as_ref()),
+                    _ => ("?".into(), reg.initial.as_str(), None),
                 };
+                let replaced = replaced.map_or_else(String::new, |r| {
+                    format!(
+                        "; replaced generation {} {} on {}",
+                        r.generation,
+                        r.state.as_str(),
+                        r.node
+                    )
+                });
                 (
                     Some(reg.instance_id.clone()),
                     format!(
-                        "registered generation {generation} {state} on {} at {} version {}",
+                        "registered generation {generation} {state} on {} at {} version {}{replaced}",
                         reg.node,
                         SocketAddr::new(reg.address, reg.port),
                         reg.version

@@ -257,6 +257,8 @@ pub enum Effect {
         generation: Generation,
         /// Its state.
         state: State,
+        /// The record of the same instance id it replaced, if one was held.
+        replaced: Option<Replaced>,
     },
     /// A record changed or was removed.
     Changed,
@@ -306,6 +308,18 @@ pub enum SinceAnswer {
 }
 
 pub use crate::snapshot::GenerationMemory;
+
+/// The record a registration replaced (`Effect::Registered`): the audit
+/// names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    /// The node that held it.
+    pub node: NodeId,
+    /// Its generation.
+    pub generation: Generation,
+    /// Its state.
+    pub state: State,
+}
 
 /// One service's READY capacity, as the region bridge reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -926,9 +940,19 @@ impl Catalog {
             .generations
             .get(&reg.instance_id)
             .map_or(Generation(1), |g| g.generation.next());
-        if let Some(&old) = self.instances.get(&reg.instance_id) {
-            self.remove_record(batch, old, env.at_ms);
-        }
+        let replaced = match self.instances.get(&reg.instance_id) {
+            Some(&old) => {
+                let slot = self.slot(old);
+                let replaced = Replaced {
+                    node: slot.fixed.node_id.clone(),
+                    generation: slot.fixed.generation,
+                    state: slot.live.state,
+                };
+                self.remove_record(batch, old, env.at_ms);
+                Some(replaced)
+            }
+            None => None,
+        };
         let record = EndpointRecord {
             instance_id: reg.instance_id.clone(),
             generation,
@@ -962,6 +986,7 @@ impl Catalog {
         Ok(Effect::Registered {
             generation,
             state: reg.initial,
+            replaced,
         })
     }
 

@@ -261,14 +261,26 @@ impl Rules {
                     self.may_register(&reg.node, zone, &reg.service, reg.address, declared)
                         .map_err(forbidden)?;
                 }
-                // An instance id never moves between services: a live
-                // record under another service must be deregistered (or
-                // expire) first. Checked here, against what is applied,
-                // not in `apply`, so logs written before stay replayable.
+                // An instance id never moves between services, and belongs
+                // to the node that holds it: a live record under another
+                // service, or on another node, must be deregistered (by its
+                // owner or an operator) or expire first. Checked here,
+                // against what is applied, not in `apply`, so logs written
+                // before stay replayable.
                 if let (Some(record), Some(held)) = (
                     catalog.instance(&reg.instance_id),
                     catalog.service_of(&reg.instance_id),
                 ) {
+                    if record.node_id != reg.node && record.state != State::Expired {
+                        return Err(forbidden(format!(
+                            "instance {} is held by node {} ({}, generation {}): an instance id belongs to the node that holds it until that node deregisters it, it expires, or an operator frees it (rollcall instance free {})",
+                            reg.instance_id,
+                            record.node_id,
+                            record.state.as_str(),
+                            record.generation,
+                            reg.instance_id,
+                        )));
+                    }
                     if held != &reg.service && record.state != State::Expired {
                         return Err(Response::Rejected {
                             kind: RejectKind::Invalid,
@@ -965,6 +977,59 @@ mod tests {
                 &cat,
             )
             .is_ok());
+    }
+
+    #[test]
+    fn an_instance_id_belongs_to_the_node_holding_it_until_it_expires() {
+        let r = rules();
+        let mut cat = catalog();
+        let taken = |cat: &Catalog| {
+            r.authorize(
+                &identity(Role::Agent, "n3"),
+                None,
+                &LOOPBACK,
+                Request::Register(registration("n3", "web")),
+                cat,
+            )
+        };
+        let (kind, message) = refusal(taken(&cat));
+        assert_eq!(kind, RejectKind::Forbidden);
+        assert!(
+            message.contains("instance web-1 is held by node n1 (READY, generation 1)")
+                && message.contains("rollcall instance free web-1"),
+            "{message}"
+        );
+        // A controller is held to the same rule.
+        let mut r = rules();
+        r.controllers = vec![rollcall_config::ControllerGrant {
+            name: "deployer".into(),
+            services: vec!["default/web/*".to_owned().try_into().unwrap()],
+        }];
+        let (kind, _) = refusal(r.authorize(
+            &identity(Role::Controller, "deployer"),
+            None,
+            &LOOPBACK,
+            Request::Register(registration("n3", "web")),
+            &cat,
+        ));
+        assert_eq!(kind, RejectKind::Forbidden);
+        // Once n1's lease ends and the record is EXPIRED, n3 may take it.
+        cat.apply(&Envelope {
+            at_ms: 20_000,
+            actor: identity(Role::Operator, "t").principal,
+            command: Command::RevokeLease {
+                node: NodeId::new("n1").unwrap(),
+                epoch: AgentEpoch(1),
+            },
+        })
+        .unwrap();
+        assert_eq!(
+            cat.instance(&InstanceId::new("web-1").unwrap())
+                .unwrap()
+                .state,
+            State::Expired
+        );
+        assert!(taken(&cat).is_ok());
     }
 
     #[test]

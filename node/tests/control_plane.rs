@@ -664,6 +664,64 @@ async fn every_change_through_the_agent_is_audited() {
     assert_eq!(admin.get_without_token("/v1/audit").await, 401);
 }
 
+/// Issue 38, item 1: an instance id belongs to the node that holds it; a
+/// registration of it from another node is refused naming the owner and
+/// changes nothing, until an operator frees it (`DELETE
+/// /v1/instances/{id}`), which is audited as the operator's.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn an_instance_id_is_its_nodes_until_an_operator_frees_it() {
+    let cluster = Cluster::start().await;
+    let admin = cluster.admin();
+    let (_a, http_a) = connected_agent(&cluster, "node-a").await;
+    let (_b, http_b) = connected_agent(&cluster, "node-b").await;
+    assert_eq!(http_a.register("web", "web-1", 8080).await.0, 200);
+    let before = admin.revision().await;
+    let (status, body) = http_b.register("web", "web-1", 8081).await;
+    assert_eq!(status, 403, "{body}");
+    let message = body.to_string();
+    assert!(
+        message.contains("held by node node-a") && message.contains("rollcall instance free web-1"),
+        "{message}"
+    );
+    assert_eq!(admin.revision().await, before, "a refusal commits nothing");
+    assert_eq!(http_a.ready_ids("web").await.unwrap(), vec!["web-1"]);
+    let refused = admin
+        .metric("rollcall_arbiter_refusals_total{kind=\"forbidden\"}")
+        .await;
+    assert!(refused >= 1.0, "refusals counted: {refused}");
+
+    // The operator frees it; a stale generation or an unknown id is refused.
+    let (status, body) = admin.delete("/v1/instances/web-1?generation=7").await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = admin.delete("/v1/instances/web-1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["node"], "node-a", "{body}");
+    assert_eq!(body["generation"], 1, "{body}");
+    let (status, body) = admin.delete("/v1/instances/web-1").await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = http_b.register("web", "web-1", 8081).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 2, "{body}");
+
+    let (_, audit) = admin.get("/v1/audit?service=default/web/default").await;
+    let entries: Vec<(&str, &str)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["command"] != "grant-lease")
+        .map(|e| (e["command"].as_str().unwrap(), e["actor"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("register", "agent:node-a"),
+            ("deregister", "operator:admin-token"),
+            ("register", "agent:node-b"),
+        ],
+        "{audit}"
+    );
+}
+
 #[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn bad_registrations_change_nothing() {
     let cluster = Cluster::start().await;

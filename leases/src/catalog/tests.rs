@@ -128,6 +128,49 @@ fn registration_assigns_generations_and_replaces_the_predecessor() {
 }
 
 #[test]
+fn a_replacing_registration_names_what_it_replaced_in_its_effect_and_audit() {
+    let mut w = World::new();
+    w.grant("n1", 1, "z1").unwrap();
+    let first = w
+        .run(Command::Register(registration("a", "web", "n1", 1)))
+        .unwrap();
+    assert!(matches!(
+        first.effect,
+        Effect::Registered { replaced: None, .. }
+    ));
+    w.transition("a", 1, State::Draining).unwrap();
+    let env = Envelope {
+        at_ms: w.now + 10,
+        actor: Principal {
+            role: Role::Agent,
+            name: PrincipalName::new("n1").unwrap(),
+        },
+        command: Command::Register(registration("a", "web", "n1", 1)),
+    };
+    let applied = w.cat.apply(&env).unwrap();
+    assert_eq!(
+        applied.effect,
+        Effect::Registered {
+            generation: Generation(2),
+            state: State::Ready,
+            replaced: Some(Replaced {
+                node: node("n1"),
+                generation: Generation(1),
+                state: State::Draining,
+            }),
+        }
+    );
+    let entry = crate::audit::AuditEntry::describe(&env, &applied).unwrap();
+    assert!(
+        entry
+            .detail
+            .ends_with("; replaced generation 1 DRAINING on n1"),
+        "{}",
+        entry.detail
+    );
+}
+
+#[test]
 fn re_registration_into_another_service_moves_the_record() {
     let mut w = World::new();
     w.grant("n1", 1, "z1").unwrap();

@@ -354,6 +354,18 @@ impl Admin {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .client
+            .delete(format!("{}{}", self.base, path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
     /// `GET /v1/status`, which must answer 200.
     pub async fn status(&self) -> Value {
         let (status, body) = self.get("/v1/status").await;
