@@ -38,6 +38,8 @@
 //! - `identity`: principals from certificates.
 //! - `limits`: token buckets and counts per identity, connection or
 //!   source address (the arbiter's `[limits]`).
+//! - `refusals`: what was refused, by whom, for the process's audit log
+//!   (repeats folded per identity and kind).
 //!
 //! IO: `server` (the arbiter process: QUIC sessions, the core task that
 //! drives the replica machine, peers, admin HTTP), `raft` (openraft over
@@ -78,6 +80,7 @@ pub mod policy;
 pub mod protocol;
 pub mod raft;
 mod redb_file;
+pub mod refusals;
 pub mod regions;
 pub mod remote;
 pub mod replica;

@@ -54,6 +54,7 @@ use crate::name::{NodeId, PrincipalName, ServiceKey};
 use crate::peer_protocol::{Heard, PeerRequest, PeerResponse};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use crate::raft::{AppliedMark, ReplicaId};
+use crate::refusals::RefusalAudit;
 use crate::regions::RegionsFeed;
 use crate::remote::{RegionView, RemoteViews};
 use crate::sessions::{Rules, Sessions};
@@ -374,6 +375,8 @@ pub struct ReplicaState {
     stopping_since: Option<u64>,
     next_id: u64,
     counters: Counters,
+    /// Refusals for the audit log, repeats folded.
+    refusals: RefusalAudit,
 }
 
 /// Who waits for an answer.
@@ -452,6 +455,7 @@ impl ReplicaState {
             stopping_since: None,
             next_id: 1,
             counters: Counters::default(),
+            refusals: RefusalAudit::default(),
         }
     }
 
@@ -658,6 +662,9 @@ impl ReplicaState {
             self.carry(dist, out);
             self.report_heard(now, out);
             self.expire_held_answers(now, cat, out);
+            let mut lines = Vec::new();
+            self.refusals.flush(now, &mut lines);
+            lines.iter().for_each(crate::refusals::AuditLine::log);
         }
         if now >= self.next_regions_ms {
             self.next_regions_ms = now + REGIONS_INTERVAL_MS;

@@ -1116,6 +1116,11 @@ async fn an_agent_lists_its_registrations_and_the_regions_services() {
     wait_ready(&http, "web", &["web-1"]).await;
     let (status, _) = http.resolve("db").await;
     assert_eq!(status, 503);
+    let denied = cluster
+        .admin()
+        .metric("rollcall_arbiter_refusals_total{kind=\"watch\"}")
+        .await;
+    assert!(denied >= 1.0, "the denied watch is counted: {denied}");
     let (status, body) = get_plain(&http, "/v1/services").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["source"], "catalog", "{body}");

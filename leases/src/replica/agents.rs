@@ -35,6 +35,22 @@ impl ReplicaState {
         self.close(agent, reason, out);
     }
 
+    /// A refusal of `kind` (`request`, `hello`, `watch`) to `agent`'s
+    /// identity: counted, and written to the audit log (repeats folded).
+    fn audit_refusal(&mut self, agent: AgentId, kind: &'static str, reason: &str, now: u64) {
+        self.counters.refused(match kind {
+            "request" => RejectKind::Forbidden.as_str(),
+            other => other,
+        });
+        let who = self
+            .sessions
+            .identity(agent)
+            .map_or_else(|| "a closed connection".to_owned(), ToString::to_string);
+        let mut lines = Vec::new();
+        self.refusals.refused(&who, kind, reason, now, &mut lines);
+        lines.iter().for_each(crate::refusals::AuditLine::log);
+    }
+
     /// One message on a session stream, as the session machine reads it.
     pub(super) fn session(
         &mut self,
@@ -61,9 +77,13 @@ impl ReplicaState {
                 }
                 self.writes.wake_up.push((envelope, Then::Welcome(agent)));
             }
-            Step::Refuse(reason) => self.refuse(agent, reason, out),
+            Step::Refuse(reason) => {
+                self.audit_refusal(agent, "hello", &reason, now);
+                self.refuse(agent, reason, out);
+            }
             Step::Close(reason) => self.close(agent, reason, out),
             Step::Deny { service, reason } => {
+                self.audit_refusal(agent, "watch", &format!("{service}: {reason}"), now);
                 let update = SessionDown::Update(vec![ServiceUpdate::Denied { service, reason }]);
                 self.send(agent, update, out);
             }
@@ -166,17 +186,14 @@ impl ReplicaState {
             Ok(Accepted::Answer(response)) => out.push(Output::Answer { reply, response }),
             Err(response) => {
                 if let Response::Rejected { kind, message } = &response {
-                    self.counters.refused(kind.as_str());
                     // A refused write (another node's instance, a service
                     // or an address the registration rules do not allow)
                     // is recorded with who asked: it changed nothing, so
                     // the catalog's audit log holds no entry of it.
                     if *kind == RejectKind::Forbidden {
-                        let who = self
-                            .sessions
-                            .identity(agent)
-                            .map_or_else(|| "a closed connection".to_owned(), ToString::to_string);
-                        tracing::warn!(target: "rollcall::audit", identity = %who, reason = %message, "request refused");
+                        self.audit_refusal(agent, "request", message, now);
+                    } else {
+                        self.counters.refused(kind.as_str());
                     }
                 } else {
                     self.counters.rejections += 1;

@@ -87,7 +87,8 @@ pub struct Metrics {
     pub commits: Counter,
     /// Requests rejected.
     pub rejections: Counter,
-    /// Requests rejected, by kind (`RejectKind::as_str`).
+    /// Requests rejected, by kind (`RejectKind::as_str`), and refused
+    /// Hellos (`hello`) and watches (`watch`).
     pub refusals: Family<KindLabel, Counter>,
     /// Time from proposing a write on the leader to its being committed by
     /// a quorum and applied, in seconds.
@@ -222,7 +223,7 @@ impl Metrics {
         );
         registry.register(
             "refusals",
-            "Requests the catalog or authorization refused, by kind: stale_generation, not_found, forbidden, invalid, unavailable",
+            "Requests the catalog or authorization refused, by kind: stale_generation, not_found, forbidden, invalid, unavailable; and refused Hellos (hello) and denied watches (watch)",
             m.refusals.clone(),
         );
         registry.register(
