@@ -5,7 +5,7 @@
 //! instance as it was; and the answer the local caller gets.
 
 use rand::Rng;
-use rollcall_leases::protocol::{Request, Response};
+use rollcall_leases::protocol::{RejectKind, Request, Response};
 use rollcall_leases::{InstanceId, Revision, State};
 
 use super::calls::{
@@ -80,6 +80,21 @@ impl AgentState {
                             call,
                             Ok(Reply::Deregistered(WriteOutcome::Committed(revision))),
                         ),
+                    }
+                }
+                // A departure the catalog no longer holds a record for is
+                // done (another path of this agent deregistered it first,
+                // or an operator freed it): forgotten here too, not kept
+                // to be registered again.
+                Verdict::Refused(RejectKind::NotFound, _) if intent == Intent::Leave => {
+                    self.intent_committed(&instance, intent, generation, now_ms);
+                    self.save(Then::Nothing, out);
+                    if let Some(call) = call {
+                        reply(
+                            out,
+                            call,
+                            Ok(Reply::Deregistered(WriteOutcome::Committed(None))),
+                        );
                     }
                 }
                 Verdict::Refused(kind, message) => {

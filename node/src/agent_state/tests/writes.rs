@@ -66,6 +66,28 @@ fn a_reconnect_replays_pending_writes_in_order() {
 }
 
 #[test]
+fn a_deregistration_of_a_record_already_gone_is_done_not_refused() {
+    let mut h = with_instance(Asked::Deregister, "web-1", false, 1);
+    let (call, out) = h.call(asked_call(Asked::Deregister, "web-1", false));
+    let (request, _) = only_request(&out);
+    let out = h.answer(
+        request,
+        Ok(Response::Rejected {
+            kind: RejectKind::NotFound,
+            message: "instance web-1 is not registered".into(),
+        }),
+    );
+    assert_eq!(
+        reply_to(&out, call),
+        Ok(Reply::Deregistered(WriteOutcome::Committed(None)))
+    );
+    assert!(
+        h.state.registrations().get(&id("web-1")).is_none(),
+        "forgotten, not kept to be registered again"
+    );
+}
+
+#[test]
 fn a_stale_generation_is_refused_and_changes_nothing() {
     let mut h = Harness::new();
     h.connect_listing(Vec::new());
