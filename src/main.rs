@@ -16,10 +16,11 @@ use cli::chaos::{ChaosCommand, EchoArgs};
 use cli::cluster::ClusterCommand;
 use cli::drain::DrainArgs;
 use cli::inspect::{InspectArgs, ResolveArgs};
+use cli::instance::InstanceCommand;
 use cli::policy::PolicyCommand;
 use cli::run::{AgentArgs, ArbiterArgs, BridgeArgs, DevArgs};
 use cli::runtime::serve;
-use cli::{audit, bench, budget, certs, chaos, cluster, drain, inspect, policy, run};
+use cli::{audit, bench, budget, certs, chaos, cluster, drain, inspect, instance, policy, run};
 
 /// Exit code when the command ran but found SLO violations.
 const EXIT_VIOLATIONS: u8 = 1;
@@ -87,6 +88,10 @@ enum Command {
     /// staleness) through any replica of the policy's home region.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Operator actions on one instance record through any replica's
+    /// admin endpoint (`free`: release an instance id a node holds).
+    #[command(subcommand)]
+    Instance(InstanceCommand),
     /// Drain an instance through its agent: READY → DRAINING now, no new
     /// traffic, deregistered after the agent's drain window.
     Drain(DrainArgs),
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => serve(audit::audit(args)),
         Command::Cluster(command) => serve(cluster::cluster(command)),
         Command::Policy(command) => serve(policy::policy(command)),
+        Command::Instance(command) => serve(instance::instance(command)),
         Command::Drain(args) => serve(drain::drain(args)),
         Command::Status(args) => serve(inspect::status(args)),
         Command::Members(args) => serve(inspect::members(args)),

@@ -583,6 +583,20 @@ fn the_read_commands_list_what_the_agent_holds() {
     // Each line is a change: no two the same in a row.
     assert!(seen.windows(2).all(|w| w[0]["index"] != w[1]["index"]));
 
+    // An operator frees the drained web-2's id (issue 38, item 1); a
+    // second free finds nothing to free.
+    let freed = cli(d, &[&["instance", "free", "web-2"][..], &by_dir].concat());
+    assert!(
+        freed.starts_with("freed web-2 (generation 1 on node dev-node) at revision "),
+        "{freed}"
+    );
+    let (code, stderr) = cli_fails(d, &[&["instance", "free", "web-2"][..], &by_dir].concat());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("404") && stderr.contains("nothing to free"),
+        "{stderr}"
+    );
+
     // Bad input is named; nothing is asked.
     let (code, stderr) = cli_fails(d, &[&["resolve", "nope"][..], &by_url].concat());
     assert_eq!(code, Some(2));

@@ -11,6 +11,7 @@ pub(crate) mod chaos;
 pub(crate) mod cluster;
 pub(crate) mod drain;
 pub(crate) mod inspect;
+pub(crate) mod instance;
 pub(crate) mod policy;
 pub(crate) mod run;
 pub(crate) mod runtime;
