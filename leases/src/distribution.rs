@@ -127,6 +127,9 @@ pub struct DistStats {
     pub resent_as_deltas: u64,
     /// Unacknowledged services sent again as a snapshot.
     pub resent_as_snapshots: u64,
+    /// Acknowledgements of a revision the catalog never had, answered
+    /// with a snapshot.
+    pub acks_ahead: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -296,17 +299,42 @@ impl Distributor {
         }
     }
 
-    /// The agent applied `service` up to `revision`.
-    pub fn ack(&mut self, agent: AgentId, service: &ServiceKey, revision: Revision) {
-        if let Some(sub) = self
-            .agents
-            .get_mut(&agent)
-            .and_then(|s| s.subs.get_mut(service))
-        {
+    /// The agent applied `service` up to `revision`. A revision past the
+    /// service's last change in `catalog` is one this catalog never had:
+    /// the agent holds an update damaged on the way that still decoded
+    /// and checked (a revision number is covered by no digest), and would
+    /// otherwise skip every later change as already held. It is sent a
+    /// snapshot, which replaces what it holds.
+    pub fn ack(
+        &mut self,
+        agent: AgentId,
+        service: &ServiceKey,
+        revision: Revision,
+        now_ms: u64,
+        catalog: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(state) = self.agents.get_mut(&agent) else {
+            return;
+        };
+        let Some(sub) = state.subs.get_mut(service) else {
+            return;
+        };
+        let current = catalog.service(service).map_or(Revision(0), |i| i.revision);
+        if revision <= current {
             sub.acked = sub.acked.max(revision);
             if !sub.unacked() {
                 sub.resends = 0;
             }
+            return;
+        }
+        tracing::warn!(agent, service = %service, acked = revision.0, current = current.0, "an agent acknowledged a revision this catalog never had; sending it a snapshot");
+        self.stats.acks_ahead += 1;
+        *sub = Sub::new(None, now_ms);
+        state.pending.insert(service.clone());
+        state.pending_since_ms.get_or_insert(now_ms);
+        if state.in_flight.is_none() {
+            self.flush(agent, now_ms, catalog, out);
         }
     }
 

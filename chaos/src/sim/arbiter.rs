@@ -128,7 +128,18 @@ impl World {
                 self.carry(out);
             }
             Step::Unsubscribe(service) => self.arb.dist.unsubscribe(session, &service),
-            Step::Ack { service, revision } => self.arb.dist.ack(session, &service, revision),
+            Step::Ack { service, revision } => {
+                let mut out = Vec::new();
+                self.arb.dist.ack(
+                    session,
+                    &service,
+                    revision,
+                    now_ms,
+                    &self.arb.catalog,
+                    &mut out,
+                );
+                self.carry(out);
+            }
             Step::Renew { node, epoch, actor } => {
                 self.counters.renewals += 1;
                 // The core's renewal: the leader memory renews the lease,

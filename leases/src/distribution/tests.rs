@@ -126,6 +126,19 @@ impl World {
         self.cat.service(&svc(service)).unwrap().revision
     }
 
+    fn ack(&mut self, agent: AgentId, service: &str, revision: Revision) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.dist.ack(
+            agent,
+            &svc(service),
+            revision,
+            self.now,
+            &self.cat,
+            &mut out,
+        );
+        out
+    }
+
     /// Agent `agent` follows `service`, holding its current revision, and
     /// the "you are current" answer has been sent.
     fn following(&mut self, agent: AgentId, service: &str) {
@@ -311,8 +324,8 @@ fn propagation_counts_acknowledging_subscribers() {
     w.drain("a");
     let rev = w.cat.revision();
     assert_eq!(w.dist.propagation(&svc("web"), rev), (0, 3));
-    w.dist.ack(1, &svc("web"), rev);
-    w.dist.ack(2, &svc("web"), rev);
+    w.ack(1, "web", rev);
+    w.ack(2, "web", rev);
     assert_eq!(w.dist.propagation(&svc("web"), rev), (2, 3));
     assert!(w.dist.ack_lag(3, &w.cat) > 0);
     assert_eq!(w.dist.ack_lag(1, &w.cat), 0);
@@ -387,7 +400,7 @@ fn an_ack_stops_the_resending() {
     assert_eq!(delta_revisions(&w.sweep()).len(), 1);
     w.sent(1);
     // The re-sent delta is applied and acknowledged: nothing more, ever.
-    w.dist.ack(1, &svc("web"), w.revision("web"));
+    w.ack(1, "web", w.revision("web"));
     for _ in 0..20 {
         w.now += 1_000;
         assert!(sends(&w.sweep()).is_empty());
@@ -396,7 +409,7 @@ fn an_ack_stops_the_resending() {
     w.register("c", "web");
     w.sent(1);
     w.now += 10;
-    w.dist.ack(1, &svc("web"), w.revision("web"));
+    w.ack(1, "web", w.revision("web"));
     w.now += 10_000;
     assert!(sends(&w.sweep()).is_empty());
     assert_eq!(w.dist.stats().resent_as_deltas, 1);
@@ -486,7 +499,7 @@ fn four_quick_resends_then_the_wait_doubles_up_to_eight_times_and_resets_on_ack(
         vec![1_000, 2_000, 3_000, 4_000, 6_000, 10_000, 18_000, 26_000, 34_000]
     );
     // The agent catches up; the next lost change waits resend_after_ms again.
-    w.dist.ack(1, &svc("web"), w.revision("web"));
+    w.ack(1, "web", w.revision("web"));
     w.register("c", "web");
     w.sent(1);
     w.now += 999;
@@ -547,7 +560,8 @@ impl Lossy {
             other => panic!("{other:?}"),
         }
         if self.acks.next().unwrap_or(true) {
-            self.w.dist.ack(1, &svc("web"), self.view.revision());
+            let revision = self.view.revision();
+            self.w.ack(1, "web", revision);
         }
         Vec::new()
     }
@@ -646,4 +660,29 @@ proptest! {
         let (held, catalog) = converge(steps, losses, acks);
         prop_assert_eq!(held, catalog);
     }
+}
+
+#[test]
+fn an_ack_of_a_revision_the_catalog_never_had_is_answered_with_a_snapshot() {
+    let mut w = World::new();
+    w.register("a", "web");
+    w.following(1, "web");
+    let current = w.revision("web");
+    // An honest ack changes nothing.
+    assert!(w.ack(1, "web", current).is_empty());
+    // An agent that took a damaged update for revision 10^9 would skip
+    // every later change as held: it gets a snapshot at once.
+    let out = w.ack(1, "web", Revision(1_000_000_000));
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert!(
+        matches!(sent[0].1.as_slice(), [ServiceUpdate::Snapshot(_)]),
+        "{out:?}"
+    );
+    assert_eq!(w.dist.stats().acks_ahead, 1);
+    // Its ack of the snapshot is honest again: nothing more is sent.
+    w.sent(1);
+    assert!(w.ack(1, "web", current).is_empty());
+    w.now += 10 * params().resend_after_ms;
+    assert!(sends(&w.sweep()).is_empty(), "acknowledged: no re-send");
 }

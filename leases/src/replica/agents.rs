@@ -102,7 +102,10 @@ impl ReplicaState {
                 self.regions.touch(agent);
             }
             Step::Ack { service, revision } => {
-                self.dist.ack(agent, &service, revision);
+                let mut dist = Vec::new();
+                self.dist
+                    .ack(agent, &service, revision, now, cat, &mut dist);
+                self.carry(dist, out);
                 self.answer_waiters(now, out);
             }
             Step::Renew { node, epoch, actor } => {
