@@ -337,13 +337,40 @@ async fn start_agent(
     }
 }
 
-/// Stops every one of `arbiters`, all at once.
+/// Stops every one of `arbiters`, all at once, in three steps so that no
+/// replica replicates to a peer that already closed (openraft logs that as
+/// an error) and no follower misses the leader's heartbeats long enough to
+/// call an election: every core, then every Raft (leaders first), then
+/// every endpoint (each wait cut short at [`STOP_PATIENCE`]).
 async fn stop_arbiters(arbiters: Vec<ArbiterServer>) {
-    let mut stopping = tokio::task::JoinSet::new();
+    let mut serving = tokio::task::JoinSet::new();
     for arbiter in arbiters {
-        stopping.spawn(stop_arbiter(arbiter));
+        serving.spawn(arbiter.stop_serving());
     }
-    while stopping.join_next().await.is_some() {}
+    let mut stopping = Vec::new();
+    while let Some(done) = serving.join_next().await {
+        if let Ok(s) = done {
+            stopping.push(s);
+        }
+    }
+    stopping.sort_by_key(|s| !s.leads());
+    for s in &stopping {
+        s.stop_raft().await;
+    }
+    let mut closing = tokio::task::JoinSet::new();
+    for s in stopping {
+        closing.spawn(async move {
+            if tokio::time::timeout(STOP_PATIENCE, s.close())
+                .await
+                .is_err()
+            {
+                tracing::info!(
+                    "arbiter connections still draining; the process exits without waiting"
+                );
+            }
+        });
+    }
+    while closing.join_next().await.is_some() {}
 }
 
 /// Longest wait for one arbiter of a launcher whose process then exits.

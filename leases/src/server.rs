@@ -323,22 +323,72 @@ impl ArbiterServer {
     /// to flush) and the store is closed when the last task holding it
     /// ends. A task that overruns its bound is abandoned with a warning.
     pub async fn shutdown(self) {
+        let stopping = self.stop_serving().await;
+        stopping.stop_raft().await;
+        stopping.close().await;
+    }
+
+    /// The first part of [`ArbiterServer::shutdown`]: the stop signal,
+    /// then the admin server and the core end (the core answers what it
+    /// sent to Raft). Raft still runs and peers still reach it: a launcher
+    /// with several replicas in one process stops every core first, then
+    /// every Raft (leaders first), then closes every endpoint, so no
+    /// replica replicates to a peer that already closed.
+    pub async fn stop_serving(self) -> Stopping {
         self.stop.fire();
         let grace = Duration::from_millis(2_000);
         finish("admin server", self.admin_task, grace).await;
         // The core bounds its own wait by the write timeout.
         finish("core", self.core_task, self.write_timeout + grace).await;
+        Stopping {
+            raft: self.raft,
+            peers: self.peers,
+            endpoint: self.endpoint,
+            accept_task: self.accept_task,
+        }
+    }
+}
+
+/// An arbiter replica whose core has stopped (`ArbiterServer::stop_serving`).
+pub struct Stopping {
+    raft: CatalogRaftNode,
+    peers: Arc<Peers>,
+    endpoint: quinn::Endpoint,
+    accept_task: JoinHandle<()>,
+}
+
+impl Stopping {
+    /// Whether this replica leads its group (a launcher stops leaders'
+    /// Raft first, so no follower misses a heartbeat and calls an
+    /// election while the rest stop).
+    pub fn leads(&self) -> bool {
+        let metrics = self.raft.metrics().borrow().clone();
+        metrics.current_leader == Some(metrics.id)
+    }
+
+    /// Stops Raft (the log is fsynced at every append: nothing is left to
+    /// flush).
+    pub async fn stop_raft(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+    }
+
+    /// Closes every session and peer connection with a reason and waits
+    /// until the socket is released, so the same port can be bound again at
+    /// once (a restart in one process).
+    pub async fn close(self) {
         self.endpoint.close(
             quinn::VarInt::from_u32(crate::protocol::close_code::DONE),
             b"arbiter shutting down",
         );
         self.peers.close();
-        if let Err(e) = self.raft.shutdown().await {
-            tracing::warn!(error = %e, "raft did not stop cleanly");
-        }
-        finish("accept loop", self.accept_task, grace).await;
-        // The socket is released once every connection has drained, so the
-        // same port can be bound again at once (a restart in one process).
+        finish(
+            "accept loop",
+            self.accept_task,
+            Duration::from_millis(2_000),
+        )
+        .await;
         self.endpoint.wait_idle().await;
         tracing::info!("arbiter stopped");
     }
