@@ -221,6 +221,7 @@ impl Dev {
                 // first session needs no declared addresses.
                 registration: RegistrationConfig {
                     addresses: AddressRule::Any,
+                    ..Default::default()
                 },
                 ..ArbiterConfig::default()
             };
@@ -271,6 +272,7 @@ impl Dev {
              {arbiters}\
              \x20 DNS              {dns} (UDP and TCP; try: dig @{dns_ip} -p {dns_port} web.default.svc.rollcall)\n\
              {proxies}\
+             \x20 security         permissive (a trial, not a deployment): any node may register any service at any address, zones are as agents declare them; README \"Security model\" says how to close it\n\
              \n\
              Try it:\n\
              \x20 curl -X PUT {auth} -d '{{\"service\":\"web\",\"instance_id\":\"web-1\",\"address\":\"127.0.0.1\",\"port\":8080}}' http://{http}/v1/agent/instances\n\

@@ -186,6 +186,7 @@ impl DevRegions {
                     data_dir: dir.join("arbiter"),
                     registration: RegistrationConfig {
                         addresses: AddressRule::Any,
+                        ..Default::default()
                     },
                     ..ArbiterConfig::default()
                 };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::file::ConfigFile;
-use crate::security::{validate_grants, validate_registration_rules};
+use crate::security::{validate_grants, validate_node_zones, validate_registration_rules};
 use crate::{
     rules, ConfigError, ControllerGrant, RegistrationConfig, RegistrationRule, TlsPaths, WatchRule,
 };
@@ -82,6 +82,10 @@ pub struct ArbiterConfig {
     /// `[[registration_rules]]`: nodes restricted to registering some
     /// services. Default none: every node may register every service.
     pub registration_rules: Vec<RegistrationRule>,
+    /// `[[node_zones]]`: nodes whose zone (and weight cap) the arbiter
+    /// binds. Default none: every node is in the zone it declares (unless
+    /// `registration.zones = "bound"`).
+    pub node_zones: Vec<crate::NodeZone>,
 }
 
 impl Default for ArbiterConfig {
@@ -106,6 +110,7 @@ impl Default for ArbiterConfig {
             watch_rules: Vec::new(),
             registration: RegistrationConfig::default(),
             registration_rules: Vec::new(),
+            node_zones: Vec::new(),
         }
     }
 }
@@ -433,7 +438,8 @@ impl ConfigFile for ArbiterConfig {
             tls.validate("arbiter.tls")?;
         }
         validate_grants("arbiter", &self.controllers, &self.watch_rules)?;
-        validate_registration_rules("arbiter", &self.registration_rules)
+        validate_registration_rules("arbiter", &self.registration_rules)?;
+        validate_node_zones("arbiter", &self.node_zones)
     }
 }
 
@@ -704,6 +710,9 @@ mod tests {
                     "[[registration_rules]]",
                     "zones = ",
                     "any_address = ",
+                    "[[node_zones]]",
+                    "zone = ",
+                    "max_weight = ",
                 ],
             ]
             .concat(),
@@ -741,6 +750,14 @@ mod tests {
                 any_address: false,
             }]
         );
+        assert_eq!(
+            std::mem::take(&mut config.node_zones),
+            vec![crate::NodeZone {
+                nodes: vec![node_pattern("edge-*")],
+                zone: "dmz".to_owned(),
+                max_weight: Some(500),
+            }]
+        );
         assert_eq!(config, ArbiterConfig::default());
     }
 
@@ -758,6 +775,11 @@ mod tests {
             watch_rules: vec![WatchRule {
                 nodes: vec!["n".to_owned()],
                 services: vec![pattern("*")],
+            }],
+            node_zones: vec![crate::NodeZone {
+                nodes: vec![node_pattern("n")],
+                zone: "z".to_owned(),
+                max_weight: Some(1),
             }],
             registration_rules: vec![RegistrationRule {
                 nodes: vec![node_pattern("n")],

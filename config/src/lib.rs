@@ -71,6 +71,6 @@ pub use policy::{
     MAX_POLICIES_PER_FILE, MAX_POLICY_REGIONS,
 };
 pub use security::{
-    AddressRule, ControllerGrant, NodePattern, RegistrationConfig, RegistrationRule,
-    ServicePattern, TlsPaths, WatchRule, DEFAULT_TLS_CHECK_INTERVAL_MS,
+    AddressRule, ControllerGrant, NodePattern, NodeZone, RegistrationConfig, RegistrationRule,
+    ServicePattern, TlsPaths, WatchRule, ZoneRule, DEFAULT_TLS_CHECK_INTERVAL_MS,
 };

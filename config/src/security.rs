@@ -256,14 +256,69 @@ pub struct RegistrationConfig {
     /// service sets `any_address`. `"any"`: any address (`rollcall dev`
     /// writes this).
     pub addresses: AddressRule,
+    /// `"declared"` (default): a node no `[[node_zones]]` entry names is in
+    /// the zone its agent's Hello declares. `"bound"`: such a node's Hello
+    /// is refused; every node's zone comes from `[[node_zones]]` (least
+    /// privilege: a node cannot claim another zone's registration rules or
+    /// witness role). A node an entry names is always in that entry's zone.
+    pub zones: ZoneRule,
 }
 
 impl Default for RegistrationConfig {
     fn default() -> Self {
         Self {
             addresses: AddressRule::Declared,
+            zones: ZoneRule::Declared,
         }
     }
+}
+
+/// `registration.zones`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZoneRule {
+    /// Nodes no `[[node_zones]]` entry names are where they say.
+    Declared,
+    /// Every node must be named by a `[[node_zones]]` entry.
+    Bound,
+}
+
+/// `[[node_zones]]`: the zone of some nodes, bound by the arbiter rather
+/// than declared by their agents, and the most weight their registrations
+/// may ask for. The first entry that names a node applies to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeZone {
+    /// Node names, or name prefixes ending in `*` (`edge-*`).
+    pub nodes: Vec<NodePattern>,
+    /// Their zone: a Hello declaring another is refused.
+    pub zone: String,
+    /// The most weight one of their registrations may ask for (1 to
+    /// 10,000). Default: no cap below the catalog's own 10,000.
+    #[serde(default)]
+    pub max_weight: Option<u32>,
+}
+
+/// Checks `[[node_zones]]`; errors name `prefix.node_zones[i]…`.
+pub(crate) fn validate_node_zones(
+    prefix: &str,
+    node_zones: &[NodeZone],
+) -> Result<(), ConfigError> {
+    for (i, z) in node_zones.iter().enumerate() {
+        let field = format!("{prefix}.node_zones[{i}]");
+        if z.nodes.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{field}.nodes"),
+                "[]",
+                "must name the nodes the zone binds: nodes = [\"edge-*\"]",
+            ));
+        }
+        rules::dns_label(&format!("{field}.zone"), &z.zone)?;
+        if let Some(max) = z.max_weight {
+            rules::between(&format!("{field}.max_weight"), u64::from(max), 1, 10_000)?;
+        }
+    }
+    Ok(())
 }
 
 /// `registration.addresses`.
@@ -344,6 +399,39 @@ mod tests {
         assert!(p("shop/*").unwrap().matches("shop", "any", "thing"));
         assert!(!p("shop/*").unwrap().matches("web", "any", "thing"));
         assert!(p("*").unwrap().matches("a", "b", "c"));
+    }
+
+    #[test]
+    fn node_zones_name_what_is_wrong() {
+        let entry = |nodes: Vec<&str>, zone: &str, max_weight| NodeZone {
+            nodes: nodes
+                .into_iter()
+                .map(|n| NodePattern::try_from(n.to_owned()).unwrap())
+                .collect(),
+            zone: zone.to_owned(),
+            max_weight,
+        };
+        assert!(validate_node_zones("arbiter", &[entry(vec!["edge-*"], "dmz", Some(500))]).is_ok());
+        for (bad, field) in [
+            (entry(vec![], "dmz", None), "arbiter.node_zones[0].nodes"),
+            (
+                entry(vec!["edge-*"], "DMZ", None),
+                "arbiter.node_zones[0].zone",
+            ),
+            (
+                entry(vec!["edge-*"], "dmz", Some(0)),
+                "arbiter.node_zones[0].max_weight",
+            ),
+            (
+                entry(vec!["edge-*"], "dmz", Some(10_001)),
+                "arbiter.node_zones[0].max_weight",
+            ),
+        ] {
+            let e = validate_node_zones("arbiter", &[bad])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 
     #[test]

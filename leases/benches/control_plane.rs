@@ -489,6 +489,7 @@ impl Cluster {
             // Tests register addresses no node declared.
             registration: rollcall_config::RegistrationConfig {
                 addresses: rollcall_config::AddressRule::Any,
+                ..Default::default()
             },
             ..ArbiterConfig::default()
         };

@@ -329,6 +329,9 @@ impl Sessions {
         if let Err(reason) = declared_addresses(&session.certified, addresses) {
             return (None, Step::Refuse(reason));
         }
+        if let Err(reason) = self.rules.may_declare_zone(node, zone) {
+            return (None, Step::Refuse(reason));
+        }
         let earlier: Vec<(AgentId, AgentEpoch)> = self
             .sessions
             .iter()

@@ -44,6 +44,7 @@ async fn arbiter(
         // Tests register addresses no node declared.
         registration: rollcall_config::RegistrationConfig {
             addresses: rollcall_config::AddressRule::Any,
+            ..Default::default()
         },
         ..ArbiterConfig::default()
     };

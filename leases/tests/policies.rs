@@ -34,6 +34,7 @@ async fn arbiter(ca: &Ca, dir: &std::path::Path) -> ArbiterServer {
         // Tests register addresses no node declared.
         registration: rollcall_config::RegistrationConfig {
             addresses: rollcall_config::AddressRule::Any,
+            ..Default::default()
         },
         ..ArbiterConfig::default()
     };
@@ -269,6 +270,7 @@ async fn a_policy_sent_to_a_follower_is_committed_by_the_leader() {
             // Tests register addresses no node declared.
             registration: rollcall_config::RegistrationConfig {
                 addresses: rollcall_config::AddressRule::Any,
+                ..Default::default()
             },
             ..ArbiterConfig::default()
         };

@@ -24,6 +24,7 @@ async fn arbiter(ca: &Ca, dir: &std::path::Path) -> ArbiterServer {
         // Tests register addresses no node declared.
         registration: rollcall_config::RegistrationConfig {
             addresses: rollcall_config::AddressRule::Any,
+            ..Default::default()
         },
         ..ArbiterConfig::default()
     };

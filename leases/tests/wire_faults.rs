@@ -45,6 +45,7 @@ async fn a_corrupted_snapshot_does_not_check_and_is_counted() {
         // Tests register addresses no node declared.
         registration: rollcall_config::RegistrationConfig {
             addresses: rollcall_config::AddressRule::Any,
+            ..Default::default()
         },
         ..ArbiterConfig::default()
     };

@@ -142,6 +142,7 @@ impl Group {
                 // Tests register addresses no node declared.
                 registration: rollcall_config::RegistrationConfig {
                     addresses: rollcall_config::AddressRule::Any,
+                    ..Default::default()
                 },
                 ..ArbiterConfig::default()
             };

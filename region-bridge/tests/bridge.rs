@@ -51,6 +51,7 @@ async fn arbiter(ca: &Ca, region: &str, dir: &Path) -> ArbiterServer {
         // Tests register addresses no node declared.
         registration: rollcall_config::RegistrationConfig {
             addresses: rollcall_config::AddressRule::Any,
+            ..Default::default()
         },
         ..ArbiterConfig::default()
     };

@@ -189,6 +189,7 @@ pub(crate) async fn arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
     let files = tls_files(config.tls.as_ref(), "arbiter.tls")?;
     let material = tls::TlsMaterial::load(&files)?;
     let paths = config.tls.clone();
+    warn_permissive(&config);
     let server = rollcall_leases::server::ArbiterServer::start(config, &material).await?;
     println!(
         "arbiter serving: QUIC {}, admin http://{} (operator token in {})",
@@ -203,6 +204,19 @@ pub(crate) async fn arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
     serve_until_stopped(&[tls_watcher("arbiter", reload, paths.as_ref())]).await;
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says at start what a node's certificate lets it do beyond its own
+/// instances (README "Security model"): the defaults are permissive.
+fn warn_permissive(config: &ArbiterConfig) {
+    if config.registration_rules.is_empty() {
+        tracing::warn!("any node may register any service: no [[registration_rules]] (README \"Security model\")");
+    }
+    if config.node_zones.is_empty()
+        && config.registration.zones == rollcall_config::ZoneRule::Declared
+    {
+        tracing::warn!("every node is in the zone its agent declares: no [[node_zones]] (README \"Security model\")");
+    }
 }
 
 /// Runs a node agent until Ctrl-C or SIGTERM.

@@ -75,6 +75,7 @@ impl Group {
                     // Tests register addresses no node declared.
                     registration: rollcall_config::RegistrationConfig {
                         addresses: rollcall_config::AddressRule::Any,
+                        ..Default::default()
                     },
                     ..ArbiterConfig::default()
                 };

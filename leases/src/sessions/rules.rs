@@ -6,7 +6,8 @@
 use std::net::IpAddr;
 
 use rollcall_config::{
-    AddressRule, ArbiterConfig, ControllerGrant, RegistrationConfig, RegistrationRule, WatchRule,
+    AddressRule, ArbiterConfig, ControllerGrant, NodeZone, RegistrationConfig, RegistrationRule,
+    WatchRule, ZoneRule,
 };
 
 use crate::catalog::Catalog;
@@ -32,6 +33,8 @@ pub struct Rules {
     pub registration: RegistrationConfig,
     /// `[[registration_rules]]`.
     pub registration_rules: Vec<RegistrationRule>,
+    /// `[[node_zones]]`.
+    pub node_zones: Vec<NodeZone>,
 }
 
 impl Rules {
@@ -43,6 +46,44 @@ impl Rules {
             watch_rules: config.watch_rules.clone(),
             registration: config.registration.clone(),
             registration_rules: config.registration_rules.clone(),
+            node_zones: config.node_zones.clone(),
+        }
+    }
+
+    /// The `[[node_zones]]` entry that binds `node`, if any (the first that
+    /// names it).
+    pub fn bound_zone(&self, node: &NodeId) -> Option<&NodeZone> {
+        self.node_zones
+            .iter()
+            .find(|z| z.nodes.iter().any(|p| p.matches(node.as_str())))
+    }
+
+    /// Whether `node`'s Hello may declare `zone`: a node a `[[node_zones]]`
+    /// entry names is in that zone; others are where they say, unless
+    /// `registration.zones = "bound"`.
+    pub fn may_declare_zone(&self, node: &NodeId, zone: &Label) -> Result<(), String> {
+        match self.bound_zone(node) {
+            Some(bound) if bound.zone != zone.as_str() => Err(format!(
+                "node {node} is in zone {} by the arbiter's [[node_zones]], but its Hello declares zone {zone}: set the agent's zone to {}",
+                bound.zone, bound.zone
+            )),
+            Some(_) => Ok(()),
+            None if self.registration.zones == ZoneRule::Bound => Err(format!(
+                "node {node} is named by no [[node_zones]] entry and registration.zones = \"bound\": add it to the entry of its zone"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `node`'s agent may ask for `weight` (its `[[node_zones]]`
+    /// entry's `max_weight`).
+    pub fn may_weigh(&self, node: &NodeId, weight: u32) -> Result<(), String> {
+        match self.bound_zone(node).and_then(|z| z.max_weight) {
+            Some(max) if weight > max => Err(format!(
+                "weight {weight} is above node {node}'s max_weight {max} ([[node_zones]] of zone {})",
+                self.bound_zone(node).map_or("?", |z| z.zone.as_str())
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -252,6 +293,8 @@ impl Rules {
                 if role == Role::Agent {
                     let zone = catalog.leases().get(&reg.node).map(|l| l.zone.as_str());
                     self.may_register(&reg.node, zone, &reg.service, reg.address, declared)
+                        .map_err(forbidden)?;
+                    self.may_weigh(&reg.node, reg.weight.get())
                         .map_err(forbidden)?;
                 }
                 // An instance id never moves between services, and belongs

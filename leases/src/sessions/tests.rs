@@ -460,3 +460,76 @@ fn a_hello_declares_addresses_within_the_certificate() {
         Step::Refuse(r) if r.contains("at most")
     ));
 }
+
+/// Issue 38, item 2: a node's zone is the arbiter's to bind, not its
+/// Hello's to claim, and its weight is capped by the same entry.
+#[test]
+fn a_bound_zone_refuses_a_hello_that_claims_another_and_caps_the_weight() {
+    let entry = |nodes: &[&str], zone: &str, max_weight| rollcall_config::NodeZone {
+        nodes: nodes
+            .iter()
+            .map(|n| rollcall_config::NodePattern::try_from((*n).to_owned()).unwrap())
+            .collect(),
+        zone: zone.to_owned(),
+        max_weight,
+    };
+    let config = ArbiterConfig {
+        node_zones: vec![entry(&["n1"], "dmz", Some(50)), entry(&["n*"], "z1", None)],
+        ..ArbiterConfig::default()
+    };
+    let rules = Rules::new(&config, Label::new("r1").unwrap());
+    let mut s = Sessions::new(rules.clone(), ShardId(0), 10_000);
+    // n1 is bound to dmz (the first entry that names it): a Hello for z1
+    // is refused naming the binding.
+    s.connect(1, identity(Role::Agent, "n1"), Vec::new());
+    let (_, step) = s.message(1, hello("n1"), 1);
+    assert!(
+        matches!(&step, Step::Refuse(r) if r.contains("is in zone dmz by the arbiter's [[node_zones]]") && r.contains("declares zone z1")),
+        "{step:?}"
+    );
+    assert!(s.held(1).is_none());
+    // n2 is bound to z1, which it declares.
+    s.connect(2, identity(Role::Agent, "n2"), Vec::new());
+    assert!(matches!(s.message(2, hello("n2"), 1).1, Step::Grant { .. }));
+    // A node no entry names is where it says, unless zones are "bound".
+    let mut free = ArbiterConfig {
+        node_zones: vec![entry(&["edge-*"], "dmz", None)],
+        ..ArbiterConfig::default()
+    };
+    let node = NodeId::new("core-1").unwrap();
+    let z1 = Label::new("z1").unwrap();
+    assert!(Rules::new(&free, Label::new("r1").unwrap())
+        .may_declare_zone(&node, &z1)
+        .is_ok());
+    free.registration.zones = rollcall_config::ZoneRule::Bound;
+    let e = Rules::new(&free, Label::new("r1").unwrap())
+        .may_declare_zone(&node, &z1)
+        .unwrap_err();
+    assert!(e.contains("named by no [[node_zones]] entry"), "{e}");
+    // The weight cap of n1's entry.
+    let cat = catalog();
+    let mut heavy = registration("n1", "api");
+    heavy.weight = Weight::new(51).unwrap();
+    let (kind, message) = refusal(rules.authorize(
+        &identity(Role::Agent, "n1"),
+        None,
+        &LOOPBACK,
+        Request::Register(heavy.clone()),
+        &cat,
+    ));
+    assert_eq!(kind, RejectKind::Forbidden);
+    assert!(
+        message.contains("above node n1's max_weight 50"),
+        "{message}"
+    );
+    heavy.weight = Weight::new(50).unwrap();
+    assert!(rules
+        .authorize(
+            &identity(Role::Agent, "n1"),
+            None,
+            &LOOPBACK,
+            Request::Register(heavy),
+            &cat,
+        )
+        .is_ok());
+}
