@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::codec::{self, CodecError, FrameError, MAX_RESPONSE_BYTES, MAX_SESSION_DOWN_BYTES};
+use crate::endpoint::Role;
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use std::sync::Arc;
 
@@ -130,6 +131,23 @@ impl ArbiterClient {
             addr: address.into(),
             detail: e.to_string(),
         })?;
+        // The CA vouches for every role of the region; only an arbiter of
+        // this client's own region may serve it (issue 38, item 4).
+        let region = self.tls.identity().region;
+        let server = crate::tls::peer_identity(&conn)?;
+        if server.principal.role != Role::Arbiter || server.region != region {
+            let detail = format!(
+                "its certificate names {server}, not an arbiter of region {region}: refusing to talk to it"
+            );
+            conn.close(
+                quinn::VarInt::from_u32(crate::protocol::close_code::UNAUTHENTICATED),
+                detail.as_bytes(),
+            );
+            return Err(ClientError::Connect {
+                addr: address.into(),
+                detail,
+            });
+        }
         Ok(ArbiterConn {
             conn,
             address: address.to_owned(),
@@ -222,5 +240,67 @@ impl SessionReader {
     pub async fn next(&mut self) -> Result<SessionDown, ClientError> {
         let bytes = codec::read_frame(&mut self.recv, MAX_SESSION_DOWN_BYTES).await?;
         Ok(codec::decode_session_down(&bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+    use crate::name::{Label, PrincipalName};
+    use crate::tls::{install_crypto_provider, server_config, Ca};
+
+    fn material(ca: &Ca, role: Role, name: &str) -> TlsMaterial {
+        let identity = Identity::new(
+            Label::new("r1").unwrap(),
+            role,
+            PrincipalName::new(name).unwrap(),
+        );
+        TlsMaterial::from_issued(ca, &ca.issue(&identity, &[], &[]).unwrap())
+    }
+
+    /// A QUIC server on loopback presenting `server`, accepting whatever
+    /// connects until the test ends.
+    fn serve(server: &TlsMaterial) -> (quinn::Endpoint, SocketAddr) {
+        let endpoint =
+            quinn::Endpoint::server(server_config(server).unwrap(), ([127, 0, 0, 1], 0).into())
+                .unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let accepting = endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = accepting.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(conn) = incoming.await {
+                        let _ = conn.closed().await;
+                    }
+                });
+            }
+        });
+        (endpoint, addr)
+    }
+
+    /// Issue 38, item 4: the region's CA vouches for every role, so an
+    /// agent checks that what answers is an arbiter, not (say) a bridge or
+    /// another agent's stolen server-capable certificate.
+    #[tokio::test]
+    async fn only_an_arbiter_certificate_may_serve_an_agent() {
+        install_crypto_provider();
+        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        let client = ArbiterClient::new(&material(&ca, Role::Agent, "node-1")).unwrap();
+
+        let (_bridge, at) = serve(&material(&ca, Role::Bridge, "br-1"));
+        let err = client
+            .connect(&at.to_string())
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("names rollcall://r1/bridge/br-1, not an arbiter of region r1"),
+            "{err}"
+        );
+
+        let (_arbiter, at) = serve(&material(&ca, Role::Arbiter, "arb-1"));
+        assert!(client.connect(&at.to_string()).await.is_ok());
     }
 }
