@@ -225,6 +225,7 @@ async fn remove_member(
 /// Applies a membership change here when this replica leads, else hands it
 /// to the leader; answers the group as it is afterwards.
 async fn membership(state: &AdminState, change: MembershipChange) -> Result<Response, AdminError> {
+    let audited = change.clone();
     let metrics = state.raft.metrics().borrow().clone();
     let leader = metrics.current_leader;
     let answer = if leader == Some(metrics.id) {
@@ -261,6 +262,15 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
             Err(e) => crate::answers::unavailable(e.to_string()),
         }
     };
+    match &answer {
+        crate::protocol::Response::Committed { .. } => {
+            tracing::info!(target: "rollcall::audit", identity = %operator(), change = ?audited, "membership changed");
+        }
+        crate::protocol::Response::Rejected { message, .. } => {
+            tracing::warn!(target: "rollcall::audit", identity = %operator(), change = ?audited, reason = %message, "membership change refused");
+        }
+        _ => {}
+    }
     match answer {
         crate::protocol::Response::Committed { .. } => {
             let metrics = state.raft.metrics().borrow().clone();

@@ -168,6 +168,37 @@ impl LocalWrites {
     }
 }
 
+/// A local write is written to the audit log target with who asked: the
+/// arbiter's audit log names this node's agent as the actor, this line
+/// names the local caller behind it (the node token, or a workload's uid
+/// and gid). Heartbeats are not: one per interval per instance.
+fn audit_call(op: &Call) {
+    let (what, instance, caller) = match op {
+        Call::Register {
+            registration,
+            caller,
+        } => ("register", &registration.instance_id, caller),
+        Call::Drain {
+            instance, caller, ..
+        } => ("drain", instance, caller),
+        Call::Deregister {
+            instance, caller, ..
+        } => ("deregister", instance, caller),
+        Call::OpenSession {
+            instance, caller, ..
+        } => ("open-session", instance, caller),
+        Call::Heartbeat { .. } | Call::Instances | Call::Services => return,
+    };
+    match caller {
+        Caller::Operator => {
+            tracing::info!(target: "rollcall::audit", call = what, instance = %instance, caller = "node-token", "local write");
+        }
+        Caller::Workload { uid, gid } => {
+            tracing::info!(target: "rollcall::audit", call = what, instance = %instance, caller = "workload", uid, gid, "local write");
+        }
+    }
+}
+
 pub(super) fn reply(out: &mut Vec<Output>, call: CallId, reply: Result<Reply, Refusal>) {
     out.push(Output::Reply { call, reply });
 }
@@ -182,6 +213,7 @@ impl AgentState {
         rng: &mut R,
         out: &mut Vec<Output>,
     ) {
+        audit_call(&op);
         if let Some(pending) = pending_reply(&op) {
             let config = &self.settings.config;
             let mut bound = config.write_answer_ms;

@@ -130,6 +130,9 @@ async fn put_remote(
     })
     .await?
     .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_view", e))?;
+    // The remote view lives in memory, never in the log: the audit of a
+    // write to it is this line.
+    tracing::info!(target: "rollcall::audit", identity = %operator(), region = %region, version = version.0, "remote view replaced");
     Ok(
         Json(serde_json::json!({"region": region.to_string(), "version": version.0}))
             .into_response(),
