@@ -243,6 +243,7 @@ impl ArbiterServer {
                 timeout: write_timeout,
                 peers: peers.clone(),
                 removed: removed.clone(),
+                tls: live.clone(),
             },
             connection::Guards::new(config.limits, metrics.clone()),
         ));

@@ -37,6 +37,7 @@ use crate::identity::{identity_from_cert_der, Identity, IdentityError};
 use crate::name::Label;
 
 mod live;
+pub mod revoked;
 mod rotation;
 mod watch;
 
@@ -62,8 +63,12 @@ const MAX_IDLE_TIMEOUT_MS: u32 = 10_000;
 /// keep-alives every second a live peer never gets near this bound.
 pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_millis(MAX_IDLE_TIMEOUT_MS as u64);
 
-/// How long an issued leaf certificate is valid.
-pub const LEAF_LIFETIME: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+/// How long an issued leaf certificate is valid: 90 days. Short enough
+/// that a leaked key nobody revoked dies within a quarter, and that
+/// renewing (`rollcall certs --renew`, reloaded without a restart) is a
+/// routine job rather than a yearly surprise; long enough that the 7 days
+/// of expiry warnings leave a renewal plenty of room.
+pub const LEAF_LIFETIME: Duration = Duration::from_secs(90 * 24 * 60 * 60);
 
 /// How long a CA certificate is valid: long enough that leaves issued
 /// later from a reused CA do not outlive it.
@@ -90,6 +95,16 @@ pub const CA_KEY_FILE: &str = "ca.key";
 /// certificates. Messages name the file or value and say what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A line of the deny list is neither an identity URI nor a serial.
+    #[error("{}, line {line}: {reason}", path.display())]
+    BadRevocation {
+        /// The deny list.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// rcgen could not produce a key or certificate.
     #[error("could not generate {what}: {reason}")]
     Generate {
@@ -790,6 +805,9 @@ pub struct TlsMaterial {
     pub cert_chain: Vec<CertificateDer<'static>>,
     /// This process's private key.
     pub key: PrivateKeyDer<'static>,
+    /// The certificates no one may use (`revoked.txt` beside the CA
+    /// bundle; none when it is missing).
+    pub revoked: revoked::Revoked,
 }
 
 impl TlsMaterial {
@@ -816,6 +834,7 @@ impl TlsMaterial {
             cas,
             cert_chain,
             key,
+            revoked: revoked::Revoked::load(&revoked::beside(&files.ca))?,
         };
         material.check(files, SystemTime::now())?;
         Ok(material)
@@ -828,6 +847,7 @@ impl TlsMaterial {
             cas: vec![ca.cert_der().clone()],
             cert_chain: vec![cert.cert_der.clone()],
             key: cert.key_der.clone_key(),
+            revoked: revoked::Revoked::none(),
         }
     }
 

@@ -722,6 +722,36 @@ async fn an_instance_id_is_its_nodes_until_an_operator_frees_it() {
     );
 }
 
+/// Issue 38, item 6: a certificate on the arbiter's deny list is cut off
+/// at the reload that brings the list: its session is closed with the
+/// reason and its handshakes are refused from then on; others go on.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn a_revoked_agent_is_cut_off_at_the_reload() {
+    let cluster = Cluster::start().await;
+    let (_a, http_a) = connected_agent(&cluster, "node-a").await;
+    let (_b, http_b) = connected_agent(&cluster, "node-b").await;
+    let mut material = cluster.arbiter_material();
+    material.revoked = rollcall_leases::tls::revoked::Revoked::parse(
+        "rollcall://r1/agent/node-a\n",
+        std::path::Path::new("revoked.txt"),
+    )
+    .unwrap();
+    let server = cluster.arbiter.as_ref().unwrap();
+    server
+        .tls()
+        .replace(&material, std::path::Path::new("arbiter-arbiter-1.crt"))
+        .unwrap();
+    http_a.wait_disconnected().await;
+    // Its reconnects (every backoff of the next seconds) are refused.
+    for _ in 0..20 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!http_a.connected().await, "a revoked agent got a session");
+    }
+    assert!(http_b.connected().await, "another agent keeps its session");
+    let (status, body) = http_b.register("web", "web-1", 8080).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[actix_rt::test(system = "crate::common::AgentSystem")]
 async fn bad_registrations_change_nothing() {
     let cluster = Cluster::start().await;

@@ -81,6 +81,7 @@ impl BridgeTls {
             cas,
             cert_chain: self.material.cert_chain.clone(),
             key: self.material.key.clone_key(),
+            revoked: self.material.revoked.clone(),
         }
     }
 
@@ -191,7 +192,14 @@ impl Reload for BridgeReload {
             .config
             .tls
             .iter()
-            .flat_map(|t| [t.ca.clone(), t.cert.clone(), t.key.clone()]);
+            .flat_map(|t| {
+                [
+                    t.ca.clone(),
+                    t.cert.clone(),
+                    t.key.clone(),
+                    rollcall_leases::tls::revoked::beside(&t.ca),
+                ]
+            });
         own.chain(self.config.peers.iter().map(|p| p.ca.clone()))
             .collect()
     }

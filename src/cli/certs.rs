@@ -66,6 +66,14 @@ pub(crate) struct CertsArgs {
     /// (run `--renew` first).
     #[arg(long, conflicts_with_all = ["agent", "arbiter", "bridge", "controller", "operator", "dns", "ip"])]
     retire_old_ca: bool,
+    /// Revoke a certificate: `ROLE:NAME` (every certificate of that
+    /// identity, e.g. `agent:node-7`) or `serial:HEX` (one certificate).
+    /// Added to DIR/revoked.txt, beside ca.crt; arbiters, agents and
+    /// bridges given that ca.crt reload it with their TLS files (within
+    /// their check interval, or at once on SIGHUP): its handshakes are
+    /// refused and its sessions closed. Repeatable.
+    #[arg(long, value_name = "ROLE:NAME|serial:HEX", conflicts_with_all = ["agent", "arbiter", "bridge", "controller", "operator", "dns", "ip", "renew", "rotate_ca", "retire_old_ca"])]
+    revoke: Vec<String>,
 }
 
 /// Validates `--region` at the edge, so clap reports a bad one as a usage
@@ -143,6 +151,14 @@ pub(crate) fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
     if args.renew || args.rotate_ca || args.retire_old_ca {
         return rotation_step(args);
     }
+    if !args.revoke.is_empty() {
+        for entry in &args.revoke {
+            let entry = revocation_entry(&args.region, entry)?;
+            let file = tls::revoked::append(&args.out, &entry)?;
+            println!("revoked {entry} in {}", file.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let agents: Vec<PrincipalName> = args.agent.iter().map(|(name, _)| name.clone()).collect();
     let identities: Vec<Identity> = [
         (Role::Agent, &agents),
@@ -177,6 +193,20 @@ pub(crate) fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
         println!("wrote {}", file.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--revoke`'s value as a deny-list line: `serial:HEX` as given,
+/// `ROLE:NAME` as the identity URI in `region`.
+fn revocation_entry(region: &Label, value: &str) -> anyhow::Result<String> {
+    if value.starts_with("serial:") {
+        return Ok(value.to_owned());
+    }
+    let (role, name) = value.split_once(':').ok_or_else(|| {
+        anyhow::anyhow!("--revoke {value:?}: write ROLE:NAME (e.g. agent:node-7) or serial:HEX")
+    })?;
+    let uri = format!("rollcall://{region}/{role}/{name}");
+    Identity::parse_uri(&uri).map_err(|e| anyhow::anyhow!("--revoke {value:?}: {e}"))?;
+    Ok(uri)
 }
 
 #[derive(Debug, Args)]

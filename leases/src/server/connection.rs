@@ -164,6 +164,8 @@ pub struct PeerContext {
     pub peers: std::sync::Arc<super::peer::Peers>,
     /// Whether this replica was removed from its group.
     pub removed: super::removal::Removed,
+    /// The TLS material in use (its deny list closes revoked sessions).
+    pub tls: std::sync::Arc<crate::tls::LiveTls>,
 }
 
 /// How long a refused peer gets to read the refusal before the arbiter
@@ -266,6 +268,10 @@ async fn serve(
         _ = read_streams(&conn, agent, &core, session_tx, &guards) => {}
         reason = tls::peer_certificate_expired(&conn) => {
             tracing::warn!(agent, reason = %reason, "closing a session whose peer certificate expired");
+            close(&conn, close_code::UNAUTHENTICATED, &reason);
+        }
+        reason = peers.tls.peer_revoked(&conn) => {
+            tracing::warn!(target: "rollcall::audit", agent, reason = %reason, "closing a session whose peer certificate was revoked");
             close(&conn, close_code::UNAUTHENTICATED, &reason);
         }
         removal = peers.removed.wait() => {

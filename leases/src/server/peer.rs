@@ -436,6 +436,14 @@ pub async fn serve(
                 );
                 return;
             }
+            reason = context.tls.peer_revoked(&conn) => {
+                tracing::warn!(target: "rollcall::audit", peer = %identity, reason = %reason, "closing a peer replica's connection: its certificate was revoked");
+                conn.close(
+                    quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+                    &reason.as_bytes()[..reason.len().min(1000)],
+                );
+                return;
+            }
         };
         let Ok((send, recv)) = accepted else {
             return;

@@ -23,6 +23,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::{Deserialize, Serialize};
 
+use super::revoked::Revoked;
 use super::{install_crypto_provider, roots, transport, TlsError, TlsMaterial};
 use crate::identity::Identity;
 
@@ -115,6 +116,7 @@ struct Loaded {
     clients: Arc<dyn ClientCertVerifier>,
     servers: Arc<WebPkiServerVerifier>,
     status: TlsStatus,
+    revoked: Revoked,
 }
 
 impl Loaded {
@@ -140,6 +142,7 @@ impl Loaded {
             certified,
             clients,
             servers,
+            revoked: material.revoked.clone(),
         })
     }
 }
@@ -148,6 +151,9 @@ impl Loaded {
 /// the resolver and verifier of every quinn configuration made from it.
 pub struct LiveTls {
     loaded: ArcSwap<Loaded>,
+    /// Counts replacements, so connection drivers waiting on
+    /// [`LiveTls::peer_revoked`] look at the deny list again.
+    replaced: tokio::sync::watch::Sender<u64>,
 }
 
 impl fmt::Debug for LiveTls {
@@ -163,6 +169,7 @@ impl LiveTls {
     pub fn new(material: &TlsMaterial) -> Result<Arc<LiveTls>, TlsError> {
         Ok(Arc::new(LiveTls {
             loaded: ArcSwap::from_pointee(Loaded::new(material)?),
+            replaced: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -186,7 +193,33 @@ impl LiveTls {
         }
         let status = loaded.status.clone();
         self.loaded.store(Arc::new(loaded));
+        self.replaced.send_modify(|n| *n += 1);
         Ok(status)
+    }
+
+    /// Why `leaf` may not be used, if the current deny list revokes it.
+    pub fn revoked(&self, leaf: &CertificateDer<'_>) -> Result<(), String> {
+        self.loaded.load().revoked.check(leaf)
+    }
+
+    /// Resolves, with the reason to close it with, once the material in
+    /// use revokes the certificate `conn`'s peer presented (at once when it
+    /// already does); never when the peer presented none. Every driver of
+    /// a long-lived connection waits on this beside its streams.
+    pub async fn peer_revoked(&self, conn: &quinn::Connection) -> String {
+        let leaf = super::peer_chain(conn).and_then(|chain| chain.into_iter().next());
+        let Some(leaf) = leaf else {
+            return std::future::pending().await;
+        };
+        let mut replaced = self.replaced.subscribe();
+        loop {
+            if let Err(reason) = self.revoked(&leaf) {
+                return reason;
+            }
+            if replaced.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// The identity this process runs as.
@@ -207,11 +240,11 @@ impl LiveTls {
         leaf: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
     ) -> Result<(), rustls::Error> {
-        self.loaded
-            .load()
+        let loaded = self.loaded.load();
+        loaded
             .clients
-            .verify_client_cert(leaf, intermediates, UnixTime::now())
-            .map(|_| ())
+            .verify_client_cert(leaf, intermediates, UnixTime::now())?;
+        loaded.revoked.check(leaf).map_err(rustls::Error::General)
     }
 
     /// A QUIC server configuration for a control-plane listener: presents
@@ -314,10 +347,15 @@ impl ClientCertVerifier for LiveTls {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.loaded
-            .load()
+        let loaded = self.loaded.load();
+        let verified = loaded
             .clients
-            .verify_client_cert(end_entity, intermediates, now)
+            .verify_client_cert(end_entity, intermediates, now)?;
+        loaded
+            .revoked
+            .check(end_entity)
+            .map_err(rustls::Error::General)?;
+        Ok(verified)
     }
 
     signatures_of!(clients);
@@ -332,13 +370,19 @@ impl ServerCertVerifier for LiveTls {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.loaded.load().servers.verify_server_cert(
+        let loaded = self.loaded.load();
+        let verified = loaded.servers.verify_server_cert(
             end_entity,
             intermediates,
             server_name,
             ocsp_response,
             now,
-        )
+        )?;
+        loaded
+            .revoked
+            .check(end_entity)
+            .map_err(rustls::Error::General)?;
+        Ok(verified)
     }
 
     signatures_of!(servers);
@@ -557,8 +601,8 @@ mod tests {
         let now = crate::clock::now_ms() as i64 / 1_000;
         let left = status.leaf.expires_in_s(now);
         assert!(
-            (364 * 86_400..=365 * 86_400).contains(&left),
-            "a year: {left} s"
+            (89 * 86_400..=90 * 86_400).contains(&left),
+            "90 days: {left} s"
         );
         assert!(
             status.leaf.not_after.ends_with('Z'),

@@ -52,6 +52,7 @@ impl Reload for FileReload {
             self.files.ca.clone(),
             self.files.cert.clone(),
             self.files.key.clone(),
+            super::revoked::beside(&self.files.ca),
         ]
     }
 

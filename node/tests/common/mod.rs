@@ -113,6 +113,16 @@ impl Cluster {
         Self::material(&self.ca, role, name)
     }
 
+    /// The arbiter's own material, deny list included.
+    pub fn arbiter_material(&self) -> TlsMaterial {
+        TlsMaterial {
+            cas: self.arbiter_tls.cas.clone(),
+            cert_chain: self.arbiter_tls.cert_chain.clone(),
+            key: self.arbiter_tls.key.clone_key(),
+            revoked: self.arbiter_tls.revoked.clone(),
+        }
+    }
+
     pub async fn start_arbiter(&mut self) {
         let server = ArbiterServer::start(self.arbiter_config.clone(), &self.arbiter_tls)
             .await
