@@ -14,7 +14,8 @@ use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
 use rollcall_leases::protocol::{Request, ServiceUpdate, SessionDown, SessionUp};
 use rollcall_leases::{
-    AgentEpoch, Generation, InstanceId, LeaseId, NodeId, ServiceKey, State, Version,
+    AgentEpoch, CatalogId, Generation, InstanceId, LeaseId, NodeId, Revision, ServiceKey, State,
+    Version,
 };
 use rollcall_node::agent_state::{
     AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, SaveId, SessionId,
@@ -381,7 +382,16 @@ impl World {
         );
     }
 
-    pub(super) fn welcome(&mut self, a: u32, g: u64, lease: LeaseId) {
+    /// The arbiter's Welcome on session `g`: the lease, and the catalog
+    /// and revision it names.
+    pub(super) fn welcome(
+        &mut self,
+        a: u32,
+        g: u64,
+        lease: LeaseId,
+        revision: Revision,
+        catalog: Option<CatalogId>,
+    ) {
         let now_ms = self.now_ms();
         let agent = &mut self.agents[a as usize];
         let Some((session, _)) = agent.connecting.filter(|(_, x)| *x == g) else {
@@ -394,8 +404,6 @@ impl World {
             agent.snapshots_since_outage = 0;
         }
         self.counters.reconnects += 1;
-        let revision = self.arb.catalog.revision();
-        let catalog = self.arb.catalog.identity();
         self.feed(
             a,
             Input::Connected {
@@ -425,6 +433,15 @@ impl World {
                 message: SessionDown::Update(updates),
             },
         );
+    }
+
+    /// Another arbiter message (regions, a refusal) reaches agent `a` on
+    /// session `g`.
+    pub(super) fn message_down(&mut self, a: u32, g: u64, message: SessionDown) {
+        let Some((session, _)) = self.agents[a as usize].session.filter(|(_, x)| *x == g) else {
+            return;
+        };
+        self.feed(a, Input::Message { session, message });
     }
 
     /// The arbiter's witness question about `node` reaches agent `a` on

@@ -1,39 +1,50 @@
-//! The arbiter's side of the simulated region: the Raft group as one
-//! ordered log committing a batch `commit_latency_ms` after it starts,
-//! applied to the real [`rollcall_leases::Catalog`], and the real
-//! [`rollcall_leases::distribution::Distributor`] whose sends are carried
-//! with their codec size, transfer time and latency.
+//! The arbiter's side of the simulated region: one arbiter replica whose
+//! every decision is the shipped replica machine's
+//! ([`rollcall_leases::replica::ReplicaState`]), driven as the arbiter's
+//! core task (`rollcall_leases::server::core`) drives it, over the real
+//! [`rollcall_leases::Catalog`] as applied.
 //!
-//! The leader's memory is the arbiter core's own
-//! [`rollcall_leases::leader::LeaderMemory`]: session silence (as the core,
-//! only session-stream messages count), the two-signal rule for gossip
-//! down reports, lease expiries with the zone's silent count, purges, and
-//! taking office after a restart. The session rules are the core's own
-//! ([`rollcall_leases::sessions`]): which node's lease a certificate may
-//! hold, what it may watch, which of its requests become which command,
-//! and what a settled down report answers; the answers are the core's too
-//! ([`rollcall_leases::answers`]). This file only carries messages to and
-//! from them and stamps the commands.
+//! The machine decides: sessions (Hello, the grant and its Welcome,
+//! refusals, one session per node), renewals and session silence, requests
+//! and which become commands, down reports held for the second signal,
+//! lease deadlines, expiries and purges, witness asks, taking office (every
+//! lease one TTL, every session heard, the catalog's identity proposed),
+//! group commits (at most two batches of at most 1,024 commands in
+//! flight), the distributor's updates, re-sends and wake-ups, regions
+//! messages and `AwaitPropagation` (answered at the last ack or at the
+//! deadline).
 //!
-//! It does not drive the arbiter's replica machine
-//! ([`rollcall_leases::replica::ReplicaState`]) yet (issue 32, item 3):
-//! what that machine decides beyond the parts above (followers and
-//! forwarded writes, quorum loss, the catalog identity, batches of at
-//! most 1,024 with two in flight, `AwaitPropagation` answered on the last
-//! ack or at the deadline rather than at once) is not modelled here.
+//! This file only carries, as the core task does: each event that reaches
+//! the arbiter is one wake-up (its inputs, then `Tick`), and the machine is
+//! woken again at its `poll_timeout`. What it models itself:
+//! - the Raft group, as one replica that leads from its start with a
+//!   quorum: a proposed batch commits `commit_latency_ms` after it is
+//!   proposed, in order, and is then applied to the catalog here
+//!   (`Input::Applied`, then `Input::Committed` with each command's
+//!   result);
+//! - the network between agents and the arbiter (latency, transfer time,
+//!   the ordered session stream, cut zones) and the leader's one CPU core
+//!   (`[arbiter]` `recv_cpu_us`, `send_cpu_us`);
+//! - a restart: the machine is dropped with its memory, and a new one
+//!   over the catalog as applied takes office.
+//!
+//! Not modelled yet (issue 32, item 3, second part): followers, forwarded
+//! writes, leader changes and quorum loss.
 
-use rollcall_leases::distribution::{Distributor, Output};
+use std::collections::VecDeque;
+
 use rollcall_leases::identity::Identity;
-use rollcall_leases::leader::{LeaderMemory, LeaderParams, Verdict};
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionUp};
-use rollcall_leases::sessions::{down_outcome, Accepted, DownOutcome, Step};
-use rollcall_leases::witness;
-use rollcall_leases::{
-    answers, Applied, Command, Effect, Envelope, Label, NodeId, PrincipalName, Revision, Role,
-    State,
-};
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::raft::AppliedMark;
+use rollcall_leases::replica::{BatchOutcome, Input, Output, RaftView, ReplicaState};
+use rollcall_leases::{Applied, Command, Effect, Envelope, PrincipalName, Revision, Role, State};
 
 use super::world::*;
+
+/// The simulated replica's id in its Raft group.
+pub(super) const REPLICA: u64 = 1;
+/// The address the agents dial, and the replica's in its group.
+pub(super) const ADDRESS: &str = "sim-arbiter:7000";
 
 impl World {
     // ----- arbiter -----
@@ -42,25 +53,58 @@ impl World {
     fn identity(&self, a: u32) -> Identity {
         let node = &self.agents[a as usize].node;
         Identity::new(
-            self.arb.sessions.rules().region.clone(),
+            self.arb.machine.sessions().rules().region.clone(),
             Role::Agent,
             PrincipalName::new(node.as_str()).expect("simulated names are valid"),
         )
     }
 
-    /// Agent `a`'s handshake completed: its connection `session` sends
-    /// Hello, which the session layer reads as the core does.
+    /// A replica machine over the catalog as applied now, following no
+    /// one until it is told it leads.
+    pub(super) fn new_machine(&self) -> ReplicaState {
+        ReplicaState::new(
+            self.arbiter_config.clone(),
+            REPLICA,
+            &self.arb.catalog,
+            self.applied_mark(),
+            self.now_ms(),
+        )
+    }
+
+    fn applied_mark(&self) -> AppliedMark {
+        AppliedMark {
+            last_applied: None,
+            revision: self.arb.catalog.revision(),
+            installs: 0,
+        }
+    }
+
+    /// A new machine takes office: openraft's view says it leads, with a
+    /// quorum that answers.
+    pub(super) fn take_office(&mut self) {
+        self.arb.machine = self.new_machine();
+        self.arb.seen = Default::default();
+        self.arb.term += 1;
+        let view = RaftView {
+            term: self.arb.term,
+            leads: true,
+            leader: Some((REPLICA, ADDRESS.into())),
+            others: Vec::new(),
+            quorum_ack_ms_ago: Some(0),
+        };
+        self.arbiter_wake(vec![Input::Raft(view)]);
+    }
+
+    /// Agent `a`'s handshake completed: its connection `session` is
+    /// connected and sends Hello.
     pub(super) fn hello(&mut self, a: u32, session: u64) {
         if !self.link_up(a) {
             let latency = self.arbiter_latency();
             self.after(latency, Ev::Closed { agent: a, session });
             return;
         }
-        self.arb
-            .sessions
-            .connect(session, self.identity(a), Vec::new());
+        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
         self.arb.conns.insert(session, a);
-        self.arb.dist.connect(session);
         let agent = &self.agents[a as usize];
         let hello = SessionUp::Hello {
             node: agent.node.clone(),
@@ -68,11 +112,19 @@ impl World {
             zone: self.zone_labels[agent.zone as usize].clone(),
             addresses: vec![agent_ip(a)],
         };
-        self.session_message(a, session, hello);
+        let connected = Input::Connected {
+            agent: session,
+            identity: self.identity(a),
+            certified: Vec::new(),
+        };
+        let hello = Input::Session {
+            agent: session,
+            msg: hello,
+        };
+        self.arbiter_wake(vec![connected, hello]);
     }
 
-    /// One message on agent `a`'s session stream reaches the arbiter now:
-    /// the core's session layer says what it means, this carries it out.
+    /// One message on agent `a`'s session stream reaches the arbiter now.
     pub(super) fn session_message(&mut self, a: u32, session: u64, message: SessionUp) {
         if !self.link_up(a) || !self.arb.conns.contains_key(&session) {
             return;
@@ -82,94 +134,10 @@ impl World {
         if !matches!(message, SessionUp::Ack { .. }) {
             self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
         }
-        let now_ms = self.now_ms();
-        let (heard, step) = self.arb.sessions.message(session, message, now_ms);
-        if let Some((node, _, _)) = heard {
-            self.arb.leader.heard(&node, now_ms);
-        }
-        match step {
-            Step::Grant { envelope, replaced } => {
-                // One session per node, as in the core: the node's earlier
-                // session is closed.
-                for (old, _) in replaced {
-                    if let Some(&holder) = self.arb.conns.get(&old) {
-                        self.drop_session(old);
-                        let latency = self.arbiter_latency();
-                        self.after(
-                            latency,
-                            Ev::Closed {
-                                agent: holder,
-                                session: old,
-                            },
-                        );
-                    }
-                }
-                self.propose(envelope, Then::Welcome { agent: a, session })
-            }
-            Step::Refuse(_) | Step::Close(_) => {
-                self.drop_session(session);
-                let latency = self.arbiter_latency();
-                self.after(latency, Ev::Closed { agent: a, session });
-            }
-            Step::Deny { service, reason } => self.carry(vec![Output::Send {
-                agent: session,
-                updates: vec![ServiceUpdate::Denied { service, reason }],
-            }]),
-            Step::Subscribe { service, have } => {
-                let mut out = Vec::new();
-                self.arb.dist.subscribe(
-                    session,
-                    service,
-                    have,
-                    now_ms,
-                    &self.arb.catalog,
-                    &mut out,
-                );
-                self.carry(out);
-            }
-            Step::Unsubscribe(service) => self.arb.dist.unsubscribe(session, &service),
-            Step::Ack { service, revision } => {
-                let mut out = Vec::new();
-                self.arb.dist.ack(
-                    session,
-                    &service,
-                    revision,
-                    now_ms,
-                    &self.arb.catalog,
-                    &mut out,
-                );
-                self.carry(out);
-            }
-            Step::Renew { node, epoch, actor } => {
-                self.counters.renewals += 1;
-                // The core's renewal: the leader memory renews the lease,
-                // and reinstates one the guard holds.
-                let arb = &mut self.arb;
-                let renewal = arb
-                    .leader
-                    .renew(arb.catalog.leases(), &node, epoch, now_ms, &actor);
-                match renewal {
-                    Ok(Some(reinstate)) => self.propose(reinstate, Then::Nothing),
-                    Ok(None) => {}
-                    Err(_) => {
-                        // The core refuses the session (the lease ended,
-                        // say by a down verdict): the agent reconnects and
-                        // is granted a new one.
-                        self.counters.renewals_refused += 1;
-                        self.drop_session(session);
-                        let latency = self.arbiter_latency();
-                        self.after(latency, Ev::Closed { agent: a, session });
-                    }
-                }
-            }
-            Step::Witnessed {
-                witness,
-                node,
-                epoch,
-                seen,
-            } => self.arb.leader.witnessed(witness, &node, epoch, seen),
-            Step::Nothing => {}
-        }
+        self.arbiter_wake(vec![Input::Session {
+            agent: session,
+            msg: message,
+        }]);
     }
 
     /// Subscriptions on session `session` arrive, in order.
@@ -188,93 +156,33 @@ impl World {
         }
     }
 
-    /// An agent's request arrives (a request, not a session message: the
-    /// core does not count it as hearing the session). The session layer
-    /// accepts or refuses it, and it is carried out as the core does.
+    /// An agent's request arrives on a stream of its own; the answer goes
+    /// back by the reply id it is given here.
     pub(super) fn request(&mut self, a: u32, session: u64, request: u64, body: Request) {
         if !self.arb.conns.contains_key(&session) || !self.link_up(a) {
             return;
         }
         self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
-        if matches!(
-            body,
+        match &body {
             Request::Transition {
                 to: State::Unhealthy,
                 ..
+            } => self.counters.unhealthy += 1,
+            // What the session rules accept as a down report: one from a
+            // session that holds a lease.
+            Request::ReportDown { .. } if self.arb.machine.sessions().held(session).is_some() => {
+                self.counters.down_reports += 1
             }
-        ) {
-            self.counters.unhealthy += 1;
+            _ => {}
         }
-        let now_ms = self.now_ms();
-        let accepted = self
-            .arb
-            .sessions
-            .request(session, body, &self.arb.catalog, now_ms);
-        match accepted {
-            Ok(Accepted::Propose(env)) => self.propose(env, Then::Reply { agent: a, request }),
-            Ok(Accepted::Down {
-                reporter,
-                actor,
-                node,
-                epoch,
-            }) => {
-                // The leader memory holds it for the arbiter's own
-                // signal, as the core does.
-                self.counters.down_reports += 1;
-                let verdicts = self.arb.leader.report_down(
-                    reporter,
-                    actor,
-                    node,
-                    epoch,
-                    now_ms,
-                    Some((a, request)),
-                );
-                self.verdicts(verdicts);
-            }
-            Ok(Accepted::List(node)) => {
-                let response = answers::node_instances(&self.arb.catalog, &node);
-                self.answer(a, request, response);
-            }
-            Ok(Accepted::Answer(response)) => self.answer(a, request, response),
-            Ok(Accepted::Await {
-                service, revision, ..
-            }) => {
-                let (acked, total) = self.arb.dist.propagation(&service, revision);
-                self.answer(a, request, Response::Propagated { acked, total });
-            }
-            Err(response) => self.answer(a, request, response),
-        }
-    }
-
-    /// Settled down reports, carried as the core carries them.
-    pub(super) fn verdicts(&mut self, verdicts: Vec<Verdict<Reporter>>) {
-        for verdict in verdicts {
-            if matches!(verdict, Verdict::Partition { .. }) {
-                self.counters.down_reports_ignored += 1;
-            }
-            match down_outcome(verdict) {
-                DownOutcome::Answer { waiting, answer } => {
-                    for (agent, request) in waiting {
-                        self.answer(agent, request, answer.clone());
-                    }
-                }
-                DownOutcome::Propose {
-                    envelope,
-                    first,
-                    others,
-                    answer,
-                } => {
-                    let then = match first {
-                        Some((agent, request)) => Then::Reply { agent, request },
-                        None => Then::Nothing,
-                    };
-                    self.propose(envelope, then);
-                    for (agent, request) in others {
-                        self.answer(agent, request, answer.clone());
-                    }
-                }
-            }
-        }
+        self.arb.next_reply += 1;
+        let reply = self.arb.next_reply;
+        self.arb.replies.insert(reply, (a, request));
+        self.arbiter_wake(vec![Input::Request {
+            agent: session,
+            request: body,
+            reply,
+        }]);
     }
 
     /// Sends an answer back to agent `a`'s request.
@@ -295,136 +203,263 @@ impl World {
         }
     }
 
-    pub(super) fn arbiter_tick(&mut self) {
+    /// Samples what the guard and the witnesses hold, every sweep interval.
+    pub(super) fn arbiter_sample(&mut self) {
         let sweep = self.arbiter_config.lease.sweep_interval_ms;
-        self.after(sweep * 1_000, Ev::ArbiterTick);
+        self.after(sweep * 1_000, Ev::ArbiterSample);
         let held = self.arb.catalog.leases().held();
         self.counters.held_max = self.counters.held_max.max(held);
         self.counters.witness_held_max = self
             .counters
             .witness_held_max
-            .max(self.arb.leader.held_alive());
+            .max(self.arb.machine.held_alive());
+    }
+
+    /// One wake-up of the machine, as the core task has them: `inputs` in
+    /// order, then `Tick`; what carrying them hands back (a closed
+    /// connection) is the next wake-up's. Then the machine is woken again
+    /// at its `poll_timeout`.
+    pub(super) fn arbiter_wake(&mut self, inputs: Vec<Input>) {
         if !self.arb.up {
             return;
         }
-        let now_ms = self.now_ms();
-        let sweep = self.arb.leader.sweep(now_ms, self.arb.catalog.leases());
-        self.verdicts(sweep.verdicts);
-        for envelope in sweep.proposals {
-            self.propose(envelope, Then::Nothing);
+        let mut inbox: VecDeque<Input> = inputs.into();
+        loop {
+            while let Some(input) = inbox.pop_front() {
+                self.arbiter_step(input, &mut inbox);
+            }
+            self.arbiter_step(Input::Tick, &mut inbox);
+            if inbox.is_empty() {
+                break;
+            }
         }
-        // The core's witness questions, to the sessions it heard lately.
-        let silence = self.arbiter_config.lease.silence_ms;
-        for (node, epoch) in sweep.asks {
-            let Some(ask) = witness::ask(&self.arb.catalog, &node, epoch) else {
-                continue;
-            };
-            let candidates: Vec<(u64, NodeId, Label)> = self
-                .arb
-                .conns
-                .keys()
-                .filter_map(|session| {
-                    let (node, _) = self.arb.sessions.live(*session)?;
-                    let heard = self.arb.leader.last_heard(node)?;
-                    if now_ms.saturating_sub(heard) > silence {
-                        return None;
+        // The machine's counts, as the core publishes them.
+        let counts = self.arb.machine.counters();
+        let (renewals, ignored) = (counts.renewals, counts.down_reports_ignored);
+        self.counters.renewals += renewals - self.arb.seen.renewals;
+        self.counters.down_reports_ignored += ignored - self.arb.seen.down_reports_ignored;
+        self.arb.seen.renewals = renewals;
+        self.arb.seen.down_reports_ignored = ignored;
+        let at_ms = self.arb.machine.poll_timeout().max(self.now_ms() + 1);
+        if self.arb.wake_at.is_none_or(|w| at_ms < w) {
+            self.arb.wake_at = Some(at_ms);
+            self.at(at_ms * 1_000, Ev::ArbiterWake { at_ms });
+        }
+    }
+
+    /// The wake-up the machine asked for.
+    pub(super) fn arbiter_woken(&mut self, at_ms: u64) {
+        if self.arb.wake_at == Some(at_ms) {
+            self.arb.wake_at = None;
+            self.arbiter_wake(Vec::new());
+        }
+    }
+
+    /// One input to the machine, its outputs carried.
+    fn arbiter_step(&mut self, input: Input, inbox: &mut VecDeque<Input>) {
+        let renewal = match &input {
+            Input::Session {
+                agent,
+                msg: SessionUp::Renew,
+            } => Some(*agent),
+            _ => None,
+        };
+        let now_ms = self.now_ms();
+        let mut out = Vec::new();
+        let arb = &mut self.arb;
+        arb.machine
+            .handle(input, now_ms, &mut arb.rng, &arb.catalog, &mut out);
+        // A renewal the leader memory refuses (the lease ended, say by a
+        // down verdict) refuses the session: the agent reconnects.
+        if let Some(session) = renewal {
+            let refused = out.iter().any(|o| {
+                matches!(o, Output::Send { agent, message: SessionDown::Refused { .. }, .. } if *agent == session)
+            });
+            self.counters.renewals_refused += u64::from(refused);
+        }
+        for o in out {
+            self.carry(o, inbox);
+        }
+        let snapshots = self.arb.machine.distributor().snapshots_in_flight();
+        self.arb.max_snapshots_seen = self.arb.max_snapshots_seen.max(snapshots);
+    }
+
+    /// Carries one of the machine's outputs.
+    fn carry(&mut self, output: Output, inbox: &mut VecDeque<Input>) {
+        match output {
+            Output::Send {
+                agent: session,
+                message,
+                notify,
+            } => self.send_down(session, message, notify, inbox),
+            Output::Close { agent: session, .. } => {
+                if let Some(a) = self.arb.conns.remove(&session) {
+                    inbox.push_back(Input::Closed { agent: session });
+                    if self.link_up(a) {
+                        let latency = self.arbiter_latency();
+                        self.after(latency, Ev::Closed { agent: a, session });
                     }
-                    let zone = self.arb.catalog.leases().get(node)?.zone.clone();
-                    Some((*session, node.clone(), zone))
-                })
-                .collect();
-            let chosen = witness::choose(&ask, candidates.iter().map(|(s, n, z)| (*s, n, z)));
-            self.counters.witness_asks += chosen.len() as u64;
-            for session in chosen {
-                let agent = self.arb.conns[&session];
+                }
+            }
+            Output::Answer { reply, response } => {
+                if let Some((a, request)) = self.arb.replies.remove(&reply) {
+                    self.answer(a, request, response);
+                }
+            }
+            Output::Propose { batch, envelopes } => {
+                self.arb.in_flight.push_back((batch, envelopes));
+                let generation = self.arb.generation;
+                self.after(
+                    self.sc.arbiter.commit_latency_ms * 1_000,
+                    Ev::Commit { generation },
+                );
+            }
+            // One replica: its view of the group names no other member and
+            // no other leader, so it forwards nothing and asks no peer;
+            // nothing stops it with `Input::Stop`.
+            Output::AnswerPeer { .. }
+            | Output::Forward { .. }
+            | Output::ReportHeard { .. }
+            | Output::Tell { .. }
+            | Output::AskPropagation { .. }
+            | Output::Stopped => {}
+        }
+    }
+
+    /// A message the machine sends on session `session`, carried with its
+    /// CPU, size, transfer time and latency.
+    fn send_down(
+        &mut self,
+        session: u64,
+        message: SessionDown,
+        notify: bool,
+        inbox: &mut VecDeque<Input>,
+    ) {
+        let Some(&a) = self.arb.conns.get(&session) else {
+            return;
+        };
+        match message {
+            SessionDown::Update(updates) => {
+                let bytes = self.message_bytes(&updates);
+                self.counters.update_messages += 1;
+                self.counters.updates += updates.len() as u64;
+                self.counters.bytes += bytes;
+                let second = (ms(self.now) / 1_000) as usize;
+                bump(
+                    &mut self.counters.deliveries_per_s,
+                    second,
+                    updates.len() as u32,
+                );
+                let transfer = bytes * 1_000 / self.sc.network.bytes_per_ms;
+                if self.link_up(a) {
+                    // The send waits for the leader's core, then is
+                    // written to the connection and completes.
+                    let cpu = self.arbiter_cpu(self.sc.arbiter.send_cpu_us);
+                    if notify {
+                        self.after(cpu + transfer.max(10), Ev::SendDone { session });
+                    }
+                    let latency = self.arbiter_latency();
+                    let at = self.down_arrival(a, cpu + transfer + latency);
+                    self.at(
+                        at,
+                        Ev::Update {
+                            agent: a,
+                            session,
+                            updates,
+                        },
+                    );
+                }
+            }
+            SessionDown::Welcome {
+                lease,
+                revision,
+                catalog,
+                ..
+            } => {
+                let latency = self.arbiter_latency();
+                if self.link_up(a) {
+                    let at = self.down_arrival(a, latency);
+                    self.at(
+                        at,
+                        Ev::Welcome {
+                            agent: a,
+                            session,
+                            lease,
+                            revision,
+                            catalog,
+                        },
+                    );
+                } else {
+                    // Lost with its connection, which ends at both ends.
+                    self.arb.conns.remove(&session);
+                    inbox.push_back(Input::Closed { agent: session });
+                    self.after(latency, Ev::Closed { agent: a, session });
+                }
+            }
+            SessionDown::Witness {
+                node,
+                epoch,
+                addresses,
+            } => {
+                self.counters.witness_asks += 1;
                 let latency = self.arbiter_latency();
                 self.after(
                     latency,
                     Ev::Witness {
-                        agent,
+                        agent: a,
                         session,
-                        node: ask.node.clone(),
-                        epoch: ask.epoch,
-                        addresses: ask.addresses.clone(),
+                        node,
+                        epoch,
+                        addresses,
                     },
                 );
             }
-        }
-        let mut out = Vec::new();
-        self.arb.dist.sweep(now_ms, &self.arb.catalog, &mut out);
-        self.carry(out);
-    }
-
-    pub(super) fn propose(&mut self, env: Envelope, then: Then) {
-        if !self.arb.up {
-            return;
-        }
-        self.arb.queue.push((env, then));
-        if !self.arb.committing {
-            self.arb.committing = true;
-            self.after(self.sc.arbiter.commit_latency_ms * 1_000, Ev::Commit);
-        }
-    }
-
-    pub(super) fn commit(&mut self) {
-        self.arb.committing = false;
-        if !self.arb.up {
-            return;
-        }
-        let batch = std::mem::take(&mut self.arb.queue);
-        let now_ms = self.now_ms();
-        let mut out = Vec::new();
-        for (env, then) in batch {
-            let result = self.arb.catalog.apply(&env);
-            if let Ok(applied) = &result {
-                self.arb.leader.settled(&env.command);
-                self.after_commit(&env, applied);
-                if applied.revision.is_some() {
-                    self.arb
-                        .dist
-                        .committed(&applied.services, now_ms, &self.arb.catalog, &mut out);
-                }
-            }
-            match then {
-                Then::Nothing => {}
-                Then::Welcome { agent, session } => {
+            message @ (SessionDown::Regions(_) | SessionDown::Refused { .. }) => {
+                if self.link_up(a) {
                     let latency = self.arbiter_latency();
-                    // As the core: the node's lease as committed.
-                    let node = &self.agents[agent as usize].node;
-                    let lease = result
-                        .as_ref()
-                        .ok()
-                        .and_then(|_| self.arb.catalog.leases().get(node))
-                        .map(|l| l.id);
-                    if let (Some(lease), true) = (lease, self.link_up(agent)) {
-                        self.arb.sessions.welcomed(session);
-                        let at = self.down_arrival(agent, latency);
-                        self.at(
-                            at,
-                            Ev::Welcome {
-                                agent,
-                                session,
-                                lease,
-                            },
-                        );
-                    } else {
-                        self.drop_session(session);
-                        self.after(latency, Ev::Closed { agent, session });
-                    }
-                }
-                Then::Reply { agent, request } => {
-                    let response = answers::response(&self.arb.catalog, &env, result);
-                    self.answer(agent, request, response);
+                    let at = self.down_arrival(a, latency);
+                    self.at(
+                        at,
+                        Ev::Message {
+                            agent: a,
+                            session,
+                            message,
+                        },
+                    );
                 }
             }
         }
-        self.carry(out);
-        if !self.arb.queue.is_empty() {
-            self.arb.committing = true;
-            self.after(self.sc.arbiter.commit_latency_ms * 1_000, Ev::Commit);
-        }
     }
 
+    /// The Raft group commits the oldest batch in flight: applied to the
+    /// catalog in order (each command measured), then the machine hears
+    /// of the applied revision and of the batch's results.
+    pub(super) fn commit(&mut self, generation: u64) {
+        if !self.arb.up || generation != self.arb.generation {
+            return;
+        }
+        let Some((batch, envelopes)) = self.arb.in_flight.pop_front() else {
+            return;
+        };
+        let mut results = Vec::with_capacity(envelopes.len());
+        for env in &envelopes {
+            let result = self.arb.catalog.apply(env);
+            if let Ok(applied) = &result {
+                self.after_commit(env, applied);
+            }
+            results.push(result);
+        }
+        let mark = self.applied_mark();
+        self.arbiter_wake(vec![
+            Input::Applied(mark),
+            Input::Committed {
+                batch,
+                outcome: BatchOutcome::Applied(results),
+            },
+        ]);
+    }
+
+    /// What one committed command changes in the measurements.
     pub(super) fn after_commit(&mut self, env: &Envelope, applied: &Applied) {
         let now = self.now;
         if let Some(rev) = applied.revision {
@@ -434,13 +469,6 @@ impl World {
             self.hash(&[0xc0, rev.0, env.at_ms, kind_code(&env.command)]);
         }
         match (&env.command, &applied.effect) {
-            (Command::GrantLease { node, epoch, .. }, Effect::Unchanged) => {
-                // As the core: asking again for the lease held renews it.
-                let arb = &mut self.arb;
-                let _ = arb
-                    .leader
-                    .renew(arb.catalog.leases(), node, *epoch, env.at_ms, &env.actor);
-            }
             (Command::ExpireLease { .. }, Effect::ExpiryHeld) => self.counters.expiry_held += 1,
             (Command::ExpireLease { node, .. }, Effect::LeaseEnded { marked })
             | (Command::NodeDown { node, .. }, Effect::LeaseEnded { marked }) => {
@@ -489,66 +517,6 @@ impl World {
         }
     }
 
-    /// Carries the distributor's outputs: sends with their transfer time,
-    /// wake-ups, disconnects.
-    pub(super) fn carry(&mut self, out: Vec<Output>) {
-        let snapshots = self.arb.dist.snapshots_in_flight();
-        self.arb.max_snapshots_seen = self.arb.max_snapshots_seen.max(snapshots);
-        for o in out {
-            match o {
-                Output::Send {
-                    agent: session,
-                    updates,
-                } => {
-                    let Some(&a) = self.arb.conns.get(&session) else {
-                        continue;
-                    };
-                    let bytes = self.message_bytes(&updates);
-                    self.counters.update_messages += 1;
-                    self.counters.updates += updates.len() as u64;
-                    self.counters.bytes += bytes;
-                    let second = (ms(self.now) / 1_000) as usize;
-                    bump(
-                        &mut self.counters.deliveries_per_s,
-                        second,
-                        updates.len() as u32,
-                    );
-                    let transfer = bytes * 1_000 / self.sc.network.bytes_per_ms;
-                    if self.link_up(a) {
-                        // The send waits for the leader's core, then is
-                        // written to the connection and completes.
-                        let cpu = self.arbiter_cpu(self.sc.arbiter.send_cpu_us);
-                        self.after(cpu + transfer.max(10), Ev::SendDone { session });
-                        let latency = self.arbiter_latency();
-                        let at = self.down_arrival(a, cpu + transfer + latency);
-                        self.at(
-                            at,
-                            Ev::Update {
-                                agent: a,
-                                session,
-                                updates,
-                            },
-                        );
-                    }
-                }
-                Output::WakeAt {
-                    agent: session,
-                    at_ms,
-                } => {
-                    self.at(at_ms.max(self.now_ms()) * 1_000, Ev::Wake { session });
-                }
-                Output::Disconnect { agent: session, .. } => {
-                    if let Some(a) = self.arb.conns.remove(&session) {
-                        if self.link_up(a) {
-                            let latency = self.arbiter_latency();
-                            self.after(latency, Ev::Closed { agent: a, session });
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// Charges `cost_us` of the leader's one core, behind what is charged
     /// already; returns how long from now until this work is done.
     pub(super) fn arbiter_cpu(&mut self, cost_us: u64) -> Time {
@@ -589,26 +557,25 @@ impl World {
         bytes
     }
 
+    /// The agent's end of session `session` closed it (or it timed out):
+    /// the connection's end reaches the machine.
     pub(super) fn drop_session(&mut self, session: u64) {
         if self.arb.conns.remove(&session).is_some() {
-            self.arb.sessions.disconnect(session);
-            self.arb.dist.disconnect(session);
+            self.arbiter_wake(vec![Input::Closed { agent: session }]);
         }
     }
 
     pub(super) fn arbiter_stop(&mut self) {
         self.arb.up = false;
-        self.arb.queue.clear();
-        // Its memory is gone with it.
-        self.arb.leader.step_down();
+        // Its memory is gone with it, and the batches it had not
+        // committed.
+        self.arb.machine = self.new_machine();
+        self.arb.seen = Default::default();
+        self.arb.generation += 1;
+        self.arb.in_flight.clear();
+        self.arb.replies.clear();
+        self.arb.wake_at = None;
         let sessions = std::mem::take(&mut self.arb.conns);
-        for &session in sessions.keys() {
-            self.arb.sessions.disconnect(session);
-        }
-        self.arb.dist = Distributor::new(
-            self.arb.dist_params.clone(),
-            rollcall_leases::codec::shared_service_snapshot,
-        );
         for (session, a) in sessions {
             if !self.agents[a as usize].dead && !self.cut(a) {
                 let latency = self.arbiter_latency();
@@ -624,19 +591,13 @@ impl World {
         }
     }
 
+    /// The arbiter is back: a new machine over the catalog as applied
+    /// takes office (every lease one TTL before any expires, every
+    /// session counted as heard now, R3).
     pub(super) fn arbiter_start(&mut self) {
         let now_ms = self.now_ms();
         self.arb.up = true;
-        // A fresh memory; taking office gives every lease one TTL before
-        // expiring any, and counts every session as heard now (R3).
-        self.arb.leader = LeaderMemory::new(
-            LeaderParams::from(&self.arbiter_config),
-            principal(Role::Arbiter, "sim-arbiter"),
-            now_ms,
-        );
-        self.arb
-            .leader
-            .take_office(now_ms, self.arb.catalog.leases());
+        self.take_office();
         self.last_recovery_ms = Some(now_ms);
         self.converged_at_ms = None;
         self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);

@@ -16,9 +16,9 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
 use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
-use rollcall_leases::distribution::{DistParams, Distributor};
-use rollcall_leases::leader::{LeaderMemory, LeaderParams};
-use rollcall_leases::sessions::{Rules, Sessions};
+use rollcall_leases::distribution::DistParams;
+use rollcall_leases::raft::AppliedMark;
+use rollcall_leases::replica::ReplicaState;
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, Label, NodeId, Registration,
     Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
@@ -280,30 +280,33 @@ impl World {
             })
             .collect();
         let dist_params = DistParams::from(&arbiter_config);
-        let mut leader = LeaderMemory::new(
-            LeaderParams::from(&arbiter_config),
-            principal(Role::Arbiter, "sim-arbiter"),
-            0,
-        );
-        leader.take_office(0, catalog.leases());
-        let region = Label::new(&arbiter_config.region).expect("the default region is valid");
         let arb = Arbiter {
             up: true,
-            catalog,
-            dist: Distributor::new(
-                dist_params.clone(),
-                rollcall_leases::codec::shared_service_snapshot,
+            // Stands in until the world is built: `take_office` below.
+            machine: ReplicaState::new(
+                arbiter_config.clone(),
+                super::arbiter::REPLICA,
+                &catalog,
+                AppliedMark {
+                    last_applied: None,
+                    revision: catalog.revision(),
+                    installs: 0,
+                },
+                0,
             ),
+            catalog,
+            // The machine's own draws (a new catalog's identity) do not
+            // shift the network's.
+            rng: StdRng::seed_from_u64(seed ^ 0xa7b1_7e70),
+            seen: Default::default(),
+            term: 0,
+            generation: 0,
+            in_flight: Default::default(),
+            wake_at: None,
+            replies: BTreeMap::new(),
+            next_reply: 0,
             dist_params,
             conns: BTreeMap::new(),
-            sessions: Sessions::new(
-                Rules::new(&arbiter_config, region),
-                ShardId(0),
-                arbiter_config.lease.ttl_ms,
-            ),
-            leader,
-            queue: Vec::new(),
-            committing: false,
             max_snapshots_seen: 0,
             cpu_until: 0,
             cpu_busy_us: 0,
@@ -370,7 +373,9 @@ impl World {
                 world.at(tick, Ev::Heartbeats(a));
             }
         }
-        world.at(250_000, Ev::ArbiterTick);
+        world.at(250_000, Ev::ArbiterSample);
+        // The arbiter leads from the start.
+        world.take_office();
         for i in 0..world.sc.steps.len() {
             let at = (world.sc.steps[i].at_s * 1e6) as Time;
             world.at(at, Ev::Step(i));

@@ -320,7 +320,7 @@ impl World {
 
     /// Most full snapshots in flight at once, and the bound.
     pub fn snapshots(&self) -> (u64, u64, u64, u64) {
-        let stats = self.arb.dist.stats();
+        let stats = self.arb.machine.distributor().stats();
         (
             self.arb
                 .max_snapshots_seen

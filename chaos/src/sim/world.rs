@@ -7,13 +7,13 @@
 //! - Gossip: one [`rollcall_gossip::sim::Sim`] per zone (the real foca
 //!   `Membership` of every agent over a simulated network), stepped in
 //!   lockstep with this loop so every membership event lands at its time.
-//! - Arbiter: the real [`Catalog`] (commands, leases, mass-expiry guard,
-//!   delta log) fed by an ordered log that commits a batch of proposals
-//!   `commit_latency_ms` after it starts (the Raft group), and the real
-//!   [`Distributor`], and the arbiter core's own
-//!   [`rollcall_leases::leader::LeaderMemory`]: renewals and session
-//!   silence, the two-signal rule for gossip down reports, expiries with
-//!   the zone's silent count, purges, the lease extension after a restart.
+//! - Arbiter: one replica's real machine
+//!   ([`rollcall_leases::replica::ReplicaState`]: sessions, renewals and
+//!   silence, down reports, witnesses, expiries, taking office, group
+//!   commits, the distributor) over the real [`Catalog`] (commands, leases,
+//!   mass-expiry guard, delta log), with the Raft group modelled as one
+//!   replica committing each proposed batch `commit_latency_ms` after it
+//!   is proposed (`arbiter`).
 //! - Agents: each agent is the binary's own state machine
 //!   ([`rollcall_node::agent_state::AgentState`]: the link with its
 //!   backoff, keep-alives and renewals, the catalog views, the local
@@ -24,9 +24,6 @@
 //!   the agent's local API (register, heartbeat, drain, deregister) as
 //!   [`rollcall_node::agent_state::Call`]s; probes answer as the instance
 //!   is (alive or not).
-//! - The arbiter's session rules ([`rollcall_leases::sessions`]: lease,
-//!   watch and write authorization, down-report answers) and answers
-//!   ([`rollcall_leases::answers`]).
 //!
 //! The driver is the only code here that is not the binaries' own: it
 //! moves messages with latencies and transfer times, fires the timers the
@@ -42,13 +39,12 @@ use rand::rngs::StdRng;
 use rand::RngExt;
 use rollcall_config::{AgentConfig, ArbiterConfig};
 use rollcall_gossip::sim::Sim as ZoneSim;
-use rollcall_leases::distribution::{DistParams, Distributor};
-use rollcall_leases::leader::LeaderMemory;
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate};
-use rollcall_leases::sessions::Sessions;
+use rollcall_leases::distribution::DistParams;
+use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown};
+use rollcall_leases::replica::{BatchId, ReplicaState, ReplyId};
 use rollcall_leases::{
-    AgentEpoch, Catalog, Command, Envelope, InstanceId, Label, LeaseId, NodeId, Principal,
-    PrincipalName, Revision, Role, ServiceKey, Version,
+    AgentEpoch, Catalog, CatalogId, Command, Envelope, InstanceId, Label, LeaseId, NodeId,
+    Principal, PrincipalName, Revision, Role, ServiceKey, Version,
 };
 use rollcall_node::agent_state::{AgentState, CallId, Restored, SessionId, Settings};
 use rollcall_node::api_types::ValidChecks;
@@ -68,9 +64,6 @@ pub(super) const CONVERGE_CHECK_MS: u64 = 500;
 pub(super) const HANDSHAKE_RETRY_MS: u64 = 1_000;
 
 pub(super) type Time = u64; // µs
-
-/// A down report's reporter: the agent and its request.
-pub(super) type Reporter = (u32, u64);
 
 pub(super) fn ms(us: Time) -> u64 {
     us / 1_000
@@ -96,10 +89,13 @@ pub(super) enum Ev {
         agent: u32,
         session: u64,
     },
+    /// The machine's Welcome reaches the agent.
     Welcome {
         agent: u32,
         session: u64,
         lease: LeaseId,
+        revision: Revision,
+        catalog: Option<CatalogId>,
     },
     Subscribe {
         session: u64,
@@ -121,8 +117,12 @@ pub(super) enum Ev {
         epoch: AgentEpoch,
         addresses: Vec<std::net::SocketAddr>,
     },
-    Wake {
+    /// Another message of the machine's (regions, a refusal) reaches the
+    /// agent on its session stream.
+    Message {
+        agent: u32,
         session: u64,
+        message: SessionDown,
     },
     /// An agent's request reaches the arbiter.
     Request {
@@ -145,8 +145,17 @@ pub(super) enum Ev {
         agent: u32,
         session: u64,
     },
-    Commit,
-    ArbiterTick,
+    /// The Raft group commits the oldest batch in flight (of the
+    /// arbiter's run `generation`).
+    Commit {
+        generation: u64,
+    },
+    /// The time the replica machine asked to be woken at, ms.
+    ArbiterWake {
+        at_ms: u64,
+    },
+    /// What the guard and the witnesses hold is sampled.
+    ArbiterSample,
     Replace {
         inst: u32,
         drain_ms: u64,
@@ -177,6 +186,7 @@ impl Ev {
             | Ev::Welcome { agent: a, .. }
             | Ev::Update { agent: a, .. }
             | Ev::Witness { agent: a, .. }
+            | Ev::Message { agent: a, .. }
             | Ev::Answer { agent: a, .. }
             | Ev::Closed { agent: a, .. } => Some(*a),
             _ => None,
@@ -278,33 +288,38 @@ pub(super) struct Agent {
     pub(super) up_last: Time,
 }
 
-pub(super) enum Then {
-    Welcome {
-        agent: u32,
-        session: u64,
-    },
-    /// Answer the agent's request once decided.
-    Reply {
-        agent: u32,
-        request: u64,
-    },
-    Nothing,
+/// The machine's counts as last added to the sim's.
+#[derive(Default)]
+pub(super) struct Seen {
+    pub(super) renewals: u64,
+    pub(super) down_reports_ignored: u64,
 }
 
 pub(super) struct Arbiter {
     pub(super) up: bool,
+    /// The catalog as applied (the Raft group's state machine).
     pub(super) catalog: Catalog,
-    pub(super) dist: Distributor,
+    /// The replica's machine: every decision the arbiter makes.
+    pub(super) machine: ReplicaState,
+    /// What the machine draws from (seeded from the scenario's seed).
+    pub(super) rng: StdRng,
+    /// Its counts as last added to the sim's.
+    pub(super) seen: Seen,
+    /// The Raft term of the machine's office.
+    pub(super) term: u64,
+    /// Runs of the arbiter: a commit of an earlier run is dropped.
+    pub(super) generation: u64,
+    /// Batches proposed and not yet committed, oldest first.
+    pub(super) in_flight: std::collections::VecDeque<(BatchId, Vec<Envelope>)>,
+    /// The wake-up asked for, ms.
+    pub(super) wake_at: Option<u64>,
+    /// Each request's agent and its number there, by the reply id the
+    /// machine answers.
+    pub(super) replies: BTreeMap<ReplyId, (u32, u64)>,
+    pub(super) next_reply: ReplyId,
     pub(super) dist_params: DistParams,
     /// Each connection's agent.
     pub(super) conns: BTreeMap<u64, u32>,
-    /// The arbiter's own session layer.
-    pub(super) sessions: Sessions,
-    /// The arbiter core's own leader memory: session silence, held down
-    /// reports, expiries, purges.
-    pub(super) leader: LeaderMemory<Reporter>,
-    pub(super) queue: Vec<(Envelope, Then)>,
-    pub(super) committing: bool,
     pub(super) max_snapshots_seen: usize,
     /// When the leader's one core is free again (`[arbiter]` CPU costs).
     pub(super) cpu_until: Time,
@@ -577,7 +592,9 @@ impl World {
                 agent,
                 session,
                 lease,
-            } => self.welcome(agent, session, lease),
+                revision,
+                catalog,
+            } => self.welcome(agent, session, lease, revision, catalog),
             Ev::Subscribe { session, subs } => self.subscribe(session, subs),
             Ev::Update {
                 agent,
@@ -592,23 +609,16 @@ impl World {
                 addresses,
             } => self.witness_asked(agent, session, node, epoch, addresses),
             Ev::SendDone { session } => {
-                if self.arb.up && self.arb.conns.contains_key(&session) {
-                    let mut out = Vec::new();
-                    self.arb
-                        .dist
-                        .sent(session, self.now_ms(), &self.arb.catalog, &mut out);
-                    self.carry(out);
+                if self.arb.conns.contains_key(&session) {
+                    let sent = rollcall_leases::replica::Input::Sent { agent: session };
+                    self.arbiter_wake(vec![sent]);
                 }
             }
-            Ev::Wake { session } => {
-                if self.arb.up && self.arb.conns.contains_key(&session) {
-                    let mut out = Vec::new();
-                    self.arb
-                        .dist
-                        .wake(session, self.now_ms(), &self.arb.catalog, &mut out);
-                    self.carry(out);
-                }
-            }
+            Ev::Message {
+                agent,
+                session,
+                message,
+            } => self.message_down(agent, session, message),
             Ev::Request {
                 agent,
                 session,
@@ -628,8 +638,9 @@ impl World {
             ),
             Ev::Closed { agent, session } => self.closed(agent, session),
             Ev::IdleCheck { agent, session } => self.idle_check(agent, session),
-            Ev::Commit => self.commit(),
-            Ev::ArbiterTick => self.arbiter_tick(),
+            Ev::Commit { generation } => self.commit(generation),
+            Ev::ArbiterWake { at_ms } => self.arbiter_woken(at_ms),
+            Ev::ArbiterSample => self.arbiter_sample(),
             Ev::Replace { inst, drain_ms } => self.replace(inst, drain_ms),
             Ev::StopOld { inst } => self.stop_old(inst),
             Ev::Pause { agent, ms } => self.pause(agent, ms),
