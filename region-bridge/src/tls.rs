@@ -188,18 +188,14 @@ pub struct BridgeReload {
 
 impl Reload for BridgeReload {
     fn files(&self) -> Vec<PathBuf> {
-        let own = self
-            .config
-            .tls
-            .iter()
-            .flat_map(|t| {
-                [
-                    t.ca.clone(),
-                    t.cert.clone(),
-                    t.key.clone(),
-                    rollcall_leases::tls::revoked::beside(&t.ca),
-                ]
-            });
+        let own = self.config.tls.iter().flat_map(|t| {
+            [
+                t.ca.clone(),
+                t.cert.clone(),
+                t.key.clone(),
+                rollcall_leases::tls::revoked::beside(&t.ca),
+            ]
+        });
         own.chain(self.config.peers.iter().map(|p| p.ca.clone()))
             .collect()
     }

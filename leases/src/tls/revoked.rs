@@ -72,7 +72,9 @@ impl Revoked {
                         "{entry:?} is no serial: write serial:HEX (the serial in hex, with or without colons, as the status endpoints or openssl x509 -serial show it)"
                     )));
                 }
-                revoked.serials.insert(serial.trim_start_matches('0').to_owned());
+                revoked
+                    .serials
+                    .insert(serial.trim_start_matches('0').to_owned());
             } else {
                 let identity = Identity::parse_uri(entry).map_err(|e| bad(e.to_string()))?;
                 revoked.identities.insert(identity.to_uri());
@@ -188,11 +190,17 @@ mod tests {
         append(dir.path(), &format!("serial:{serial}")).unwrap();
         let revoked = Revoked::load(&beside(&dir.path().join("ca.crt"))).unwrap();
         assert!(revoked.check(&eight).unwrap_err().contains("serial"));
-        assert!(revoked.check(&issue("node-8")).is_ok(), "a new certificate of node-8");
+        assert!(
+            revoked.check(&issue("node-8")).is_ok(),
+            "a new certificate of node-8"
+        );
         let text = std::fs::read_to_string(dir.path().join(REVOKED_FILE)).unwrap();
         assert_eq!(text.matches("node-7").count(), 1, "added once: {text}");
         // A bad entry is refused and the file is left as it was.
         assert!(append(dir.path(), "node-9").is_err());
-        assert_eq!(std::fs::read_to_string(dir.path().join(REVOKED_FILE)).unwrap(), text);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(REVOKED_FILE)).unwrap(),
+            text
+        );
     }
 }
