@@ -13,7 +13,7 @@ use rollcall_leases::{tls, Label, PrincipalName, Role};
     clap::ArgGroup::new("identities")
         .required(true)
         .multiple(true)
-        .args(["agent", "arbiter", "bridge", "controller", "operator", "renew", "rotate_ca", "retire_old_ca"])
+        .args(["agent", "arbiter", "bridge", "controller", "operator", "renew", "rotate_ca", "retire_old_ca", "revoke"])
 ))]
 pub(crate) struct CertsArgs {
     /// Directory for the CA and certificates; created when missing.
