@@ -61,6 +61,7 @@ use crate::sessions::{Rules, Sessions};
 use crate::witness::WitnessAsk;
 
 mod agents;
+mod counters;
 mod office;
 mod peers;
 mod witnesses;
@@ -69,6 +70,7 @@ mod writes;
 #[cfg(test)]
 mod tests;
 
+pub use counters::Counters;
 pub use office::Standing;
 pub use writes::BatchOutcome;
 
@@ -304,35 +306,6 @@ pub enum Output {
     },
     /// Stopping is over: the driver may end.
     Stopped,
-}
-
-/// Counts the driver publishes as metrics (totals since start).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Sessions' renewals heard.
-    pub renewals: u64,
-    /// Commands committed by this leader.
-    pub commits: u64,
-    /// Registrations committed by this leader.
-    pub registrations: u64,
-    /// Requests and commands refused.
-    pub rejections: u64,
-    /// Refusals by kind (`RejectKind::as_str`).
-    pub refusals: BTreeMap<&'static str, u64>,
-    /// Down reports settled as a partition.
-    pub down_reports_ignored: u64,
-    /// Regions messages sent.
-    pub regions_sent: u64,
-    /// Sessions replaced by another of the same node
-    /// (`Limit::SessionsPerNode`).
-    pub sessions_replaced: u64,
-}
-
-impl Counters {
-    fn refused(&mut self, kind: &'static str) {
-        self.rejections += 1;
-        *self.refusals.entry(kind).or_default() += 1;
-    }
 }
 
 /// One arbiter replica of one Raft group.

@@ -1,0 +1,32 @@
+//! What a replica counts for the driver to publish as metrics.
+
+use std::collections::BTreeMap;
+
+/// Counts the driver publishes as metrics (totals since start).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Sessions' renewals heard.
+    pub renewals: u64,
+    /// Commands committed by this leader.
+    pub commits: u64,
+    /// Registrations committed by this leader.
+    pub registrations: u64,
+    /// Requests and commands refused.
+    pub rejections: u64,
+    /// Refusals by kind (`RejectKind::as_str`).
+    pub refusals: BTreeMap<&'static str, u64>,
+    /// Down reports settled as a partition.
+    pub down_reports_ignored: u64,
+    /// Regions messages sent.
+    pub regions_sent: u64,
+    /// Sessions replaced by another of the same node
+    /// (`Limit::SessionsPerNode`).
+    pub sessions_replaced: u64,
+}
+
+impl Counters {
+    pub(super) fn refused(&mut self, kind: &'static str) {
+        self.rejections += 1;
+        *self.refusals.entry(kind).or_default() += 1;
+    }
+}
