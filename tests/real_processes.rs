@@ -532,4 +532,31 @@ fn a_ca_rotation_keeps_every_agent_connected() {
         answer(&retired).is_none(),
         "the retired CA's certificate gets none"
     );
+
+    // Issue 38, item 6: revoking node-1 in the certificate directory cuts
+    // it off at the replicas' next file check (200 ms): its session is
+    // closed and its handshakes refused; the other agents keep theirs.
+    certs(&c, &["--revoke", "agent:node-1"]);
+    wait_for("node-1 cut off", || {
+        agent_status(1).is_some_and(|s| s["arbiter"]["connected"] == false)
+    });
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(
+            agent_status(1).expect("the agent answers")["arbiter"]["connected"],
+            false,
+            "a revoked agent got a session"
+        );
+    }
+    for i in [0, 2] {
+        assert_eq!(
+            agent_status(i).expect("the agent answers")["arbiter"]["connected"],
+            true,
+            "agent {i} lost its session"
+        );
+    }
+    assert!(
+        answer(&current).is_some(),
+        "node-0's certificate still gets an answer"
+    );
 }
