@@ -78,10 +78,11 @@ impl Rules {
     /// Whether `node`'s agent may ask for `weight` (its `[[node_zones]]`
     /// entry's `max_weight`).
     pub fn may_weigh(&self, node: &NodeId, weight: u32) -> Result<(), String> {
-        match self.bound_zone(node).and_then(|z| z.max_weight) {
-            Some(max) if weight > max => Err(format!(
-                "weight {weight} is above node {node}'s max_weight {max} ([[node_zones]] of zone {})",
-                self.bound_zone(node).map_or("?", |z| z.zone.as_str())
+        match self.bound_zone(node) {
+            Some(bound) if bound.max_weight.is_some_and(|max| weight > max) => Err(format!(
+                "weight {weight} is above node {node}'s max_weight {} ([[node_zones]] of zone {})",
+                bound.max_weight.unwrap_or_default(),
+                bound.zone
             )),
             _ => Ok(()),
         }

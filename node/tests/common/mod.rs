@@ -353,21 +353,19 @@ pub struct Admin {
 
 impl Admin {
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.base, path))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        self.send(reqwest::Method::GET, path).await
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path).await
+    }
+
+    /// A call with the operator token: its status and JSON body (`null`
+    /// when there is none).
+    async fn send(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
         let resp = self
             .client
-            .delete(format!("{}{}", self.base, path))
+            .request(method, format!("{}{}", self.base, path))
             .bearer_auth(&self.token)
             .send()
             .await
