@@ -1,8 +1,11 @@
 //! Real processes on loopback (issue 5): `rollcall arbiter` and eight
 //! `rollcall agent` processes with certificates from `rollcall certs` and a
-//! zone key from `rollcall gossip-key`. kill -9 of one agent: its instance
-//! leaves every other agent's resolve answer through a gossip down verdict
-//! the arbiter confirmed with its own silence.
+//! zone key from `rollcall gossip-key`. SIGSTOP of one agent across a
+//! gossip down report about it: the arbiter's probe of its session is
+//! answered when it resumes, nothing is removed. kill -9 of another: its
+//! instance leaves every other agent's resolve answer through a gossip
+//! down verdict the arbiter confirmed with its own signal, a probe of the
+//! node's session that went unanswered.
 
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -138,9 +141,11 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
     let (quic, admin) = (free_udp(), free_tcp());
     // A lease outlives the gossip path by far (a 30 s TTL), so on a loaded
     // machine the node lease never removes the instance before gossip and
-    // the arbiter's silence do: that path is what this test is about.
+    // the arbiter's probe do: that path is what this test is about. The
+    // probe waits 1.5 s: gossip reports a paused agent at least 0.7 s into
+    // its pause (below), so a 1.5 s pause always ends within the wait.
     let arbiter_toml = format!(
-        "listen = \"127.0.0.1:{quic}\"\nadmin = \"127.0.0.1:{admin}\"\ndata_dir = \"{}\"\n[lease]\nttl_ms = 30000\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
+        "listen = \"127.0.0.1:{quic}\"\nadmin = \"127.0.0.1:{admin}\"\ndata_dir = \"{}\"\n[lease]\nttl_ms = 30000\nprobe_timeout_ms = 1500\n[tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/arbiter-arbiter-1.crt\"\nkey = \"{c}/arbiter-arbiter-1.key\"\n",
         d.join("arbiter").display(),
         c = certs.display()
     );
@@ -163,7 +168,7 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         let toml = format!(
             "node_id = \"node-{i}\"\ndata_dir = \"{data}\"\nhttp_listen = \"127.0.0.1:{h}\"\ndns_listen = \"127.0.0.1:0\"\narbiters = [\"127.0.0.1:{quic}\"]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n\
              [tls]\nca = \"{c}/ca.crt\"\ncert = \"{c}/agent-node-{i}.crt\"\nkey = \"{c}/agent-node-{i}.key\"\n\
-             [gossip]\nlisten = \"127.0.0.1:{g}\"\nseeds = [\"127.0.0.1:{seed}\"]\nkey_file = \"{k}\"\n",
+             [gossip]\nlisten = \"127.0.0.1:{g}\"\nseeds = [\"127.0.0.1:{seed}\"]\nkey_file = \"{k}\"\nprobe_period_ms = 200\nsuspect_to_down_ms = 500\n",
             data = d.join(format!("agent-{i}")).display(),
             h = http[i],
             c = certs.display(),
@@ -223,6 +228,40 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         });
     }
 
+    // SIGSTOP agent 5 for 1.5 s: gossip (200 ms probes, 500 ms suspicion)
+    // reports node-5 down during the pause; the arbiter probes its session,
+    // and node-5 answers when it resumes: a partition, nothing removed.
+    let metric = |name: &str| -> f64 {
+        rt.block_on(async {
+            let text = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name}"))
+        })
+    };
+    let ignored_before = metric("rollcall_arbiter_down_reports_ignored_total");
+    let pid = processes.0[1 + 5].id() as libc::pid_t;
+    // SAFETY: kill(2) on a child this test spawned and still holds.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    std::thread::sleep(Duration::from_millis(1_500));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    wait_for(
+        "the report about paused node-5 refused as a partition",
+        || metric("rollcall_arbiter_down_reports_ignored_total") > ignored_before,
+    );
+    for &h in &http {
+        wait_for("every agent sees web-5 again", || {
+            ready_ids(h).is_some_and(|ids| ids.len() == AGENTS)
+        });
+    }
+
     // kill -9 agent 3: no leave, no close; its gossip and session go silent.
     processes.0[1 + 3].kill().unwrap();
     for (i, &h) in http.iter().enumerate().filter(|(i, _)| *i != 3) {
@@ -232,9 +271,10 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         });
     }
     // The answers drop web-3 as soon as gossip does (agents hold a
-    // gossip-down node out locally); the arbiter commits once its own
-    // session has been silent for `silence_ms` too, which can be later:
-    // wait for the first removal the audit log records, then check it.
+    // gossip-down node out locally); the arbiter commits once its probe of
+    // node-3's session went unanswered for `probe_timeout_ms` too, which
+    // is later: wait for the first removal the audit log records, then
+    // check it (paused node-5 was never removed).
     let token = std::fs::read_to_string(d.join("arbiter").join("admin.token")).unwrap();
     let fetch_audit = || -> serde_json::Value {
         rt.block_on(async {
@@ -268,6 +308,15 @@ fn kill_9_of_an_agent_removes_its_instances_from_every_other_agent() {
         .collect();
     assert_eq!(verdicts.len(), 1, "{audit}");
     assert!(verdicts[0]["detail"].as_str().unwrap().contains("node-3"));
+    let paused_removed = audit.as_array().unwrap().iter().any(|e| {
+        (e["command"] == "node-down" || e["command"] == "expire-lease")
+            // "node down NODE epoch …", "lease expired NODE epoch …"
+            && e["detail"]
+                .as_str()
+                .is_some_and(|d| d.split_whitespace().nth(2) == Some("node-5"))
+    });
+    assert!(!paused_removed, "paused node-5 was never removed: {audit}");
+    assert!(metric("rollcall_arbiter_probes_sent_total") >= 2.0);
 }
 
 /// `rollcall certs --out DIR --region r1 ARGS…`, which must succeed.

@@ -54,10 +54,14 @@ pub struct AgentConfig {
     /// `host:port` of this region's arbiter replicas. Default empty (an agent
     /// without arbiters serves only its on-disk cache).
     pub arbiters: Vec<String>,
-    /// Interval of keep-alives on the agent's session to the arbiter, in ms.
-    /// Default 500: four per default `arbiter.lease.silence_ms` (2000), so a
-    /// single late keep-alive never counts as silence. Keep it at most half
-    /// of `silence_ms`; the budget warns otherwise.
+    /// Interval of QUIC keep-alives (PING frames) on the agent's connection
+    /// to the arbiter while nothing else is sent, in ms. Only the agent
+    /// sends them; the arbiter sends none and never times a session by
+    /// them (it probes a node's session when it needs to know, R4). They
+    /// keep NAT bindings open and let the agent notice a dead arbiter
+    /// within the QUIC idle timeout (10 s). Default 5000; 100 to 5000 (at
+    /// most half the idle timeout, so one lost PING never closes a live
+    /// connection).
     pub keepalive_ms: u64,
     /// Services to follow from start, as `namespace/service/port_name`;
     /// others are followed from their first local resolve. Default none.
@@ -147,7 +151,7 @@ impl Default for AgentConfig {
             dns_listen: SocketAddr::from(([127, 0, 0, 1], 8600)),
             dns_ttl_s: 1,
             arbiters: Vec::new(),
-            keepalive_ms: 500,
+            keepalive_ms: 5_000,
             services: Vec::new(),
             advertise_addresses: Vec::new(),
             reconnect_min_ms: 100,
@@ -190,7 +194,12 @@ impl ConfigFile for AgentConfig {
             ));
         }
         rules::host_ports("agent.arbiters", &self.arbiters)?;
-        rules::at_least("agent.keepalive_ms", self.keepalive_ms, 1)?;
+        rules::between(
+            "agent.keepalive_ms",
+            self.keepalive_ms,
+            100,
+            crate::QUIC_IDLE_TIMEOUT_MS / 2,
+        )?;
         for (i, service) in self.services.iter().enumerate() {
             rules::service_key(&format!("agent.services[{i}]"), service)?;
         }

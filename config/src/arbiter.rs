@@ -129,13 +129,25 @@ pub struct LeaseConfig {
     /// How often the leader checks lease deadlines, in ms. Adds up to one
     /// interval to expiry. Default 250. Must be below `ttl_ms`.
     pub sweep_interval_ms: u64,
-    /// How long the arbiter's own session with an agent must have been
-    /// silent before it accepts a gossip down verdict about that node, in
-    /// ms. Default 2000: four agent keep-alives (500 ms), and about the time
-    /// SWIM needs anyway (p99 ≈ 4.3 s), so it rarely delays removal. It is
-    /// what stops one zone-internal partition from removing a live node.
-    /// Must be below `ttl_ms`, or the lease would always expire first.
+    /// How long a leader may go without a quorum's acknowledgement before
+    /// it counts its quorum lost (then no lease expires and no down verdict
+    /// is taken until the quorum answers again), in ms. Default 2000. Must
+    /// be below `ttl_ms`. (Sessions are no longer timed by it: agents send
+    /// no periodic keep-alive, and a down report asks the node's session
+    /// with a probe, `probe_timeout_ms`.)
     pub silence_ms: u64,
+    /// How long the arbiter waits for a node's answer to a probe of its
+    /// session before it takes the node's silence as its own signal, in
+    /// ms (R4). A gossip down report, or a lease past its deadline, makes
+    /// the replica holding the node's session send a probe; the agent's
+    /// session actor answers at once. An answer after the report is a
+    /// partition inside the zone, nothing removed; none within this bound
+    /// (or no session on any replica) agrees with gossip and the node is
+    /// marked down. It is what stops one zone-internal partition from
+    /// removing a live node, and what a process pause must stay under
+    /// (counted from the gossip report, which comes well into a pause).
+    /// Default 1000; 50 to `ttl_ms / 2`.
+    pub probe_timeout_ms: u64,
     /// How long the leader waits for witnesses once a lease is past its
     /// deadline, in ms (R3, R4). Silence alone is one signal: before it
     /// expires a silent lease, the leader asks up to three connected agents
@@ -157,6 +169,7 @@ impl Default for LeaseConfig {
             ttl_ms: 10_000,
             sweep_interval_ms: 250,
             silence_ms: 2_000,
+            probe_timeout_ms: 1_000,
             witness_wait_ms: 1_500,
         }
     }
@@ -520,6 +533,12 @@ impl ArbiterConfig {
         }
         rules::at_least("arbiter.lease.silence_ms", lease.silence_ms, 1)?;
         rules::between(
+            "arbiter.lease.probe_timeout_ms",
+            lease.probe_timeout_ms,
+            50,
+            (lease.ttl_ms / 2).max(50),
+        )?;
+        rules::between(
             "arbiter.lease.witness_wait_ms",
             lease.witness_wait_ms,
             0,
@@ -530,8 +549,8 @@ impl ArbiterConfig {
                 "arbiter.lease.silence_ms",
                 lease.silence_ms,
                 format!(
-                    "must be below ttl_ms = {}: otherwise the lease always expires before a \
-                     gossip down verdict can be accepted",
+                    "must be below ttl_ms = {}: otherwise leases expire before a lost quorum \
+                     is noticed",
                     lease.ttl_ms
                 ),
             ));

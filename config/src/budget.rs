@@ -38,9 +38,11 @@ pub const SWIM_EXPECTED_FIRST_PROBE_PERIODS: f64 = std::f64::consts::LN_2;
 /// maximum, so the gossip path's "worst" is this p99 bound.
 pub const SWIM_P99_FIRST_PROBE_PERIODS: f64 = 2.0 * LN_10;
 
-/// The arbiter's silence window should hold at least this many agent
-/// keep-alives, so one late keep-alive never looks like a dead agent.
-pub const MIN_KEEPALIVES_PER_SILENCE: u64 = 2;
+/// Below this `agent.keepalive_ms` the budget warns: every PING is a
+/// packet and an acknowledgement at the arbiter, per session (5,000
+/// sessions at 500 ms are 10,000 packets a second), and nothing times
+/// liveness by them any more (R4).
+pub const QUIET_KEEPALIVE_MS: u64 = 2_000;
 
 /// How long a witness agent's TCP connect to a silent node's endpoint may
 /// take (the agent's constant), ms.

@@ -50,7 +50,7 @@ pub use bridge::{
 };
 pub use budget::{
     Budget, BudgetEstimates, BudgetPath, BudgetReport, BudgetRow, Case, PauseTolerance, Phase,
-    Setting, Term, HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
+    Setting, Term, HARD_FAILURE_SLO_MS, LEAVE_SLO_MS, QUIET_KEEPALIVE_MS,
     SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS, WITNESS_CONNECT_MS,
 };
 pub use checks::{
@@ -74,3 +74,8 @@ pub use security::{
     AddressRule, ControllerGrant, NodePattern, NodeZone, RegistrationConfig, RegistrationRule,
     ServicePattern, TlsPaths, WatchRule, ZoneRule, DEFAULT_TLS_CHECK_INTERVAL_MS,
 };
+
+/// QUIC idle timeout of every rollcall connection (agent ↔ arbiter, the
+/// replicas' peer links take their own shorter one), ms: a connection
+/// nothing was heard on for this long is closed at both ends.
+pub const QUIC_IDLE_TIMEOUT_MS: u64 = 10_000;

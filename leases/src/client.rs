@@ -11,6 +11,12 @@ use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use std::sync::Arc;
 
 use crate::tls::{LiveTls, TlsError, TlsMaterial, ALPN};
+use crate::transport::{self, Link};
+
+/// QUIC keep-alive interval of a client's connections unless
+/// [`ArbiterClient::with_keep_alive`] says otherwise: `agent.keepalive_ms`'s
+/// default.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Why talking to the arbiter failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,20 +83,27 @@ impl ArbiterClient {
     /// [`ArbiterClient::with_tls`] from a socket bound to `bind`.
     pub fn with_tls_bound(tls: Arc<LiveTls>, bind: SocketAddr) -> Result<Self, ClientError> {
         let mut config = tls.client_config(ALPN)?;
-        let mut transport = quinn::TransportConfig::default();
-        transport.keep_alive_interval(Some(Duration::from_secs(1)));
-        transport.max_idle_timeout(Some(
-            Duration::from_secs(10)
-                .try_into()
-                .expect("10 s fits a QUIC idle timeout"),
-        ));
-        config.transport_config(std::sync::Arc::new(transport));
+        config.transport_config(transport::config(Link::Agent {
+            keepalive: DEFAULT_KEEP_ALIVE,
+        }));
         let mut endpoint = quinn::Endpoint::client(bind).map_err(|source| ClientError::Io {
             what: format!("binding a QUIC client socket on {bind}"),
             source,
         })?;
         endpoint.set_default_client_config(config);
         Ok(ArbiterClient { endpoint, tls })
+    }
+
+    /// The same client sending QUIC keep-alives every `interval` on its
+    /// connections (`agent.keepalive_ms`) instead of every
+    /// [`DEFAULT_KEEP_ALIVE`], from the next connection on.
+    pub fn with_keep_alive(mut self, interval: Duration) -> Result<Self, ClientError> {
+        let mut config = self.tls.client_config(ALPN)?;
+        config.transport_config(transport::config(Link::Agent {
+            keepalive: interval,
+        }));
+        self.endpoint.set_default_client_config(config);
+        Ok(self)
     }
 
     /// The TLS material it presents (its `replace` takes effect at the next

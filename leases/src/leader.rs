@@ -43,9 +43,9 @@ use crate::name::{Label, NodeId, PrincipalName};
 pub struct LeaderParams {
     /// A lease's time to live after its last renewal, ms.
     pub ttl_ms: u64,
-    /// How long a session must be silent before the arbiter's own signal
-    /// agrees with gossip, ms.
-    pub silence_ms: u64,
+    /// How long a probe of a node's session may go unanswered before the
+    /// arbiter's own signal agrees with gossip, ms.
+    pub probe_timeout_ms: u64,
     /// How long the mass-expiry guard may hold an expiry, ms.
     pub max_hold_ms: u64,
     /// How often tombstones are purged, ms.
@@ -131,7 +131,7 @@ impl From<&ArbiterConfig> for LeaderParams {
     fn from(config: &ArbiterConfig) -> Self {
         LeaderParams {
             ttl_ms: config.lease.ttl_ms,
-            silence_ms: config.lease.silence_ms,
+            probe_timeout_ms: config.lease.probe_timeout_ms,
             max_hold_ms: config.guard.max_hold_ms,
             purge_interval_ms: config.store.purge_interval_ms,
             witness_wait_ms: config.lease.witness_wait_ms,
@@ -139,7 +139,8 @@ impl From<&ArbiterConfig> for LeaderParams {
     }
 }
 
-/// A gossip down report waiting for the arbiter's own silence signal.
+/// A gossip down report waiting for the arbiter's own signal: the node's
+/// answer to a probe of its session.
 #[derive(Debug)]
 pub struct HeldDown<W> {
     /// The epoch gossip saw go down.
@@ -148,6 +149,11 @@ pub struct HeldDown<W> {
     pub reporters: Vec<NodeId>,
     /// When the first report arrived, ms.
     pub reported_at_ms: u64,
+    /// When the node's silence is taken as the second signal unless its
+    /// session was heard since the report, ms: the report plus
+    /// `probe_timeout_ms`, or the report itself when no replica can hold
+    /// its session.
+    pub answer_by_ms: u64,
     /// Who the verdict is proposed as: the first reporter.
     pub actor: Principal,
     /// Whoever waits for the answer.
@@ -336,8 +342,12 @@ impl<W> LeaderMemory<W> {
     }
 
     /// A gossip down report (the leader's to hold): kept until the node's
-    /// own session is silent for `silence_ms`, or heard again. Returns
-    /// what that settles now.
+    /// session answers the probe the caller sends it (heard after the
+    /// report: a partition), or until `probe_timeout_ms` passed without
+    /// (both signals agree); with `sessionless`, no replica can hold the
+    /// node's session, so its silence is known at once (once this leader
+    /// has led for half a TTL: before that, agents may still be
+    /// reconnecting to it). Returns what that settles now.
     #[allow(clippy::too_many_arguments)]
     pub fn report_down(
         &mut self,
@@ -346,15 +356,28 @@ impl<W> LeaderMemory<W> {
         node: NodeId,
         epoch: AgentEpoch,
         now_ms: u64,
+        sessionless: bool,
         waiting: Option<W>,
     ) -> Vec<Verdict<W>> {
+        // A leader just in office has not had every agent reconnect yet: a
+        // node without a session here may still be on its way.
+        let settled_in = self
+            .since
+            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2);
+        let answer_by_ms = if sessionless && settled_in {
+            now_ms
+        } else {
+            now_ms.saturating_add(self.params.probe_timeout_ms)
+        };
         let held = self.downs.entry(node).or_insert_with(|| HeldDown {
             epoch,
             reporters: Vec::new(),
             reported_at_ms: now_ms,
+            answer_by_ms,
             actor,
             waiting: Vec::new(),
         });
+        held.answer_by_ms = held.answer_by_ms.min(answer_by_ms);
         if !held.reporters.contains(&reporter) && held.reporters.len() < MAX_REPORTERS {
             held.reporters.push(reporter);
         }
@@ -362,16 +385,29 @@ impl<W> LeaderMemory<W> {
         self.decide_downs(now_ms)
     }
 
-    /// Settles held down reports (R4): heard directly since the report →
-    /// a partition, nothing removed; silent for `silence_ms` → both signals
-    /// agree and the verdict is proposed. Gossip may be faster than the
-    /// silence threshold, so a report waits until the silence is long
-    /// enough. A follower settles nothing.
+    /// `node`'s session closed and no replica holds another: a down report
+    /// held for it need not wait for its probe (as `report_down` with
+    /// `sessionless`). Returns what that settles now.
+    pub fn session_closed(&mut self, node: &NodeId, now_ms: u64) -> Vec<Verdict<W>> {
+        let settled_in = self
+            .since
+            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2);
+        match self.downs.get_mut(node) {
+            Some(held) if settled_in => held.answer_by_ms = held.answer_by_ms.min(now_ms),
+            _ => return Vec::new(),
+        }
+        self.decide_downs(now_ms)
+    }
+
+    /// Settles held down reports (R4): heard directly since the report
+    /// (the probe answered, or any other message of its session) → a
+    /// partition, nothing removed; no answer by the report's
+    /// `answer_by_ms` → both signals agree and the verdict is proposed. A
+    /// follower settles nothing.
     pub fn decide_downs(&mut self, now_ms: u64) -> Vec<Verdict<W>> {
         if !self.leads() {
             return Vec::new();
         }
-        let silence = self.params.silence_ms;
         let mut settled = Vec::new();
         let nodes: Vec<NodeId> = self.downs.keys().cloned().collect();
         for node in nodes {
@@ -386,7 +422,7 @@ impl<W> LeaderMemory<W> {
                     reporters: held.reporters,
                     waiting: held.waiting,
                 });
-            } else if heard.is_none_or(|t| now_ms.saturating_sub(t) >= silence) {
+            } else if now_ms >= self.downs[&node].answer_by_ms {
                 let held = self.downs.remove(&node).expect("listed above");
                 let envelope = Envelope {
                     at_ms: now_ms,
@@ -547,13 +583,15 @@ impl<W> LeaderMemory<W> {
     }
 
     /// How many leaseholders of each zone have had silent sessions for
-    /// longer than the silence threshold.
+    /// longer than half a TTL: a live agent renews every third of one, so
+    /// past half it missed a renewal.
     fn silent_by_zone(&self, now_ms: u64, leases: &LeaseTable) -> HashMap<Label, u32> {
         let mut silent: HashMap<Label, u32> = HashMap::default();
+        let quiet_after = self.params.ttl_ms / 2;
         for lease in leases.iter() {
             let quiet = self
                 .heard_at(&lease.node)
-                .is_none_or(|t| now_ms.saturating_sub(t) > self.params.silence_ms);
+                .is_none_or(|t| now_ms.saturating_sub(t) > quiet_after);
             if quiet {
                 *silent.entry(lease.zone.clone()).or_default() += 1;
             }
@@ -621,12 +659,12 @@ mod tests {
     use crate::params::CatalogParams;
 
     const TTL: u64 = 10_000;
-    const SILENCE: u64 = 3_000;
+    const PROBE: u64 = 1_000;
 
     fn params() -> LeaderParams {
         LeaderParams {
             ttl_ms: TTL,
-            silence_ms: SILENCE,
+            probe_timeout_ms: PROBE,
             max_hold_ms: 60_000,
             purge_interval_ms: 30_000,
             // Silence alone expires (the witnesses' tests turn them on).
@@ -821,12 +859,23 @@ mod tests {
     }
 
     fn report(m: &mut LeaderMemory<u32>, n: &str, now: u64, w: u32) -> Vec<Verdict<u32>> {
+        report_as(m, n, now, false, w)
+    }
+
+    fn report_as(
+        m: &mut LeaderMemory<u32>,
+        n: &str,
+        now: u64,
+        sessionless: bool,
+        w: u32,
+    ) -> Vec<Verdict<u32>> {
         m.report_down(
             node("reporter"),
             agent_principal(&node("reporter")),
             node(n),
             AgentEpoch(1),
             now,
+            sessionless,
             Some(w),
         )
     }
@@ -842,15 +891,17 @@ mod tests {
     }
 
     #[test]
-    fn a_down_report_waits_for_the_arbiters_own_silence() {
+    fn a_down_report_waits_for_the_probe_answer_for_the_probe_timeout() {
         let mut cat = catalog(&["a"]);
         let mut m = leader(&mut cat, 0);
         m.heard(&node("a"), 1_000);
-        // Gossip is faster than the silence threshold: held.
+        // Held while the probe may still be answered.
         assert!(report(&mut m, "a", 2_000, 7).is_empty());
         assert_eq!(m.held_downs(), 1);
-        assert!(m.decide_downs(3_999).is_empty());
-        let settled = m.decide_downs(4_000);
+        assert!(m.decide_downs(2_000 + PROBE - 1).is_empty());
+        // A message heard before the report is no answer.
+        m.heard(&node("a"), 1_999);
+        let settled = m.decide_downs(2_000 + PROBE);
         match settled.as_slice() {
             [Verdict::Down { envelope, waiting }] => {
                 assert!(
@@ -886,13 +937,14 @@ mod tests {
     }
 
     #[test]
-    fn a_new_leader_counts_every_session_as_heard_when_it_took_office() {
+    fn a_new_leader_waits_the_probe_timeout_even_for_a_node_without_a_session() {
         let mut cat = catalog(&["a"]);
-        // Never heard at all, but the leader took office at 50 s.
+        // Never heard at all, and no session here, but the leader took
+        // office at 50 s: the node may still be reconnecting.
         let mut m = leader(&mut cat, 50_000);
-        assert!(report(&mut m, "a", 50_001, 1).is_empty());
-        assert!(m.decide_downs(52_999).is_empty());
-        assert_eq!(m.decide_downs(53_000).len(), 1);
+        assert!(report_as(&mut m, "a", 50_001, true, 1).is_empty());
+        assert!(m.decide_downs(50_000 + PROBE).is_empty());
+        assert_eq!(m.decide_downs(50_001 + PROBE).len(), 1);
         // And no lease is due before one TTL after taking office.
         let expiries = |p: Vec<Envelope>| {
             p.iter()
@@ -901,6 +953,18 @@ mod tests {
         };
         assert_eq!(expiries(m.sweep(59_999, cat.leases()).proposals), 0);
         assert_eq!(expiries(m.sweep(60_000, cat.leases()).proposals), 1);
+    }
+
+    #[test]
+    fn a_settled_leader_takes_a_node_without_a_session_as_silent_at_once() {
+        let mut cat = catalog(&["a", "b"]);
+        let mut m = leader(&mut cat, 0);
+        match report_as(&mut m, "a", TTL / 2, true, 1).as_slice() {
+            [Verdict::Down { .. }] => {}
+            other => panic!("expected the verdict at once, got {other:?}"),
+        }
+        // A node with a session here waits for its probe.
+        assert!(report_as(&mut m, "b", TTL / 2, false, 2).is_empty());
     }
 
     #[test]

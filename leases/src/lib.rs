@@ -28,8 +28,8 @@
 //! - `sessions`: per connected agent, controller or bridge, what each
 //!   message and request means (grants, watches, authorization, down
 //!   reports); `answers`: the answers built from the catalog; `leader`:
-//!   session silence, lease deadlines, the two-signal down rule, expiries,
-//!   purges; `witness`: whom to ask about a silent lease.
+//!   when sessions were heard, lease deadlines, the two-signal down rule
+//!   (a gossip report and an unanswered probe), expiries, purges; `witness`: whom to ask about a silent lease.
 //! - `params`: what every replica of a shard must agree on.
 //! - `policy`, `regions`: service policies as the catalog holds them and
 //!   the regions message agents get (R9).
@@ -46,6 +46,8 @@
 //! redb; the applied catalog behind its lock), `client` (the QUIC client
 //! agents and controllers use), `tls`, `clock` (the one wall-clock read),
 //! `shutdown` (the one stop signal every task of a process observes),
+//! `transport` (the one QUIC transport configuration: keep-alives, idle
+//! timeouts and windows per kind of link),
 //! `http` (what the agent's and the admin HTTP APIs share: JSON errors,
 //! connection limits and timeouts), `secret` (token files), `codec` (the
 //! only encoder and decoder: pure, plus the frame reads and writes on
@@ -92,6 +94,7 @@ pub mod snapshot;
 mod stored;
 
 pub mod tls;
+pub mod transport;
 pub mod view;
 pub mod witness;
 

@@ -156,6 +156,18 @@ pub enum PeerResponse {
     /// To `ProposeBatch`: each write's answer, in the request's order (or
     /// one `Answer` for all when the replica does not lead).
     Answers(Vec<Response>),
+    /// To `Heard`, from a leader holding down reports (and perhaps asking
+    /// witnesses): as `HeardAsks`, and the nodes whose sessions the
+    /// follower probes (`SessionDown::Probe`), telling the leader at once
+    /// of each answer.
+    HeardProbes {
+        /// As `Refused`.
+        refused: Vec<(NodeId, String)>,
+        /// The silent leases.
+        asks: Vec<crate::witness::WitnessAsk>,
+        /// The nodes to probe, with the agent run reported down.
+        probes: Vec<(NodeId, crate::ids::AgentEpoch)>,
+    },
 }
 
 /// Encodes a message to a peer replica.

@@ -69,8 +69,10 @@ pub enum SessionUp {
     },
     /// Renew the node lease (every TTL/3, jittered).
     Renew,
-    /// The session is alive (every keep-alive interval): the arbiter's own
-    /// silence signal for down verdicts (R4) and the mass-expiry guard.
+    /// The session is alive. Agents no longer send it on a timer (the
+    /// arbiter asks with `SessionDown::Probe` when it needs to know, R4);
+    /// an arbiter still accepts it from older agents, as any message that
+    /// counts the session heard.
     Keepalive,
     /// The answer to `SessionDown::Witness`: what this agent can tell of
     /// a node whose session the arbiter no longer hears.
@@ -87,6 +89,13 @@ pub enum SessionUp {
         /// about completed, `Some(false)` when none did within the
         /// agent's connect timeout, `None` when none was given.
         reachable: Option<bool>,
+    },
+    /// The answer to `SessionDown::Probe`, sent at once by the agent's
+    /// session actor (never queued behind the agent's other work): the
+    /// node's process runs and reaches this replica.
+    Alive {
+        /// The probe's number, echoed.
+        nonce: u64,
     },
 }
 
@@ -141,6 +150,13 @@ pub enum SessionDown {
         epoch: AgentEpoch,
         /// Where its endpoints listen.
         addresses: Vec<std::net::SocketAddr>,
+    },
+    /// Is this node alive? Asked when a gossip down report or a silent
+    /// lease needs the arbiter's own signal (R4): an answer
+    /// (`SessionUp::Alive`) within `lease.probe_timeout_ms` says alive.
+    Probe {
+        /// A number to echo.
+        nonce: u64,
     },
 }
 

@@ -187,12 +187,15 @@ pub enum Input {
         outcome: Forwarded,
     },
     /// The leader's answer to this follower's heard report: renewals it
-    /// refused, and the witness asks it holds open.
+    /// refused, the witness asks it holds open, and the nodes whose
+    /// sessions it wants probed.
     HeardAnswered {
         /// Nodes whose renewals were refused, with why.
         refused: Vec<(NodeId, String)>,
         /// Open witness asks.
         asks: Vec<WitnessAsk>,
+        /// Nodes to probe, with the agent run asked about.
+        probes: Vec<(NodeId, crate::ids::AgentEpoch)>,
     },
     /// The other replicas' sums of an `AwaitPropagation`.
     Propagated {
@@ -462,6 +465,17 @@ impl ReplicaState {
                 self.regions.forget(agent);
                 if let Some((node, _)) = self.sessions.disconnect(agent) {
                     tracing::info!(node = %node, agent, "agent session closed");
+                    // A connection known closed is silence at once, where
+                    // no other replica may hold the node's session.
+                    let elsewhere = !self.raft.others.is_empty()
+                        || self
+                            .sessions
+                            .agents()
+                            .any(|a| self.sessions.held(a).is_some_and(|(n, _)| *n == node));
+                    if self.leads() && !elsewhere {
+                        let verdicts = self.leader.session_closed(&node, now_ms);
+                        self.verdicts(verdicts, out);
+                    }
                 }
             }
             Input::Request {
@@ -488,10 +502,15 @@ impl ReplicaState {
             Input::Forwarded { forward, outcome } => {
                 self.forwarded(forward, outcome, now_ms, cat, out)
             }
-            Input::HeardAnswered { refused, asks } => {
+            Input::HeardAnswered {
+                refused,
+                asks,
+                probes,
+            } => {
                 self.refused_renewals(refused, out);
                 if !self.leads() {
                     self.carry_asks(asks, now_ms, cat, out);
+                    self.carry_probes(probes, now_ms, out);
                 }
             }
             Input::Propagated { wait, acked, total } => {
@@ -644,6 +663,9 @@ impl ReplicaState {
             let mut agents: Vec<AgentId> = self.sessions.agents().collect();
             agents.sort_unstable();
             self.push_regions(&agents, now, cat, out);
+        }
+        if self.witnesses.report_now {
+            self.report_heard(now, out);
         }
         self.fire_wakes(now, cat, out);
         self.answer_waiters(now, out);

@@ -131,17 +131,12 @@ impl ArbiterServer {
 
         let live = LiveTls::new(material)?;
         let mut server_config = live.server_config(tls::ALPN)?;
-        let mut transport = quinn::TransportConfig::default();
-        transport.keep_alive_interval(Some(Duration::from_secs(1)));
-        transport.max_idle_timeout(Some(
-            Duration::from_secs(10)
-                .try_into()
-                .expect("10 s fits a QUIC idle timeout"),
-        ));
-        // What is queued for one agent is bounded by its send window; a
-        // slower agent stalls and is disconnected (distribution.stall_timeout_ms).
-        transport.send_window(config.distribution.max_queued_bytes_per_agent);
-        server_config.transport_config(Arc::new(transport));
+        // No keep-alives from this end (R4); what is queued for one agent
+        // is bounded by its send window, and a slower agent stalls and is
+        // disconnected (distribution.stall_timeout_ms).
+        server_config.transport_config(crate::transport::config(crate::transport::Link::Arbiter {
+            send_window: config.distribution.max_queued_bytes_per_agent,
+        }));
         let endpoint = quinn::Endpoint::server(server_config, config.listen)
             .map_err(io(format!("binding QUIC listener {}", config.listen)))?;
         let quic_addr = endpoint

@@ -123,6 +123,9 @@ pub enum Step {
         /// What the witness sees.
         seen: crate::leader::Seen,
     },
+    /// A probe was answered: the session is heard (a follower tells the
+    /// leader at once).
+    Alive,
     /// Nothing more (a keep-alive).
     Nothing,
 }
@@ -288,6 +291,7 @@ impl Sessions {
                 actor: session.identity.principal.clone(),
             },
             (SessionUp::Keepalive, Some(_)) => Step::Nothing,
+            (SessionUp::Alive { .. }, Some(_)) => Step::Alive,
             (
                 SessionUp::Witnessed {
                     node,

@@ -49,20 +49,6 @@ pub use watch::{expiring, FileReload, Reload, Watcher, EXPIRY_WARNING};
 /// peer speaking anything else is refused during the handshake.
 pub const ALPN: &[u8] = b"rollcall/1";
 
-/// How often an idle connection sends a QUIC PING, so NATs and the peer's
-/// idle timer see traffic while nothing else is sent.
-pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
-
-/// QUIC idle timeout in milliseconds (see `MAX_IDLE_TIMEOUT`).
-const MAX_IDLE_TIMEOUT_MS: u32 = 10_000;
-
-/// How long a connection may hear nothing before QUIC closes it.
-///
-/// This only reaps dead connections. The arbiter's session-silence signal
-/// comes from application pings, which the arbiter times itself; with
-/// keep-alives every second a live peer never gets near this bound.
-pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_millis(MAX_IDLE_TIMEOUT_MS as u64);
-
 /// How long an issued leaf certificate is valid: 90 days. Short enough
 /// that a leaked key nobody revoked dies within a quarter, and that
 /// renewing (`rollcall certs --renew`, reloaded without a restart) is a
@@ -965,14 +951,10 @@ fn roots(cas: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// Keep-alive and idle timeout shared by servers and clients.
+/// The transport of a configuration nobody overrides (the region
+/// bridge's); the agent, the arbiter and the peer links set their own.
 fn transport() -> Arc<quinn::TransportConfig> {
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(KEEP_ALIVE_INTERVAL));
-    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(
-        MAX_IDLE_TIMEOUT_MS,
-    ))));
-    Arc::new(transport)
+    crate::transport::config(crate::transport::Link::Bridge)
 }
 
 /// Whether a file may be readable by others.

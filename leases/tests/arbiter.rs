@@ -398,7 +398,7 @@ async fn a_certificate_from_another_ca_gets_nothing() {
 async fn a_down_report_needs_the_arbiters_own_silence_too() {
     let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let server = arbiter(&ca, dir.path(), |c| c.lease.silence_ms = 300).await;
+    let server = arbiter(&ca, dir.path(), |c| c.lease.probe_timeout_ms = 300).await;
     let addr = server.quic_addr.to_string();
     let session = |node: &'static str| {
         let ca = &ca;
@@ -444,17 +444,18 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
         epoch: AgentEpoch(epoch),
     };
 
-    // node-b keeps its session alive: gossip alone removes nothing. The
-    // report is held until the silence would be long enough, and hearing
-    // node-b meanwhile settles it as a partition.
+    // node-b answers the arbiter's probe: gossip alone removes nothing.
+    // The report makes the arbiter probe node-b's session, and its answer
+    // settles the report as a partition.
     let before = revision(&server).await;
-    let keepalive = tokio::spawn(async move {
-        let mut bw = bw;
-        for _ in 0..10 {
-            bw.send(&SessionUp::Keepalive).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    let answering = tokio::spawn(async move {
+        let (mut bw, mut br) = (bw, br);
+        loop {
+            if let SessionDown::Probe { nonce } = br.next().await.unwrap() {
+                bw.send(&SessionUp::Alive { nonce }).await.unwrap();
+                return (bw, br);
+            }
         }
-        bw
     });
     match a.request(&report(7)).await.unwrap() {
         Response::Rejected { message, .. } => {
@@ -462,11 +463,12 @@ async fn a_down_report_needs_the_arbiters_own_silence_too() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
-    let bw = keepalive.await.unwrap();
+    let (bw, br) = answering.await.unwrap();
     assert_eq!(revision(&server).await, before);
     assert!(metric(&server, "rollcall_arbiter_down_reports_ignored_total").await >= 1.0);
 
-    // node-b goes silent (its process is gone): both signals agree.
+    // node-b goes silent (its process is gone; its probe goes unanswered
+    // or its connection closes): both signals agree.
     drop((bw, br, b, b_client));
     // A verdict about an older epoch changes nothing.
     assert!(matches!(

@@ -28,6 +28,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use rollcall_config::AgentConfig;
@@ -298,7 +299,10 @@ pub async fn prepare(
     if !config.arbiters.is_empty() && tls.is_none() {
         return Err(no_tls());
     }
-    let client = tls.map(ArbiterClient::new).transpose()?;
+    let keep_alive = Duration::from_millis(config.keepalive_ms);
+    let client = tls
+        .map(|tls| ArbiterClient::new(tls).and_then(|c| c.with_keep_alive(keep_alive)))
+        .transpose()?;
     let bound = bind(&config).await?;
     let files = data_dir(&config.data_dir)?;
     let socket = config.data_dir.join("agent.sock");

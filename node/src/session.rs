@@ -110,6 +110,7 @@ impl Actor for SessionActor {
             );
             act.conn = Some(conn);
             let (tx, mut rx) = mpsc::unbounded_channel::<SessionUp>();
+            let tx_probe = tx.clone();
             act.up = Some(tx);
             act.agent.do_send(Input::Connected {
                 session: act.session,
@@ -131,7 +132,7 @@ impl Actor for SessionActor {
                     act.end(e.to_string(), ctx);
                 }
             }));
-            let read = read_session(reader, act.agent.clone(), act.session);
+            let read = read_session(reader, act.agent.clone(), act.session, tx_probe);
             ctx.spawn(
                 read.into_actor(act)
                     .map(|reason, act, ctx| act.end(reason, ctx)),
@@ -140,15 +141,20 @@ impl Actor for SessionActor {
     }
 }
 
-/// Hands every message of the session stream to the agent; returns why it
-/// ended.
+/// Hands every message of the session stream to the agent, except the
+/// arbiter's probes, answered here at once (R4: never queued behind the
+/// agent's other work); returns why it ended.
 async fn read_session(
     mut reader: SessionReader,
     agent: Recipient<Input>,
     session: SessionId,
+    up: mpsc::UnboundedSender<SessionUp>,
 ) -> String {
     loop {
         match reader.next().await {
+            Ok(SessionDown::Probe { nonce }) => {
+                let _ = up.send(SessionUp::Alive { nonce });
+            }
             Ok(message) => agent.do_send(Input::Message { session, message }),
             Err(e) => return e.to_string(),
         }

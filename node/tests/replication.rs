@@ -558,11 +558,12 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
 {
     let mut group = Group::start(|c| {
         c.lease.ttl_ms = 3_000;
-        // The down report below is held until a2's session is heard
-        // again (refused: a partition) or silent for silence_ms (accepted,
-        // rightly). 2 s of keepalives every 200 ms leaves room for a
-        // loaded machine; the 4 s sleep is still past a TTL.
-        c.lease.silence_ms = 2_000;
+        // The down report below makes the replica holding a2's session
+        // probe it (a follower hears of the probe with its next heard
+        // report, every sweep): an answer is a partition (refused), none
+        // within probe_timeout_ms would accept it. 1.5 s leaves room for
+        // a loaded machine; the 4 s sleep is still past a TTL.
+        c.lease.probe_timeout_ms = 1_500;
         c.lease.sweep_interval_ms = 100;
     })
     .await;
@@ -598,8 +599,8 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
         // Every agent's session is back, on a replica that runs: until
         // then the new leader rightly counts a2 as silent from the moment
         // it took office, and on a loaded machine a reconnect can take
-        // longer than `silence_ms` (a CI run of the whole workspace saw the
-        // report below accepted while a2 was still reconnecting).
+        // longer than `probe_timeout_ms` (a CI run of the whole workspace
+        // saw the report below accepted while a2 was still reconnecting).
         let stopped = group.quic_addrs()[leader].clone();
         for agent in &agents {
             let http = Http::of(agent);

@@ -414,7 +414,11 @@ impl World {
                     },
                 );
             }
-            message @ (SessionDown::Regions(_) | SessionDown::Refused { .. }) => {
+            // A probe reaches the agent's machine, which answers it as its
+            // session actor would: at once.
+            message @ (SessionDown::Regions(_)
+            | SessionDown::Refused { .. }
+            | SessionDown::Probe { .. }) => {
                 if self.link_up(a) {
                     let latency = self.arbiter_latency();
                     let at = self.down_arrival(a, latency);

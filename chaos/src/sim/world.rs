@@ -56,8 +56,8 @@ use super::scenario::{Action, SimScenario, Step};
 /// How often the instances of an agent look whether a heartbeat is due,
 /// in ms.
 pub(super) const TICK_MS: u64 = 100;
-/// QUIC idle timeout of an agent's session (leases/src/client.rs), ms.
-pub(super) const IDLE_TIMEOUT_MS: u64 = 10_000;
+/// QUIC idle timeout of an agent's session, ms (the shipped value).
+pub(super) const IDLE_TIMEOUT_MS: u64 = rollcall_config::QUIC_IDLE_TIMEOUT_MS;
 /// How often convergence is checked after the last recovery, ms.
 pub(super) const CONVERGE_CHECK_MS: u64 = 500;
 /// How often a QUIC handshake's packets are sent again while lost, ms.

@@ -261,13 +261,19 @@ fn resend_after_outside_its_range_is_rejected() {
 #[test]
 fn bad_values_name_their_fields() {
     type Breaks = fn(&mut ArbiterConfig);
-    let cases: [(&str, Breaks); 8] = [
+    let cases: [(&str, Breaks); 10] = [
         ("arbiter.name", |c| c.name = "-a".to_owned()),
         ("arbiter.admin", |c| c.admin = c.listen),
         ("arbiter.lease.sweep_interval_ms", |c| {
             c.lease.sweep_interval_ms = c.lease.ttl_ms
         }),
         ("arbiter.lease.silence_ms", |c| c.lease.silence_ms = 20_000),
+        ("arbiter.lease.probe_timeout_ms", |c| {
+            c.lease.probe_timeout_ms = c.lease.ttl_ms / 2 + 1
+        }),
+        ("arbiter.lease.probe_timeout_ms", |c| {
+            c.lease.probe_timeout_ms = 0
+        }),
         ("arbiter.guard.max_share", |c| c.guard.max_share = 0.0),
         ("arbiter.guard.max_share", |c| c.guard.max_share = 1.5),
         ("arbiter.catalog.allowed_label_keys[1]", |c| {

@@ -1,13 +1,13 @@
 //! The silent node crash (case (c)): its gossip path (SWIM's down verdict
-//! and the arbiter's session silence) and its lease path (expiry, sweep,
-//! witnesses), and the longest process pause that never gets a live node
-//! declared down.
+//! and the arbiter's probe of the node's session going unanswered) and its
+//! lease path (expiry, sweep, witnesses), and the longest process pause
+//! that never gets a live node declared down.
 
 use super::calculator::{ms, Inputs};
 use super::terms::{BudgetPath, BudgetRow, Case, Phase, Setting, Term};
 use super::{
-    PauseTolerance, HARD_FAILURE_SLO_MS, MIN_KEEPALIVES_PER_SILENCE,
-    SWIM_EXPECTED_FIRST_PROBE_PERIODS, SWIM_P99_FIRST_PROBE_PERIODS, WITNESS_CONNECT_MS,
+    PauseTolerance, HARD_FAILURE_SLO_MS, SWIM_EXPECTED_FIRST_PROBE_PERIODS,
+    SWIM_P99_FIRST_PROBE_PERIODS, WITNESS_CONNECT_MS,
 };
 use crate::RENEWALS_PER_TTL;
 
@@ -32,8 +32,9 @@ impl Inputs<'_> {
         self.agent.gossip.key_file.is_some()
     }
 
-    /// SWIM declares the node down; the arbiter accepts once its own session
-    /// has been silent for `silence_ms` too.
+    /// SWIM declares the node down; the arbiter accepts once its probe of
+    /// the node's own session went unanswered for `probe_timeout_ms` too
+    /// (R4).
     fn gossip_path(&self) -> BudgetPath {
         let gossip = &self.agent.gossip;
         let swim = gossip.effective();
@@ -69,21 +70,17 @@ impl Inputs<'_> {
                 "lower it or choose a faster preset",
             )),
         );
-        let swim_expected = first_probe.expected_ms + probe_fails.expected_ms + suspect;
-        let swim_worst = first_probe.worst_ms + probe_fails.worst_ms + suspect;
-        let silence = self.arbiter.lease.silence_ms;
-        let silence_expected = (ms(silence) - ms(self.agent.keepalive_ms) / 2.0).max(0.0);
-        let silence_wait = Term::new(
-            "arbiter session silence beyond SWIM: max(0, silence − SWIM)",
+        let lease = &self.arbiter.lease;
+        let sweep = ms(lease.sweep_interval_ms);
+        let probe_wait = Term::new(
+            "arbiter probe of the node's session unanswered: probe_timeout + ½ | 1 sweep",
             Phase::Detection,
-            (silence_expected - swim_expected).max(0.0),
-            (ms(silence) - swim_worst).max(0.0),
+            ms(lease.probe_timeout_ms) + sweep / 2.0,
+            ms(lease.probe_timeout_ms) + sweep,
             Some(Setting::new(
-                "arbiter.lease.silence_ms",
-                silence,
-                format!(
-                    "lower it, keeping it at least {MIN_KEEPALIVES_PER_SILENCE} × agent.keepalive_ms"
-                ),
+                "arbiter.lease.probe_timeout_ms",
+                lease.probe_timeout_ms,
+                "lower it, keeping it above the longest pause an agent process may take after gossip reports it",
             )),
         );
         let b = &self.agent.budget;
@@ -99,13 +96,13 @@ impl Inputs<'_> {
             )),
         );
         BudgetPath {
-            name: "gossip path: SWIM down verdict and arbiter silence".to_owned(),
+            name: "gossip path: SWIM down verdict and an unanswered probe".to_owned(),
             terms: self.decided(vec![
                 first_probe,
                 probe_fails,
                 suspicion,
-                silence_wait,
                 report,
+                probe_wait,
             ]),
         }
     }
@@ -116,8 +113,7 @@ impl Inputs<'_> {
         let swim = gossip.effective();
         let gossip_ms =
             ms(swim.probe_period_ms) + ms(swim.suspect_to_down_ms) - ms(swim.periodic_gossip_ms);
-        let silence_ms =
-            (ms(self.arbiter.lease.silence_ms) - ms(self.agent.keepalive_ms) / 2.0).max(0.0);
+        let probe_ms = ms(self.arbiter.lease.probe_timeout_ms);
         let preset = if swim == gossip.preset.settings() {
             gossip.preset.name().to_owned()
         } else {
@@ -126,12 +122,12 @@ impl Inputs<'_> {
         let ttl = ms(self.arbiter.lease.ttl_ms);
         PauseTolerance {
             tolerated_ms: if self.gossip_on() {
-                gossip_ms.max(silence_ms)
+                gossip_ms + probe_ms
             } else {
                 ttl - ttl / ms(RENEWALS_PER_TTL)
             },
             gossip_ms,
-            silence_ms,
+            probe_ms,
             preset,
             gossip_on: self.gossip_on(),
         }

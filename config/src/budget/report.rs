@@ -22,8 +22,9 @@ pub struct BudgetReport {
 
 /// How long an agent may stall (GC, CPU steal, a VM's live migration, a
 /// SIGSTOP) before its live node is declared down. Removal needs both
-/// signals (R4): the zone's gossip declaring it down, and the arbiter's
-/// session with it silent for `lease.silence_ms`. A member that stops at
+/// signals (R4): the zone's gossip declaring it down, and then the
+/// arbiter's probe of its session unanswered for `lease.probe_timeout_ms`
+/// (a paused agent answers it when it resumes). A member that stops at
 /// worst just as a peer probes it is suspected after one probe period and
 /// declared down `suspect_to_down` later, unless its refutation, sent when
 /// it resumes, reaches the suspecter first, which takes up to a gossip
@@ -34,14 +35,14 @@ pub struct BudgetReport {
 /// 2.3 s and 26 % at 2.6 s; `tolerant` (2.4 s) none at 2.0, 2.3 and 2.5 s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PauseTolerance {
-    /// The longest pause tolerated, ms: the smaller of the gossip and the
-    /// arbiter-silence bounds.
+    /// The longest pause tolerated, ms: the gossip bound and then the
+    /// probe's (the probe goes out only once gossip reports the node).
     pub tolerated_ms: f64,
     /// probe_period + suspect_to_down − periodic_gossip, ms.
     pub gossip_ms: f64,
-    /// lease.silence_ms − agent.keepalive_ms / 2: a pause shorter than this
-    /// never looks silent to the arbiter, ms.
-    pub silence_ms: f64,
+    /// lease.probe_timeout_ms: how long after the gossip report a paused
+    /// agent may still answer the arbiter's probe, ms.
+    pub probe_ms: f64,
     /// The preset's name (or "custom" when a setting overrides it).
     pub preset: String,
     /// Whether gossip runs (`agent.gossip.key_file` set). Without it only
@@ -62,11 +63,11 @@ impl fmt::Display for PauseTolerance {
         }
         write!(
             f,
-            "process pauses tolerated: up to {} (gossip preset {}: probe period + suspect_to_down − 1 gossip round = {}; both signals must agree, and the arbiter's silence needs {}); a longer pause of an agent can get its live node declared down",
+            "process pauses tolerated: up to {} (gossip preset {}: probe period + suspect_to_down − 1 gossip round = {}; both signals must agree, and the arbiter's probe, sent at the gossip report, waits {} for the answer); a longer pause of an agent can get its live node declared down",
             seconds(self.tolerated_ms),
             self.preset,
             seconds(self.gossip_ms),
-            seconds(self.silence_ms),
+            seconds(self.probe_ms),
         )
     }
 }

@@ -62,20 +62,19 @@ fn assert_ms(actual: f64, expected: f64, what: &str) {
 #[test]
 fn the_pause_a_preset_tolerates_is_named() {
     let report = Budget::compute(&gossiping(), &ArbiterConfig::default());
-    // lan: 350 + 1200 − 200 ms of gossip; the arbiter's own silence
-    // (2000 − 250) is the later signal.
+    // lan: 350 + 1200 − 200 ms of gossip, then the probe's 1000 ms.
     assert_ms(report.pause.gossip_ms, 1_350.0, "lan gossip");
-    assert_ms(report.pause.tolerated_ms, 1_750.0, "lan");
+    assert_ms(report.pause.tolerated_ms, 2_350.0, "lan");
     assert_eq!(report.pause.preset, "lan");
     let mut agent = gossiping();
     agent.gossip.preset = crate::GossipPreset::Tolerant;
     let report = Budget::compute(&agent, &ArbiterConfig::default());
-    assert_ms(report.pause.tolerated_ms, 2_400.0, "tolerant");
+    assert_ms(report.pause.tolerated_ms, 3_400.0, "tolerant");
     assert!(
         report
             .pause
             .to_string()
-            .starts_with("process pauses tolerated: up to 2.40 s (gossip preset tolerant"),
+            .starts_with("process pauses tolerated: up to 3.40 s (gossip preset tolerant"),
         "{}",
         report.pause
     );
@@ -138,14 +137,13 @@ fn default_rows_follow_the_formulas() {
     let swim = agent.gossip.effective();
     let period = swim.probe_period_ms as f64;
     let suspect = swim.suspect_to_down_ms as f64;
-    let silence = arbiter.lease.silence_ms as f64;
-    let keepalive = agent.keepalive_ms as f64;
-    let swim_e = period * std::f64::consts::LN_2 + period + suspect;
-    let swim_w = period * 100f64.ln() + period + suspect;
-    let gossip_e = swim_e.max(silence - keepalive / 2.0) + b.network_ms as f64 + c + p;
-    let gossip_w = swim_w.max(silence) + b.network_worst_ms as f64 + cw + pw;
+    let probe = arbiter.lease.probe_timeout_ms as f64;
     let ttl = arbiter.lease.ttl_ms as f64;
     let sweep = arbiter.lease.sweep_interval_ms as f64;
+    let swim_e = period * std::f64::consts::LN_2 + period + suspect;
+    let swim_w = period * 100f64.ln() + period + suspect;
+    let gossip_e = swim_e + b.network_ms as f64 + probe + sweep / 2.0 + c + p;
+    let gossip_w = swim_w + b.network_worst_ms as f64 + probe + sweep + cw + pw;
     // Witnesses: one connect timeout and a round trip (capped at the
     // wait) and half a sweep | the wait and a sweep.
     let wait = arbiter.lease.witness_wait_ms as f64;
@@ -188,13 +186,13 @@ fn slow_gossip_and_long_lease_break_the_silent_crash_slo() {
 }
 
 #[test]
-fn long_silence_dominates_the_gossip_path() {
+fn a_long_probe_timeout_dominates_the_gossip_path() {
     let mut arbiter = ArbiterConfig::default();
-    arbiter.lease.silence_ms = 9_000;
+    arbiter.lease.probe_timeout_ms = 5_000;
     let report = Budget::compute(&gossiping(), &arbiter);
     let node = row(&report, Case::SilentNodeCrash);
     let dominant = node.dominant().expect("a setting dominates");
-    assert_eq!(dominant.path, "arbiter.lease.silence_ms");
+    assert_eq!(dominant.path, "arbiter.lease.probe_timeout_ms");
 }
 
 #[test]
@@ -251,7 +249,7 @@ fn wide_coalescing_and_dns_ttl_break_the_leave_slo() {
 #[test]
 fn raising_a_setting_never_lowers_a_row() {
     type Knob = fn(&mut AgentConfig, &mut ArbiterConfig);
-    let knobs: [(&str, Knob); 14] = [
+    let knobs: [(&str, Knob); 13] = [
         ("readiness interval", |a, _| {
             a.checks.readiness.interval_ms += 700
         }),
@@ -270,11 +268,10 @@ fn raising_a_setting_never_lowers_a_row() {
             let s = a.gossip.effective();
             a.gossip.suspect_to_down_ms = Some(s.suspect_to_down_ms + 900);
         }),
-        ("keepalive", |a, _| a.keepalive_ms += 100),
         ("dns ttl", |a, _| a.dns_ttl_s += 1),
         ("commit worst", |a, _| a.budget.commit_worst_ms += 40),
         ("network worst", |a, _| a.budget.network_worst_ms += 40),
-        ("silence", |_, r| r.lease.silence_ms += 800),
+        ("probe timeout", |_, r| r.lease.probe_timeout_ms += 300),
         ("lease ttl", |_, r| r.lease.ttl_ms += 3_000),
         ("sweep", |_, r| r.lease.sweep_interval_ms += 200),
         ("coalesce window", |_, r| {
@@ -301,17 +298,17 @@ fn raising_a_setting_never_lowers_a_row() {
 }
 
 #[test]
-fn short_silence_is_a_warning_not_a_violation() {
+fn frequent_keep_alives_are_a_warning_not_a_violation() {
     let agent = AgentConfig {
-        keepalive_ms: 1_500,
+        keepalive_ms: 500,
         ..AgentConfig::default()
     };
     let report = Budget::compute(&agent, &ArbiterConfig::default());
     assert_eq!(report.violations(), Vec::<String>::new());
     assert_eq!(report.warnings.len(), 1);
     assert!(
-        report.warnings[0].contains("arbiter.lease.silence_ms = 2000")
-            && report.warnings[0].contains("agent.keepalive_ms = 1500"),
+        report.warnings[0].contains("agent.keepalive_ms = 500")
+            && report.warnings[0].contains("10000 a second"),
         "{}",
         report.warnings[0]
     );

@@ -126,6 +126,12 @@ impl ReplicaState {
                 epoch,
                 seen,
             } => self.witnessed(witness, node, epoch, seen),
+            Step::Alive => {
+                self.counters.probes_answered += 1;
+                // A follower tells the leader at once: a down report
+                // waits for it.
+                self.witnesses.report_now |= !self.leads();
+            }
             Step::Nothing => {}
         }
     }

@@ -17,6 +17,10 @@ pub struct Counters {
     pub refusals: BTreeMap<&'static str, u64>,
     /// Down reports settled as a partition.
     pub down_reports_ignored: u64,
+    /// Probes sent down this replica's sessions (R4).
+    pub probes_sent: u64,
+    /// Probes answered on this replica's sessions.
+    pub probes_answered: u64,
     /// Regions messages sent.
     pub regions_sent: u64,
     /// Sessions replaced by another of the same node

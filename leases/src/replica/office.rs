@@ -202,8 +202,11 @@ impl ReplicaState {
         out: &mut Vec<Output>,
     ) {
         if !self.leads() {
-            // The leader may hold it for up to silence_ms.
-            let wait = self.config.lease.silence_ms + self.config.raft.write_timeout_ms;
+            // The leader holds it for up to probe_timeout_ms, and a
+            // follower's answer may come a sweep interval later.
+            let wait = self.config.lease.probe_timeout_ms
+                + self.config.lease.sweep_interval_ms
+                + self.config.raft.write_timeout_ms;
             let handed = Handed::Down {
                 reporter,
                 actor,
@@ -214,12 +217,16 @@ impl ReplicaState {
             self.hand_over(handed, now + wait, now, cat, out);
             return;
         }
-        // The second signal (R4): this arbiter's own session with the node
-        // must be silent for silence_ms; the leader memory holds the report
-        // until it is, or until the node is heard (a partition).
-        let verdicts = self
-            .leader
-            .report_down(reporter, actor, node, epoch, now, Some(reply));
+        // The second signal (R4): the node's own session is probed (here,
+        // and by the followers the probe is handed to); the leader memory
+        // holds the report until the node is heard (a partition) or the
+        // probe goes unanswered for probe_timeout_ms. A node without a
+        // session here, in a group of one, is silent at once.
+        let here = self.open_probe(&node, epoch, now, out);
+        let sessionless = !here && self.raft.others.is_empty();
+        let verdicts =
+            self.leader
+                .report_down(reporter, actor, node, epoch, now, sessionless, Some(reply));
         self.verdicts(verdicts, out);
     }
 

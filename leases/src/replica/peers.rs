@@ -66,12 +66,18 @@ impl ReplicaState {
                         }
                     }
                 }
-                let asks = if self.leads() {
-                    self.witnesses.open()
+                let (asks, probes) = if self.leads() {
+                    (self.witnesses.open(), self.witnesses.open_probes())
                 } else {
-                    Vec::new()
+                    (Vec::new(), Vec::new())
                 };
-                let response = if asks.is_empty() {
+                let response = if !probes.is_empty() {
+                    PeerResponse::HeardProbes {
+                        refused,
+                        asks,
+                        probes,
+                    }
+                } else if asks.is_empty() {
                     PeerResponse::Refused(refused)
                 } else {
                     PeerResponse::HeardAsks { refused, asks }

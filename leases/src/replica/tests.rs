@@ -20,12 +20,14 @@ use crate::raft::AppliedMark;
 mod agents;
 mod office;
 mod peers;
+mod probes;
 mod witnesses;
 mod writes;
 
 const TTL: u64 = 10_000;
 const SWEEP: u64 = 250;
 const SILENCE: u64 = 2_000;
+const PROBE: u64 = 1_000;
 const LEADER: (ReplicaId, &str) = (2, "leader:7000");
 
 fn config(witness_wait_ms: u64) -> ArbiterConfig {
@@ -33,6 +35,7 @@ fn config(witness_wait_ms: u64) -> ArbiterConfig {
     config.lease.ttl_ms = TTL;
     config.lease.sweep_interval_ms = SWEEP;
     config.lease.silence_ms = SILENCE;
+    config.lease.probe_timeout_ms = PROBE;
     config.lease.witness_wait_ms = witness_wait_ms;
     // No purge in these steps.
     config.store.purge_interval_ms = 3_600_000;

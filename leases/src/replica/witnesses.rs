@@ -1,7 +1,10 @@
-//! Witnesses and heard notes: which sessions are asked about a silent
-//! lease (the leader's own, and on a follower the leader's open asks
-//! carried to its agents once each), what a follower heard and its
-//! witnesses answered, handed to the leader every sweep interval.
+//! Witnesses, probes and heard notes: which sessions are asked about a
+//! silent lease (the leader's own, and on a follower the leader's open
+//! asks carried to its agents once each), which nodes' sessions are probed
+//! for the arbiter's own signal of a down report or a silent lease (R4:
+//! the leader probes its own, a follower those the leader hands it), what
+//! a follower heard and its witnesses answered, handed to the leader every
+//! sweep interval, and at once when a probe was answered.
 
 use super::*;
 use crate::ids::AgentEpoch;
@@ -27,6 +30,15 @@ pub(super) struct Witnesses {
     answers: Vec<WitnessAnswer>,
     /// Follower: sessions heard since the last report.
     heard: HashMap<NodeId, HeardNote>,
+    /// Leader: the nodes being probed, with when, handed to the followers
+    /// with their `Heard` answers for `lease.probe_timeout_ms`.
+    probes: Vec<(NodeId, AgentEpoch, u64)>,
+    /// Follower: probes already carried to this replica's sessions, with
+    /// when.
+    probed: HashMap<(NodeId, AgentEpoch), u64>,
+    /// Follower: a probe was answered; the leader is told at the end of
+    /// this wake-up, not at the next sweep.
+    pub(super) report_now: bool,
 }
 
 impl Witnesses {
@@ -38,6 +50,14 @@ impl Witnesses {
     /// The leader's open asks.
     pub(super) fn open(&self) -> Vec<WitnessAsk> {
         self.open.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// The leader's open probes.
+    pub(super) fn open_probes(&self) -> Vec<(NodeId, AgentEpoch)> {
+        self.probes
+            .iter()
+            .map(|(node, epoch, _)| (node.clone(), *epoch))
+            .collect()
     }
 }
 
@@ -128,11 +148,79 @@ impl ReplicaState {
         }
     }
 
+    /// The leader probes `node`'s sessions here and keeps the probe open
+    /// for the followers to carry (`lease.probe_timeout_ms`); whether a
+    /// session of the node is here.
+    pub(super) fn open_probe(
+        &mut self,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        now: u64,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        let keep = self.config.lease.probe_timeout_ms;
+        self.witnesses
+            .probes
+            .retain(|(_, _, at)| now.saturating_sub(*at) < keep);
+        if !self
+            .witnesses
+            .probes
+            .iter()
+            .any(|(n, e, _)| n == node && *e == epoch)
+        {
+            self.witnesses.probes.push((node.clone(), epoch, now));
+        }
+        self.probe(node, now, out)
+    }
+
+    /// A follower probes the sessions it holds of the nodes the leader
+    /// names, each once while the probe is open.
+    pub(super) fn carry_probes(
+        &mut self,
+        probes: Vec<(NodeId, AgentEpoch)>,
+        now: u64,
+        out: &mut Vec<Output>,
+    ) {
+        let keep = self.config.lease.probe_timeout_ms;
+        self.witnesses
+            .probed
+            .retain(|_, at| now.saturating_sub(*at) < keep);
+        for (node, epoch) in probes {
+            if self
+                .witnesses
+                .probed
+                .insert((node.clone(), epoch), now)
+                .is_none()
+            {
+                self.probe(&node, now, out);
+            }
+        }
+    }
+
+    /// Sends a probe down every live session of `node` here; whether
+    /// there was one. Its answer (`SessionUp::Alive`), as any message of
+    /// the session, counts the node heard.
+    pub(super) fn probe(&mut self, node: &NodeId, now: u64, out: &mut Vec<Output>) -> bool {
+        let mut agents: Vec<AgentId> = self
+            .sessions
+            .agents()
+            .filter(|a| self.sessions.live(*a).is_some_and(|(n, _)| n == node))
+            .collect();
+        agents.sort_unstable();
+        for &agent in &agents {
+            self.counters.probes_sent += 1;
+            self.send(agent, SessionDown::Probe { nonce: now }, out);
+        }
+        !agents.is_empty()
+    }
+
     /// Asks this replica's witnesses about a silent lease
-    /// (`witness::choose` among the sessions it heard within
-    /// `lease.silence_ms`).
+    /// (`witness::choose` among the sessions it heard within a TTL: live
+    /// agents renew every third of one), and probes the node's own
+    /// session here, if it has one.
     fn ask_witnesses(&mut self, ask: &WitnessAsk, now: u64, cat: &Catalog, out: &mut Vec<Output>) {
-        let silence = self.config.lease.silence_ms;
+        self.probe(&ask.node, now, out);
+        let silence = self.config.lease.ttl_ms;
         let candidates: Vec<(AgentId, NodeId, crate::name::Label)> = self
             .sessions
             .agents()
@@ -163,6 +251,7 @@ impl ReplicaState {
     /// A follower tells the leader which sessions it heard, and hands it
     /// its witnesses' answers.
     pub(super) fn report_heard(&mut self, now: u64, out: &mut Vec<Output>) {
+        self.witnesses.report_now = false;
         if self.leads() {
             self.witnesses.answers.clear();
             return;
@@ -181,7 +270,9 @@ impl ReplicaState {
                 wait_ms,
             });
         }
-        if self.witnesses.heard.is_empty() {
+        // Reported every sweep while sessions are here, heard or not:
+        // the answer carries the probes the leader wants of them.
+        if self.witnesses.heard.is_empty() && self.sessions.agents().next().is_none() {
             return;
         }
         let mut heard: Vec<Heard> = self

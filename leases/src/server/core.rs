@@ -372,11 +372,25 @@ impl Core {
                             Some(Input::HeardAnswered {
                                 refused,
                                 asks: Vec::new(),
+                                probes: Vec::new(),
                             })
                         }
                         Ok(PeerResponse::HeardAsks { refused, asks }) => {
-                            Some(Input::HeardAnswered { refused, asks })
+                            Some(Input::HeardAnswered {
+                                refused,
+                                asks,
+                                probes: Vec::new(),
+                            })
                         }
+                        Ok(PeerResponse::HeardProbes {
+                            refused,
+                            asks,
+                            probes,
+                        }) => Some(Input::HeardAnswered {
+                            refused,
+                            asks,
+                            probes,
+                        }),
                         Ok(_) => None,
                         Err(e) => {
                             tracing::debug!(error = %e, "could not report heard sessions to the leader");
@@ -483,6 +497,9 @@ impl Core {
         m.rejections.inc_by(now.rejections - was.rejections);
         m.down_reports_ignored
             .inc_by(now.down_reports_ignored - was.down_reports_ignored);
+        m.probes_sent.inc_by(now.probes_sent - was.probes_sent);
+        m.probes_answered
+            .inc_by(now.probes_answered - was.probes_answered);
         m.regions_sent.inc_by(now.regions_sent - was.regions_sent);
         for (kind, total) in &now.refusals {
             let before = was.refusals.get(kind).copied().unwrap_or(0);

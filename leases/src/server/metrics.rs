@@ -125,6 +125,10 @@ pub struct Metrics {
     /// Gossip down reports about nodes whose session was still alive (a
     /// partition inside a zone): nothing was removed.
     pub down_reports_ignored: Counter,
+    /// Probes sent down this replica's sessions (R4).
+    pub probes_sent: Counter,
+    /// Probes answered on this replica's sessions.
+    pub probes_answered: Counter,
     /// The Raft term this replica knows.
     pub raft_term: Gauge,
     /// The leader's replica id (0: none known).
@@ -189,6 +193,8 @@ impl Metrics {
             stalled_agents: Gauge::default(),
             resends: Family::default(),
             down_reports_ignored: Counter::default(),
+            probes_sent: Counter::default(),
+            probes_answered: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
@@ -296,6 +302,16 @@ impl Metrics {
             "down_reports_ignored",
             "Gossip down reports about nodes whose arbiter session was alive (partition inside a zone)",
             m.down_reports_ignored.clone(),
+        );
+        registry.register(
+            "probes_sent",
+            "Probes sent down this replica's agent sessions (a gossip down report or a silent lease asked for the arbiter's own signal)",
+            m.probes_sent.clone(),
+        );
+        registry.register(
+            "probes_answered",
+            "Probes answered on this replica's agent sessions",
+            m.probes_answered.clone(),
         );
         registry.register(
             "raft_term",

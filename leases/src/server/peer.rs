@@ -89,14 +89,7 @@ impl Peers {
         let mut config = live
             .client_config(tls::ALPN)
             .map_err(std::io::Error::other)?;
-        let mut transport = quinn::TransportConfig::default();
-        transport.keep_alive_interval(Some(Duration::from_millis(500)));
-        transport.max_idle_timeout(Some(
-            Duration::from_secs(5)
-                .try_into()
-                .expect("5 s fits a QUIC idle timeout"),
-        ));
-        config.transport_config(Arc::new(transport));
+        config.transport_config(crate::transport::config(crate::transport::Link::Peer));
         let bind: std::net::SocketAddr = ([0, 0, 0, 0], 0).into();
         let mut endpoint = quinn::Endpoint::client(bind)?;
         endpoint.set_default_client_config(config);
@@ -344,6 +337,7 @@ fn response_kind(r: &PeerResponse) -> &'static str {
         PeerResponse::Refused(_) => "Refused",
         PeerResponse::HeardAsks { .. } => "HeardAsks",
         PeerResponse::Answers(_) => "Answers",
+        PeerResponse::HeardProbes { .. } => "HeardProbes",
     }
 }
 

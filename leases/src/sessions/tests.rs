@@ -335,15 +335,16 @@ fn requests_are_stamped_with_who_and_when_or_refused() {
 }
 
 /// The two-signal rule (R4) as the core and the simulator carry it: a
-/// report about a node the arbiter still hears answers "partition",
-/// removes nothing; about a node silent long enough, it proposes the
-/// verdict and answers the first reporter once committed.
+/// report about a node the arbiter hears after it (its probe answered)
+/// answers "partition", removes nothing; about a node that answers no
+/// probe within the timeout, it proposes the verdict and answers the
+/// first reporter once committed.
 #[test]
 fn a_down_report_needs_the_arbiters_own_silence_too() {
     use crate::leader::{agent_principal, LeaderMemory, LeaderParams};
     let cat = catalog();
     let params = LeaderParams::from(&ArbiterConfig::default());
-    let silence = params.silence_ms;
+    let probe = params.probe_timeout_ms;
     let me = Principal {
         role: Role::Arbiter,
         name: PrincipalName::new("a").unwrap(),
@@ -360,6 +361,7 @@ fn a_down_report_needs_the_arbiters_own_silence_too() {
         n1.clone(),
         AgentEpoch(1),
         1_000,
+        false,
         Some(1),
     );
     assert!(held.is_empty(), "held for the arbiter's own signal");
@@ -375,13 +377,15 @@ fn a_down_report_needs_the_arbiters_own_silence_too() {
         }
         other => panic!("a heard node is a partition: {other:?}"),
     }
-    // Silent since 1.5 s: a new report settles once silence has passed.
+    // Silent since 1.5 s: a new report settles once its probe went
+    // unanswered for the timeout.
     leader.report_down(
         n2.clone(),
         agent_principal(&n2),
         n1.clone(),
         AgentEpoch(1),
         2_000,
+        false,
         Some(2),
     );
     leader.report_down(
@@ -390,9 +394,14 @@ fn a_down_report_needs_the_arbiters_own_silence_too() {
         n1.clone(),
         AgentEpoch(1),
         2_100,
+        false,
         Some(3),
     );
-    let verdicts = leader.sweep(1_500 + silence + 1, cat.leases()).verdicts;
+    assert!(leader
+        .sweep(2_000 + probe - 1, cat.leases())
+        .verdicts
+        .is_empty());
+    let verdicts = leader.sweep(2_000 + probe, cat.leases()).verdicts;
     let [verdict] = <[_; 1]>::try_from(verdicts).expect("one verdict");
     match down_outcome(verdict) {
         DownOutcome::Propose {

@@ -1,9 +1,11 @@
 //! The arbiter link: which replica to try next, the reconnect backoff
-//! (full jitter), the session's state, keep-alives and lease renewals, and
-//! the requests in flight on the session with what each is for.
+//! (full jitter), the session's state, lease renewals, and the requests in
+//! flight on the session with what each is for. No periodic keep-alive:
+//! the arbiter probes the session when it needs to know (R4), and the
+//! session actor answers those probes itself; QUIC's own keep-alives
+//! (`agent.keepalive_ms`) keep the connection open.
 //!
-//! It sends only the link's own messages (connect, keep-alive, renew,
-//! close); the other sub-machines send requests through
+//! It sends only the link's own messages (connect, renew, close); the other sub-machines send requests through
 //! [`ArbiterLink::request`] and get their answers back by purpose.
 
 use std::collections::BTreeMap;
@@ -35,7 +37,6 @@ enum Stage {
         since_ms: u64,
         lease: LeaseId,
         ttl_ms: u64,
-        next_keepalive_ms: u64,
         next_renew_ms: u64,
     },
 }
@@ -47,7 +48,6 @@ pub(super) struct ArbiterLink {
     /// The next replica to try, as an index into `arbiters` (mod its
     /// length).
     attempt: usize,
-    keepalive_ms: u64,
     next_session: SessionId,
     /// Sessions that came up so far.
     sessions: u64,
@@ -70,7 +70,6 @@ impl ArbiterLink {
             // Agents spread over the replicas (any replica serves watches),
             // each starting at a place fixed by its node id.
             attempt: xxhash_rust::xxh3::xxh3_64(node.as_str().as_bytes()) as usize,
-            keepalive_ms: config.keepalive_ms,
             next_session: 0,
             sessions: 0,
             last_contact_ms: None,
@@ -150,7 +149,6 @@ impl ArbiterLink {
             since_ms,
             lease,
             ttl_ms,
-            next_keepalive_ms: now_ms + self.keepalive_ms,
             next_renew_ms: now_ms + renew_after_ms(ttl_ms, rng),
         };
         self.address = Some(address);
@@ -227,7 +225,7 @@ impl ArbiterLink {
         self.in_flight.values().map(|(_, p)| p)
     }
 
-    /// A due attempt, keep-alive or renewal.
+    /// A due attempt or renewal.
     pub(super) fn tick<R: Rng + ?Sized>(
         &mut self,
         arbiters: &[String],
@@ -251,24 +249,14 @@ impl ArbiterLink {
             Stage::Up {
                 session,
                 ttl_ms,
-                next_keepalive_ms,
                 next_renew_ms,
                 ..
-            } => {
-                if *next_keepalive_ms <= now_ms {
-                    *next_keepalive_ms = now_ms + self.keepalive_ms;
-                    out.push(Output::Send {
-                        session: *session,
-                        message: SessionUp::Keepalive,
-                    });
-                }
-                if *next_renew_ms <= now_ms {
-                    *next_renew_ms = now_ms + renew_after_ms(*ttl_ms, rng);
-                    out.push(Output::Send {
-                        session: *session,
-                        message: SessionUp::Renew,
-                    });
-                }
+            } if *next_renew_ms <= now_ms => {
+                *next_renew_ms = now_ms + renew_after_ms(*ttl_ms, rng);
+                out.push(Output::Send {
+                    session: *session,
+                    message: SessionUp::Renew,
+                });
             }
             _ => {}
         }
@@ -277,11 +265,7 @@ impl ArbiterLink {
     pub(super) fn next_wake(&self) -> Option<u64> {
         match &self.stage {
             Stage::Waiting { until_ms } => Some(*until_ms),
-            Stage::Up {
-                next_keepalive_ms,
-                next_renew_ms,
-                ..
-            } => Some((*next_keepalive_ms).min(*next_renew_ms)),
+            Stage::Up { next_renew_ms, .. } => Some(*next_renew_ms),
             Stage::Off | Stage::Connecting { .. } => None,
         }
     }
@@ -379,6 +363,13 @@ impl AgentState {
                 epoch,
                 addresses,
             } => self.witness(node, epoch, addresses, out),
+            // The agent's session actor answers probes itself, at once,
+            // and hands none here; a driver without one (the fleet
+            // simulator) gets the same answer from the machine.
+            SessionDown::Probe { nonce } => out.push(Output::Send {
+                session,
+                message: SessionUp::Alive { nonce },
+            }),
         }
     }
 }

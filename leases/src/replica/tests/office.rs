@@ -146,7 +146,8 @@ fn a_session_silent_during_a_leader_change_is_not_expired_before_the_grace_ends(
     let (batch, envelopes) = proposed(&out).remove(0);
     s.commit(batch, &envelopes);
     // A down report for n1 right after the election waits for this
-    // leader's own silence window.
+    // leader's probe of n1's session (not here: n1 may still be on its
+    // way to this new leader) for the probe timeout.
     let identity = Identity::new(
         zone("r1"),
         Role::Agent,
@@ -179,9 +180,9 @@ fn a_session_silent_during_a_leader_change_is_not_expired_before_the_grace_ends(
     };
     let out = s.wake(12_200, vec![report]);
     assert!(answer(&out, 9).is_none());
-    let out = sweeps(&mut s, 12_250, 12_000 + SILENCE - 1);
+    let out = sweeps(&mut s, 12_250, 12_200 + PROBE - 1);
     assert!(!commands(&out).contains(&"node-down"), "{out:?}");
-    let out = sweeps(&mut s, 12_000 + SILENCE + 50, 12_000 + SILENCE + 50);
+    let out = sweeps(&mut s, 12_200 + PROBE + 50, 12_200 + PROBE + 50);
     assert_eq!(commands(&out), ["node-down"]);
     // Without the report, no lease of the silent session expires before
     // one TTL after taking office.

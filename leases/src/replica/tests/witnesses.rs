@@ -69,6 +69,7 @@ fn a_follower_carries_the_leaders_asks_once_and_hands_its_witnesses_answers_over
     let heard = |asks: Vec<WitnessAsk>| Input::HeardAnswered {
         refused: Vec::new(),
         asks,
+        probes: Vec::new(),
     };
     let out = s.wake(100, vec![heard(vec![ask.clone()])]);
     assert_eq!(witness_asked(&out), [2]);

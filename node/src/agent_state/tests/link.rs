@@ -330,3 +330,36 @@ fn a_witness_answers_with_its_gossip_and_its_connects() {
     assert!(witnessed(&out).is_empty());
     assert!(!out.iter().any(|o| matches!(o, Output::Witness { .. })));
 }
+
+#[test]
+fn no_keep_alive_goes_on_a_timer_and_a_probe_is_answered_at_once() {
+    let mut h = Harness::new();
+    let (session, _) = h.connect();
+    // A minute of ticks: renewals only (every third of the TTL), nothing
+    // that would cost the arbiter a message per session per second.
+    let mut sent = Vec::new();
+    let start = h.now;
+    for t in (0..60_000).step_by(250) {
+        for o in h.tick_at(start + t) {
+            if let Output::Send { message, .. } = o {
+                sent.push(message);
+            }
+        }
+    }
+    assert!(!sent.is_empty(), "renewals go");
+    assert!(
+        sent.iter().all(|m| matches!(m, SessionUp::Renew)),
+        "{sent:?}"
+    );
+    let out = h.feed(Input::Message {
+        session,
+        message: SessionDown::Probe { nonce: 42 },
+    });
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::Send {
+            session: s,
+            message: SessionUp::Alive { nonce: 42 },
+        } if *s == session
+    )));
+}
