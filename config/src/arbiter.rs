@@ -264,10 +264,12 @@ impl Default for DeltaLogConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DistributionConfig {
-    /// Changes that arrive while a send to an agent is in flight are merged
-    /// into the next send within this window, in ms; a lone change is never
-    /// delayed. Default 20; at most 250, because it is spent inside the 3 s
-    /// leave budget.
+    /// At most one update message goes to an agent per window, in ms,
+    /// carrying every change since the last: changes that arrive while a
+    /// send is in flight, or within a window of the last message, wait for
+    /// the window's end; a change on a stream quiet for a window goes at
+    /// once, so a lone drain is never delayed. Default 20; at most 250,
+    /// because it is spent inside the 3 s leave budget.
     pub coalesce_window_ms: u64,
     /// Most full snapshots served at once; the rest are told when to retry,
     /// so 5,000 agents returning together cannot stampede the arbiter.

@@ -201,6 +201,23 @@ struct AgentState {
     fresh: BTreeSet<ServiceKey>,
     pending_since_ms: Option<u64>,
     in_flight: Option<InFlight>,
+    /// When the last update message went, ms: the next one goes no
+    /// sooner than a coalescing window after it.
+    last_sent_ms: Option<u64>,
+    /// The wake-up already asked for the next flush, ms.
+    wake_asked_ms: Option<u64>,
+}
+
+impl AgentState {
+    /// When what is pending may go: at once on a stream quiet for a
+    /// window, else a window after the last message.
+    fn due_ms(&self, window_ms: u64) -> Option<u64> {
+        let since = self.pending_since_ms?;
+        Some(
+            self.last_sent_ms
+                .map_or(since, |last| since.max(last + window_ms)),
+        )
+    }
 }
 
 /// The distribution state of one arbiter.
@@ -271,9 +288,7 @@ impl Distributor {
         state.fresh.insert(service.clone());
         state.pending_since_ms.get_or_insert(now_ms);
         self.watchers.entry(service).or_default().insert(agent);
-        if self.agents[&agent].in_flight.is_none() {
-            self.flush(agent, now_ms, catalog, out);
-        }
+        self.flush_when_due(agent, now_ms, catalog, out);
     }
 
     /// The services `agent` follows.
@@ -333,9 +348,7 @@ impl Distributor {
         *sub = Sub::new(None, now_ms);
         state.pending.insert(service.clone());
         state.pending_since_ms.get_or_insert(now_ms);
-        if state.in_flight.is_none() {
-            self.flush(agent, now_ms, catalog, out);
-        }
+        self.flush_when_due(agent, now_ms, catalog, out);
     }
 
     /// These services changed in a commit.
@@ -360,9 +373,7 @@ impl Distributor {
             }
         }
         for agent in touched {
-            if self.agents[&agent].in_flight.is_none() {
-                self.flush(agent, now_ms, catalog, out);
-            }
+            self.flush_when_due(agent, now_ms, catalog, out);
         }
     }
 
@@ -379,13 +390,34 @@ impl Distributor {
                 }
             }
         }
-        let Some(since) = state.pending_since_ms else {
+        self.flush_when_due(agent, now_ms, catalog, out);
+    }
+
+    /// Sends what is pending for `agent` if nothing is in flight and its
+    /// window has passed, or asks to be woken when it has: at most one
+    /// update message per agent per `coalesce_window_ms`, carrying every
+    /// change since the last; a change on a stream quiet for a window goes
+    /// at once.
+    fn flush_when_due(
+        &mut self,
+        agent: AgentId,
+        now_ms: u64,
+        catalog: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(state) = self.agents.get_mut(&agent) else {
             return;
         };
-        let due = since + self.params.coalesce_window_ms;
+        if state.in_flight.is_some() {
+            return;
+        }
+        let Some(due) = state.due_ms(self.params.coalesce_window_ms) else {
+            return;
+        };
         if now_ms >= due {
             self.flush(agent, now_ms, catalog, out);
-        } else {
+        } else if state.wake_asked_ms != Some(due) {
+            state.wake_asked_ms = Some(due);
             out.push(Output::WakeAt { agent, at_ms: due });
         }
     }
@@ -406,9 +438,7 @@ impl Distributor {
                 self.disconnect(agent);
                 out.push(Output::Disconnect { agent, reason });
             }
-            (None, Some(since)) if now_ms >= since + self.params.coalesce_window_ms => {
-                self.flush(agent, now_ms, catalog, out)
-            }
+            (None, Some(_)) => self.flush_when_due(agent, now_ms, catalog, out),
             _ => {}
         }
     }
@@ -444,7 +474,7 @@ impl Distributor {
         }
         touched.sort_unstable();
         for agent in touched {
-            self.flush(agent, now_ms, catalog, out);
+            self.flush_when_due(agent, now_ms, catalog, out);
         }
     }
 
@@ -535,6 +565,8 @@ impl Distributor {
             snapshots,
             carries,
         });
+        state.last_sent_ms = Some(now_ms);
+        state.wake_asked_ms = None;
         self.snapshots_in_flight += snapshots;
         self.stats.snapshots_sent += snapshots as u64;
         self.stats.messages_sent += 1;

@@ -139,12 +139,19 @@ impl World {
         out
     }
 
-    /// Agent `agent` follows `service`, holding its current revision, and
-    /// the "you are current" answer has been sent.
+    /// Agent `agent` follows `service`, holding its current revision, the
+    /// "you are current" answer has been sent, and a coalescing window has
+    /// passed since (the stream is quiet).
     fn following(&mut self, agent: AgentId, service: &str) {
         self.dist.connect(agent);
         self.subscribe(agent, service, Some(self.revision(service)));
         self.sent(agent);
+        self.quiet();
+    }
+
+    /// A coalescing window passes.
+    fn quiet(&mut self) {
+        self.now += params().coalesce_window_ms;
     }
 }
 
@@ -168,10 +175,18 @@ fn a_lone_change_goes_out_at_once_on_an_idle_stream() {
         "an up-to-date subscriber is told so"
     );
     w.sent(1);
+    // Within a window of the last message the change waits for it.
     let out = w.drain("a");
+    assert!(sends(&out).is_empty());
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::WakeAt { at_ms, .. } if *at_ms == w.now + 20)));
+    // On a stream quiet for a window, a lone change goes at once.
+    w.quiet();
+    let out = w.register("b", "web");
     let s = sends(&out);
     assert_eq!(s.len(), 1);
-    assert!(matches!(&s[0].1[0], ServiceUpdate::Deltas(d) if d.len() == 1));
+    assert!(matches!(&s[0].1[0], ServiceUpdate::Deltas(d) if d.len() == 2));
 }
 
 #[test]
@@ -181,6 +196,7 @@ fn changes_during_a_send_are_merged_after_the_window() {
     w.register("a", "web");
     w.subscribe(1, "web", Some(w.cat.service(&svc("web")).unwrap().revision));
     w.sent(1);
+    w.quiet();
     let first = w.register("b", "web");
     assert_eq!(sends(&first).len(), 1);
     // Three more changes while the first send is in flight: nothing goes.
@@ -188,7 +204,7 @@ fn changes_during_a_send_are_merged_after_the_window() {
         w.now += 1;
         assert!(sends(&w.register(id, "web")).is_empty());
     }
-    // The send completes 5 ms after the first pending change: wait for the window.
+    // The send completes 5 ms after it started: wait for the window.
     w.now += 2;
     let out = w.sent(1);
     assert!(sends(&out).is_empty());
@@ -201,8 +217,8 @@ fn changes_during_a_send_are_merged_after_the_window() {
         .unwrap();
     assert_eq!(
         wake_at,
-        w.now - 4 + 20,
-        "window counted from the first pending change"
+        w.now - 5 + 20,
+        "one message per window, counted from the last message"
     );
     w.now = wake_at;
     let out = w.wake(1);
@@ -241,6 +257,7 @@ fn snapshots_are_bounded_and_the_rest_retry() {
     assert_eq!(w.dist.snapshots_in_flight(), 1);
     // Agent 3 got its retry answer and asks again after its wait: now there is a slot.
     w.sent(3);
+    w.quiet();
     let out = w.subscribe(3, "web", None);
     assert!(matches!(sends(&out)[0].1[0], ServiceUpdate::Snapshot(_)));
     assert_eq!(w.dist.stats().max_concurrent_snapshots_seen, 2);
@@ -291,6 +308,7 @@ fn unknown_services_are_answered_and_delivered_once_created() {
         ServiceUpdate::Unknown { .. }
     ));
     w.sent(1);
+    w.quiet();
     let out = w.register("x", "later");
     let s = sends(&out);
     assert_eq!(s.len(), 1, "the creation reaches the waiting subscriber");
