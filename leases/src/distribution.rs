@@ -6,11 +6,14 @@
 //! that agent. It never touches a socket or a clock.
 //!
 //! The rules:
-//! - A change goes out at once when the agent's stream is idle.
-//! - Changes that arrive while a send is in flight are merged into the next
-//!   send, which leaves when the send completes but not before the
-//!   coalescing window has passed since the first of them arrived; so a lone
-//!   change on an idle stream is never delayed, and a burst costs one send.
+//! - At most one update message per agent per coalescing window, counted
+//!   from the last message: a change goes out at once when nothing is in
+//!   flight and the stream has been quiet for a window; changes that arrive
+//!   while a send is in flight, or within a window of the last message, are
+//!   merged into the next send, which leaves when the send completes and
+//!   the window has passed. So a lone change on a quiet stream is never
+//!   delayed, and a deploy costs each agent at most one message per window
+//!   however many of its services change.
 //! - What is queued per agent is a set of service keys; the deltas stay in
 //!   the catalog's log. An agent whose send does not complete within the
 //!   stall timeout is disconnected and resyncs when it returns.

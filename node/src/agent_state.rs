@@ -341,7 +341,15 @@ impl AgentState {
                 reachable,
             } => self.witnessed(node, epoch, Some(reachable), out),
             Input::Saved { save, result } => self.saved(save, result, out),
-            Input::Tick => self.tick(now_ms, rng, out),
+            Input::Tick => {
+                // A tick is the driver's timer firing, which consumes it:
+                // the next wake-up is asked for again, even when it is the
+                // same (a timer that fires a millisecond early, its clock
+                // rounding differently from the machine's, would otherwise
+                // leave the machine with none, and the renewals stop).
+                self.wake = None;
+                self.tick(now_ms, rng, out)
+            }
         }
         self.finish(now_ms, out);
     }

@@ -13,7 +13,7 @@ use crate::{AgentConfig, ArbiterConfig};
 /// - Propagation after a commit: P = network + apply + fan-out, with
 ///   fan-out = (followers − 1) · `fanout_us` (the last follower's send); a
 ///   lone change is not held by the coalescing window. Worst Pw = coalesce
-///   window (a change queued behind a send in flight) + worst network +
+///   window (a change within a window of the last message) + worst network +
 ///   apply + fan-out + DNS TTL (a DNS caller may hold the old answer for
 ///   the whole TTL).
 /// - (a) readiness failure: (F − ½)·I·(1 + J/2) + T, worst F·I·(1 + J) + T
@@ -113,11 +113,10 @@ impl Inputs<'_> {
         let ttl_ms = 1000.0 * f64::from(self.agent.dns_ttl_s);
         let fanout = f64::from(b.followers.saturating_sub(1)) * b.fanout_us as f64 / 1000.0;
         vec![
-            // A change on an idle stream goes at once; one that arrives
-            // while a send is in flight waits for the window to pass since
-            // the first change queued behind it.
+            // A change on a stream quiet for a window goes at once; one
+            // within a window of the last message waits for its end.
             Term::new(
-                "coalescing window: 0 on an idle stream | 1 window behind a send",
+                "coalescing window: 0 on a quiet stream | 1 window after the last message",
                 Phase::Propagation,
                 0.0,
                 ms(window),

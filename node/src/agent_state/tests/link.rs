@@ -363,3 +363,43 @@ fn no_keep_alive_goes_on_a_timer_and_a_probe_is_answered_at_once() {
         } if *s == session
     )));
 }
+
+#[test]
+fn woken_only_when_it_asks_the_agent_still_renews_every_third_of_the_ttl() {
+    let mut h = Harness::new();
+    let (_, out) = h.connect();
+    let wake = |out: &[Output]| {
+        out.iter().rev().find_map(|o| match o {
+            Output::WakeAt(at) => Some(*at),
+            _ => None,
+        })
+    };
+    let mut next = wake(&out).expect("a wake-up is asked for");
+    let start = h.now;
+    let mut renewals = 0;
+    let mut early = true;
+    while next < start + 60_000 {
+        // A driver's timer may fire a millisecond early (its clock and the
+        // machine's round differently): the machine must ask again.
+        let out = h.tick_at(if std::mem::take(&mut early) {
+            next - 1
+        } else {
+            next
+        });
+        renewals += out
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    Output::Send {
+                        message: SessionUp::Renew,
+                        ..
+                    }
+                )
+            })
+            .count();
+        next = wake(&out).unwrap_or_else(|| panic!("no wake-up asked for after {next}: {out:?}"));
+    }
+    // 60 s at a TTL of 10 s: one renewal every 3.0–3.3 s.
+    assert!((18..=20).contains(&renewals), "{renewals} renewals");
+}
