@@ -341,6 +341,12 @@ impl<W> LeaderMemory<W> {
         self.downs.len()
     }
 
+    /// When the earliest held down report's probe deadline falls, ms: the
+    /// driver decides it then, not at the next sweep.
+    pub fn next_down_deadline(&self) -> Option<u64> {
+        self.downs.values().map(|h| h.answer_by_ms).min()
+    }
+
     /// A gossip down report (the leader's to hold): kept until the node's
     /// session answers the probe the caller sends it (heard after the
     /// report: a partition), or until `probe_timeout_ms` passed without

@@ -544,7 +544,19 @@ impl ReplicaState {
         if let Some(due) = self.writes.next_due() {
             at = at.min(due);
         }
+        if let Some(deadline) = self.down_deadline() {
+            at = at.min(deadline);
+        }
         at
+    }
+
+    /// When a held down report's probe deadline falls, on a leader that
+    /// may decide it (one with a quorum).
+    fn down_deadline(&self) -> Option<u64> {
+        if !self.leads() || self.quorum_lost_at.is_some() {
+            return None;
+        }
+        self.leader.next_down_deadline()
     }
 
     /// The writes this wake-up has queued so far (the driver stops taking
@@ -666,6 +678,12 @@ impl ReplicaState {
         }
         if self.witnesses.report_now {
             self.report_heard(now, out);
+        }
+        // A probe unanswered by its deadline is decided then, not at the
+        // next sweep (up to `lease.sweep_interval_ms` later).
+        if self.down_deadline().is_some_and(|deadline| now >= deadline) {
+            let verdicts = self.leader.decide_downs(now);
+            self.verdicts(verdicts, out);
         }
         self.fire_wakes(now, cat, out);
         self.answer_waiters(now, out);

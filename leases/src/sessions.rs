@@ -145,6 +145,9 @@ struct Session {
     /// session stream before it (the agent's handshake reads the Welcome
     /// first and ends the session on anything else).
     welcomed: bool,
+    /// Whether it sent a `Keepalive`: an agent from before probes, which
+    /// cannot read one (its keep-alives answer a down report instead).
+    keeps_alive: bool,
 }
 
 /// Every connection's session on one replica, and the rules.
@@ -184,6 +187,7 @@ impl Sessions {
                 certified,
                 held: None,
                 welcomed: false,
+                keeps_alive: false,
             },
         );
     }
@@ -214,6 +218,16 @@ impl Sessions {
             .get(&agent)
             .filter(|s| s.welcomed)
             .and_then(|s| s.held.as_ref())
+    }
+
+    /// Whether `agent`'s session may be sent a `SessionDown::Probe`: it
+    /// is live and its agent never sent a `Keepalive` (an agent from
+    /// before probes would end its session on one; the keep-alives it
+    /// sends every half second answer a down report as well).
+    pub fn probes(&self, agent: AgentId) -> bool {
+        self.sessions
+            .get(&agent)
+            .is_some_and(|s| s.welcomed && s.held.is_some() && !s.keeps_alive)
     }
 
     /// The identity `agent`'s certificate names.
@@ -290,7 +304,10 @@ impl Sessions {
                 epoch,
                 actor: session.identity.principal.clone(),
             },
-            (SessionUp::Keepalive, Some(_)) => Step::Nothing,
+            (SessionUp::Keepalive, Some(_)) => {
+                session.keeps_alive = true;
+                Step::Nothing
+            }
             (SessionUp::Alive { .. }, Some(_)) => Step::Alive,
             (
                 SessionUp::Witnessed {

@@ -27,8 +27,8 @@ use crate::{AgentConfig, ArbiterConfig};
 ///   gossip = SWIM + network + the arbiter's probe + C + P, with SWIM =
 ///   first probe (e/(e−1) periods expected, ln(100) at p99) + 1 period for
 ///   the probe to fail + `suspect_to_down_ms`, and the arbiter's probe of
-///   the node's session unanswered for `probe_timeout_ms`, decided at the
-///   next sweep (half a sweep expected, one worst); lease = ttl − U[0,
+///   the node's session unanswered for `probe_timeout_ms` (decided at that
+///   deadline); lease = ttl − U[0,
 ///   ttl/3] (expected ttl − ttl/6, worst ttl) + sweep (half expected) +
 ///   C + P. 15 s.
 /// - (d) deliberate leave: P. 3 s.

@@ -71,12 +71,11 @@ impl Inputs<'_> {
             )),
         );
         let lease = &self.arbiter.lease;
-        let sweep = ms(lease.sweep_interval_ms);
         let probe_wait = Term::new(
-            "arbiter probe of the node's session unanswered: probe_timeout + ½ | 1 sweep",
+            "arbiter probe of the node's session unanswered: probe_timeout",
             Phase::Detection,
-            ms(lease.probe_timeout_ms) + sweep / 2.0,
-            ms(lease.probe_timeout_ms) + sweep,
+            ms(lease.probe_timeout_ms),
+            ms(lease.probe_timeout_ms),
             Some(Setting::new(
                 "arbiter.lease.probe_timeout_ms",
                 lease.probe_timeout_ms,

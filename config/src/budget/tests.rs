@@ -142,8 +142,8 @@ fn default_rows_follow_the_formulas() {
     let sweep = arbiter.lease.sweep_interval_ms as f64;
     let swim_e = period * std::f64::consts::LN_2 + period + suspect;
     let swim_w = period * 100f64.ln() + period + suspect;
-    let gossip_e = swim_e + b.network_ms as f64 + probe + sweep / 2.0 + c + p;
-    let gossip_w = swim_w + b.network_worst_ms as f64 + probe + sweep + cw + pw;
+    let gossip_e = swim_e + b.network_ms as f64 + probe + c + p;
+    let gossip_w = swim_w + b.network_worst_ms as f64 + probe + cw + pw;
     // Witnesses: one connect timeout and a round trip (capped at the
     // wait) and half a sweep | the wait and a sweep.
     let wait = arbiter.lease.witness_wait_ms as f64;

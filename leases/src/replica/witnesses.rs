@@ -208,8 +208,11 @@ impl ReplicaState {
             .collect();
         agents.sort_unstable();
         for &agent in &agents {
-            self.counters.probes_sent += 1;
-            self.send(agent, SessionDown::Probe { nonce: now }, out);
+            // An agent from before probes keeps its session alive itself.
+            if self.sessions.probes(agent) {
+                self.counters.probes_sent += 1;
+                self.send(agent, SessionDown::Probe { nonce: now }, out);
+            }
         }
         !agents.is_empty()
     }

@@ -71,6 +71,22 @@ fn a_down_report_probes_the_nodes_session_and_an_answer_is_a_partition() {
 }
 
 #[test]
+fn an_agent_from_before_probes_is_not_probed_and_its_keep_alive_answers() {
+    let mut s = leader();
+    let keepalive = || Input::Session {
+        agent: 1,
+        msg: SessionUp::Keepalive,
+    };
+    s.wake(AT - 100, vec![keepalive()]);
+    let out = s.wake(AT, vec![report_down(2, "n1", 9)]);
+    assert!(probed(&out).is_empty(), "it could not read one");
+    let mut out = s.wake(AT + 400, vec![keepalive()]);
+    out.extend(sweeps(&mut s, AT + 500, AT + PROBE + SWEEP));
+    assert!(!commands(&out).contains(&"node-down"), "{out:?}");
+    assert!(matches!(answer(&out, 9), Some(Response::Rejected { .. })));
+}
+
+#[test]
 fn a_probe_unanswered_for_the_timeout_agrees_with_gossip() {
     let mut s = leader();
     let out = s.wake(AT, vec![report_down(2, "n1", 9)]);
@@ -79,6 +95,24 @@ fn a_probe_unanswered_for_the_timeout_agrees_with_gossip() {
     assert!(!commands(&out).contains(&"node-down"), "{out:?}");
     let out = sweeps(&mut s, AT + PROBE, AT + PROBE);
     assert_eq!(commands(&out), ["node-down"]);
+}
+
+#[test]
+fn the_probe_deadline_is_decided_when_it_falls_not_at_the_next_sweep() {
+    let mut s = leader();
+    // Reported between two sweeps: its deadline is not a sweep's time.
+    let at = AT + 10;
+    s.wake(at, vec![report_down(2, "n1", 9)]);
+    // Woken only when the machine asks to be.
+    let mut t = at;
+    let decided = loop {
+        t = s.m.poll_timeout().max(t + 1);
+        assert!(t <= at + PROBE + SWEEP, "never decided");
+        if commands(&s.wake(t, Vec::new())).contains(&"node-down") {
+            break t;
+        }
+    };
+    assert_eq!(decided, at + PROBE, "at the deadline itself");
 }
 
 #[test]
