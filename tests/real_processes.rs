@@ -10,6 +10,7 @@
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const AGENTS: usize = 8;
@@ -19,20 +20,31 @@ fn rollcall() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rollcall"))
 }
 
+/// A port free now, below Linux's ephemeral range (32768–60999): the
+/// kernel never hands one of these to a socket bound to port 0, so another
+/// process's ephemeral bind (an agent's QUIC or DNS socket) cannot take it
+/// before the process it is meant for binds it (a CI run lost agent-0's
+/// gossip port that way). One counter for the whole test binary, so its
+/// tests never pick the same port.
+fn free_port(free: impl Fn(u16) -> bool) -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() % 6_000 * 2;
+    for _ in 0..12_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + ((offset + n) % 12_000) as u16;
+        if free(port) {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000");
+}
+
 fn free_tcp() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port(|port| TcpListener::bind(("127.0.0.1", port)).is_ok())
 }
 
 fn free_udp() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port(|port| UdpSocket::bind(("127.0.0.1", port)).is_ok())
 }
 
 /// Kills every process it holds when dropped, so a failing test leaves none;
