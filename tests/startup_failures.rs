@@ -244,8 +244,20 @@ fn dev_whose_agent_socket_path_is_too_long_exits_2_before_anything_starts() {
 /// run, and they are stopped before the process exits.
 #[test]
 fn dev_regions_with_a_port_in_use_exits_2_and_stops_what_started() {
-    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port();
+    // Below Linux's ephemeral range (32768–60999), with the ports the two
+    // regions use around it free: the other tests' processes bind port 0
+    // at the same time, and the kernel hands them ports next to each
+    // other, so a free port taken from that range often had a neighbour
+    // in use.
+    let (taken, port) = (21_000..32_000u16)
+        .step_by(40)
+        .find_map(|port| {
+            let around = (port - 10..=port + 25)
+                .all(|p| p == port || TcpListener::bind(("127.0.0.1", p)).is_ok());
+            let taken = TcpListener::bind(("127.0.0.1", port)).ok()?;
+            around.then_some((taken, port))
+        })
+        .expect("a free block of ports below the ephemeral range");
     for (offset, setting, started) in [(10, "--http", false), (5, "metrics_listen", true)] {
         let dir = tempfile::tempdir().unwrap();
         let base = format!("127.0.0.1:{}", port - offset);
