@@ -180,6 +180,25 @@ impl Step {
         out
     }
 
+    /// A follower's session for `n` (zone z1) on connection `agent` at
+    /// `now`: Hello, the grant handed to the leader, its commit answered
+    /// and applied here, the Welcome out.
+    fn follower_session(&mut self, now: u64, agent: AgentId, n: &str) {
+        let out = self.wake(now, hello_inputs(agent, n));
+        let Some(Output::Forward { forward, .. }) = out.first() else {
+            panic!("expected the grant handed over, got {out:?}");
+        };
+        let out = self.input(Input::Forwarded {
+            forward: *forward,
+            outcome: Forwarded::Answer(Response::Committed {
+                revision: Some(self.cat.revision()),
+                generation: None,
+                state: None,
+            }),
+        });
+        assert!(welcomed(&out, agent), "welcomed: {out:?}");
+    }
+
     /// A leader's session for `n` on connection `agent`: Hello, the grant
     /// committed, the Welcome out.
     fn session(&mut self, agent: AgentId, n: &str, z: &str) {

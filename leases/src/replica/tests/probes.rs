@@ -137,19 +137,7 @@ fn a_follower_probes_what_the_leader_hands_it_and_reports_the_answer_at_once() {
     let mut s = Step::new(0);
     s.lease("n1", "z1", 0);
     s.wake(0, vec![Input::Raft(view(false, Some(LEADER), None))]);
-    let out = s.wake(10, hello_inputs(1, "n1"));
-    let Some(Output::Forward { forward, .. }) = out.first() else {
-        panic!("expected the grant handed over, got {out:?}");
-    };
-    let out = s.input(Input::Forwarded {
-        forward: *forward,
-        outcome: Forwarded::Answer(Response::Committed {
-            revision: Some(s.cat.revision()),
-            generation: None,
-            state: None,
-        }),
-    });
-    assert!(welcomed(&out, 1));
+    s.follower_session(10, 1, "n1");
     // Every sweep reports to the leader while sessions are here, heard or
     // not: the answers carry the probes.
     let out = s.wake(SWEEP, Vec::new());

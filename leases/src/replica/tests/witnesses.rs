@@ -52,19 +52,7 @@ fn a_follower_carries_the_leaders_asks_once_and_hands_its_witnesses_answers_over
     s.wake(0, vec![Input::Raft(view(false, Some(LEADER), None))]);
     // n2's session here: the leader commits its grant, this replica
     // applies it and welcomes the agent.
-    let out = s.wake(10, hello_inputs(2, "n2"));
-    let Some(Output::Forward { forward, .. }) = out.first() else {
-        panic!("expected the grant handed over, got {out:?}");
-    };
-    let out = s.input(Input::Forwarded {
-        forward: *forward,
-        outcome: Forwarded::Answer(Response::Committed {
-            revision: Some(s.cat.revision()),
-            generation: None,
-            state: None,
-        }),
-    });
-    assert!(welcomed(&out, 2));
+    s.follower_session(10, 2, "n2");
     let ask = crate::witness::ask(&s.cat, &node("n1"), AgentEpoch(1)).expect("n1 holds a lease");
     let heard = |asks: Vec<WitnessAsk>| Input::HeardAnswered {
         refused: Vec::new(),
