@@ -365,12 +365,7 @@ impl<W> LeaderMemory<W> {
         sessionless: bool,
         waiting: Option<W>,
     ) -> Vec<Verdict<W>> {
-        // A leader just in office has not had every agent reconnect yet: a
-        // node without a session here may still be on its way.
-        let settled_in = self
-            .since
-            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2);
-        let answer_by_ms = if sessionless && settled_in {
+        let answer_by_ms = if sessionless && self.settled_in(now_ms) {
             now_ms
         } else {
             now_ms.saturating_add(self.params.probe_timeout_ms)
@@ -391,13 +386,19 @@ impl<W> LeaderMemory<W> {
         self.decide_downs(now_ms)
     }
 
+    /// Whether this leader has led for half a TTL at `now_ms`: before
+    /// that, agents may still be reconnecting to it, so a node without a
+    /// session here is not yet known silent.
+    fn settled_in(&self, now_ms: u64) -> bool {
+        self.since
+            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2)
+    }
+
     /// `node`'s session closed and no replica holds another: a down report
     /// held for it need not wait for its probe (as `report_down` with
     /// `sessionless`). Returns what that settles now.
     pub fn session_closed(&mut self, node: &NodeId, now_ms: u64) -> Vec<Verdict<W>> {
-        let settled_in = self
-            .since
-            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2);
+        let settled_in = self.settled_in(now_ms);
         match self.downs.get_mut(node) {
             Some(held) if settled_in => held.answer_by_ms = held.answer_by_ms.min(now_ms),
             _ => return Vec::new(),
