@@ -420,7 +420,9 @@ impl<W> LeaderMemory<W> {
         for node in nodes {
             let heard = self.heard_at(&node);
             let reported_at = self.downs[&node].reported_at_ms;
-            let heard_directly = self.last_heard(&node).is_some_and(|t| t > reported_at);
+            // Heard in the report's own millisecond counts: a probe's answer
+            // on loopback can come back within it.
+            let heard_directly = self.last_heard(&node).is_some_and(|t| t >= reported_at);
             if heard_directly {
                 let held = self.downs.remove(&node).expect("listed above");
                 settled.push(Verdict::Partition {

@@ -352,9 +352,9 @@ fn a_down_report_needs_the_arbiters_own_silence_too() {
     let mut leader: LeaderMemory<u32> = LeaderMemory::new(params, me, 0);
     leader.take_office(0, cat.leases());
     let (n1, n2) = (NodeId::new("n1").unwrap(), NodeId::new("n2").unwrap());
-    // n1 was heard just now: the report is held, then heard again →
+    // n1 was heard just before: the report is held, then heard again →
     // partition.
-    leader.heard(&n1, 1_000);
+    leader.heard(&n1, 999);
     let held = leader.report_down(
         n2.clone(),
         agent_principal(&n2),
