@@ -249,7 +249,7 @@ fn dev_regions_with_a_port_in_use_exits_2_and_stops_what_started() {
     // at the same time, and the kernel hands them ports next to each
     // other, so a free port taken from that range often had a neighbour
     // in use.
-    let (taken, port) = (21_000..32_000u16)
+    let (_taken, port) = (21_000..32_000u16)
         .step_by(40)
         .find_map(|port| {
             let around = (port - 10..=port + 25)
