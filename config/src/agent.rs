@@ -63,6 +63,15 @@ pub struct AgentConfig {
     /// most half the idle timeout, so one lost PING never closes a live
     /// connection).
     pub keepalive_ms: u64,
+    /// Longest wait of one connect to an arbiter replica (name resolution,
+    /// QUIC handshake, the replica's certificate checked), in ms; past it
+    /// the agent tries the next replica after its reconnect backoff. A
+    /// replica whose host is gone answers nothing, and without this bound
+    /// a connect would wait the whole QUIC idle timeout (10 s), about a
+    /// lease TTL. The Welcome that follows a handshake is not bounded by
+    /// it (the grant is a Raft write; the arbiter refuses the session
+    /// itself if the write fails). Default 2000; 100 to 10000.
+    pub connect_timeout_ms: u64,
     /// Services to follow from start, as `namespace/service/port_name`;
     /// others are followed from their first local resolve. Default none.
     pub services: Vec<String>,
@@ -152,6 +161,7 @@ impl Default for AgentConfig {
             dns_ttl_s: 1,
             arbiters: Vec::new(),
             keepalive_ms: 5_000,
+            connect_timeout_ms: 2_000,
             services: Vec::new(),
             advertise_addresses: Vec::new(),
             reconnect_min_ms: 100,
@@ -199,6 +209,12 @@ impl ConfigFile for AgentConfig {
             self.keepalive_ms,
             100,
             crate::QUIC_IDLE_TIMEOUT_MS / 2,
+        )?;
+        rules::between(
+            "agent.connect_timeout_ms",
+            self.connect_timeout_ms,
+            100,
+            crate::QUIC_IDLE_TIMEOUT_MS,
         )?;
         for (i, service) in self.services.iter().enumerate() {
             rules::service_key(&format!("agent.services[{i}]"), service)?;

@@ -18,6 +18,14 @@ use crate::transport::{self, Link};
 /// default.
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
+/// Longest wait of a client's connect (name resolution, QUIC handshake and
+/// the arbiter's identity check) unless [`ArbiterClient::with_connect_timeout`]
+/// says otherwise: `agent.connect_timeout_ms`'s default. Without it a
+/// replica that is gone (no CONNECTION_CLOSE, no ICMP) holds a connect for
+/// the whole QUIC idle timeout, 10 s, and an agent trying it first after a
+/// failover would sit that long without a session.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Why talking to the arbiter failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -57,6 +65,7 @@ pub enum ClientError {
 pub struct ArbiterClient {
     endpoint: quinn::Endpoint,
     tls: Arc<LiveTls>,
+    connect_timeout: Duration,
 }
 
 impl ArbiterClient {
@@ -91,7 +100,11 @@ impl ArbiterClient {
             source,
         })?;
         endpoint.set_default_client_config(config);
-        Ok(ArbiterClient { endpoint, tls })
+        Ok(ArbiterClient {
+            endpoint,
+            tls,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        })
     }
 
     /// The same client sending QUIC keep-alives every `interval` on its
@@ -106,6 +119,13 @@ impl ArbiterClient {
         Ok(self)
     }
 
+    /// The same client giving up a connect after `timeout`
+    /// (`agent.connect_timeout_ms`) instead of [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// The TLS material it presents (its `replace` takes effect at the next
     /// connection).
     pub fn tls(&self) -> &Arc<LiveTls> {
@@ -113,8 +133,24 @@ impl ArbiterClient {
     }
 
     /// Connects to `address` (`host:port`); the host is also the name the
-    /// arbiter's certificate must carry.
+    /// arbiter's certificate must carry. Gives up after the client's
+    /// connect timeout.
     pub async fn connect(&self, address: &str) -> Result<ArbiterConn, ClientError> {
+        let timeout = self.connect_timeout;
+        tokio::time::timeout(timeout, self.connect_unbounded(address))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::Connect {
+                    addr: address.into(),
+                    detail: format!(
+                        "no QUIC handshake within {} ms (agent.connect_timeout_ms)",
+                        timeout.as_millis()
+                    ),
+                })
+            })
+    }
+
+    async fn connect_unbounded(&self, address: &str) -> Result<ArbiterConn, ClientError> {
         let (host, _) = address
             .rsplit_once(':')
             .ok_or_else(|| ClientError::Connect {
@@ -315,5 +351,30 @@ mod tests {
 
         let (_arbiter, at) = serve(&material(&ca, Role::Arbiter, "arb-1"));
         assert!(client.connect(&at.to_string()).await.is_ok());
+    }
+
+    /// A replica that is gone answers nothing: the connect gives up after
+    /// the client's connect timeout and says so, instead of holding the
+    /// agent for the whole QUIC idle timeout (a CI run saw an agent sit
+    /// 10 s on a stopped replica after a failover and lose its lease).
+    #[tokio::test]
+    async fn a_connect_to_a_silent_address_gives_up_after_the_connect_timeout() {
+        install_crypto_provider();
+        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        // A bound UDP socket that reads nothing: no handshake, no ICMP.
+        let silent = std::net::UdpSocket::bind(("127.0.0.1", 0)).unwrap();
+        let at = silent.local_addr().unwrap();
+        let client = ArbiterClient::new(&material(&ca, Role::Agent, "node-1"))
+            .unwrap()
+            .with_connect_timeout(Duration::from_millis(200));
+        let err = client
+            .connect(&at.to_string())
+            .await
+            .err()
+            .expect("nothing answers");
+        assert!(
+            err.to_string().contains("no QUIC handshake within 200 ms"),
+            "{err}"
+        );
     }
 }

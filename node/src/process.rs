@@ -300,8 +300,13 @@ pub async fn prepare(
         return Err(no_tls());
     }
     let keep_alive = Duration::from_millis(config.keepalive_ms);
+    let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
     let client = tls
-        .map(|tls| ArbiterClient::new(tls).and_then(|c| c.with_keep_alive(keep_alive)))
+        .map(|tls| {
+            ArbiterClient::new(tls)
+                .and_then(|c| c.with_keep_alive(keep_alive))
+                .map(|c| c.with_connect_timeout(connect_timeout))
+        })
         .transpose()?;
     let bound = bind(&config).await?;
     let files = data_dir(&config.data_dir)?;

@@ -572,6 +572,12 @@ async fn two_leader_changes_expire_no_renewing_lease_and_accept_no_down_verdict_
     for node in nodes {
         let mut config = group.agent_config(node, group.quic_addrs());
         config.keepalive_ms = 200;
+        // An agent that tries the stopped replica first after a change
+        // gives up on it quickly (loopback): with the 2 s default, a loaded
+        // machine could leave it without a session past the 3 s TTL here,
+        // and its lease would rightly expire (a CI run saw 10 s before
+        // the connect timeout existed).
+        config.connect_timeout_ms = 500;
         let tls = Cluster::material(&group.ca, Role::Agent, node);
         agents.push(process::start(config, Some(&tls)).await.unwrap());
     }
