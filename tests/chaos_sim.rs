@@ -28,6 +28,19 @@ fn short(name: &str) -> SimScenario {
 
 /// Runs the scenario twice and checks what every scenario must hold.
 fn run(name: &str) -> SimReport {
+    let report = run_unchecked_drains(name);
+    assert_eq!(
+        report.report.new_conns_to_drained, 0,
+        "{name}: connections to drained instances"
+    );
+    report
+}
+
+/// As `run`, without the check that no drained instance got a new
+/// connection: a replica that dies with its host leaves its agents
+/// without updates until the QUIC idle timeout, and a drain committed
+/// meanwhile can still be routed to by them (leader-change measures it).
+fn run_unchecked_drains(name: &str) -> SimReport {
     let scenario = short(name);
     let first = simulate_scenario(scenario.clone(), SEED, false).report;
     let second = simulate_scenario(scenario, SEED, false).report;
@@ -64,10 +77,6 @@ fn run(name: &str) -> SimReport {
         f.arbiter.snapshot_bound
     );
     assert_eq!(r.false_removals, 0, "{name}: false removals");
-    assert_eq!(
-        r.new_conns_to_drained, 0,
-        "{name}: connections to drained instances"
-    );
     assert_eq!(
         r.new_conns_to_not_ready, 0,
         "{name}: connections to instances not READY"
@@ -132,4 +141,28 @@ fn every_short_simulation_is_deterministic_and_correct() {
         resume.agents
     );
     assert!(storm.report.outage.is_some());
+
+    // Three replicas' machines: the leader dies mid-deploy, later the
+    // followers do. Every write still lands (lost_registrations above),
+    // the agents converge, and nothing is removed for the silence.
+    let change = run_unchecked_drains("leader-change");
+    let a = &change.sim.arbiter;
+    assert_eq!(a.replicas, 3);
+    assert_eq!(a.leader_changes, 1, "leader-change: one election");
+    assert!(
+        a.sessions_moved > 0,
+        "leader-change: the dead leader's agents moved"
+    );
+    assert!(
+        a.batches_timed_out > 0,
+        "leader-change: writes waited while the quorum was lost"
+    );
+    assert_eq!(
+        change.sim.leases.expired, 0,
+        "leader-change: no lease expired"
+    );
+    assert_eq!(
+        change.sim.replaced, change.report.leave_ms.count,
+        "leader-change: one leave per replaced instance"
+    );
 }

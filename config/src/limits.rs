@@ -54,6 +54,22 @@ pub struct LimitsConfig {
     pub admin_calls_per_second: u32,
     /// Admin calls at once above that rate. Default 500.
     pub admin_call_burst: u32,
+    /// Services one session may follow at once; a subscription beyond it
+    /// is denied (`ServiceUpdate::Denied`, naming this limit) and nothing
+    /// is stored for it. Unknown services count as well (each is held to
+    /// tell the agent when it appears). Default 4096: twice the problem
+    /// statement's 2,000 services of a region.
+    pub subscriptions_per_session: u32,
+    /// Full snapshots one session may have in flight at once; a snapshot
+    /// beyond it is answered "retry after `snapshot_retry_ms`", as one
+    /// beyond `distribution.max_concurrent_snapshots` is, so one agent
+    /// that lost its cache cannot take every slot. Default 8.
+    pub snapshots_per_session: u32,
+    /// `AwaitPropagation` requests one identity may hold open at once on a
+    /// replica; one more is answered "unavailable" naming this limit (a
+    /// drain with `wait=propagated` then answers without the sums).
+    /// Default 64.
+    pub propagation_waits_per_identity: u32,
 }
 
 impl Default for LimitsConfig {
@@ -68,6 +84,9 @@ impl Default for LimitsConfig {
             session_message_burst: 5_000,
             admin_calls_per_second: 100,
             admin_call_burst: 500,
+            subscriptions_per_session: 4_096,
+            snapshots_per_session: 8,
+            propagation_waits_per_identity: 64,
         }
     }
 }
@@ -95,6 +114,24 @@ impl LimitsConfig {
         ] {
             rules::between(&format!("{prefix}.{name}"), value, 1, MAX_RATE)?;
         }
+        rules::between(
+            &format!("{prefix}.subscriptions_per_session"),
+            self.subscriptions_per_session,
+            1,
+            1_000_000,
+        )?;
+        rules::between(
+            &format!("{prefix}.snapshots_per_session"),
+            self.snapshots_per_session,
+            1,
+            1_024,
+        )?;
+        rules::between(
+            &format!("{prefix}.propagation_waits_per_identity"),
+            self.propagation_waits_per_identity,
+            1,
+            100_000,
+        )?;
         rules::between(
             &format!("{prefix}.connections_per_identity"),
             self.connections_per_identity,

@@ -17,6 +17,9 @@
 //! - What is queued per agent is a set of service keys; the deltas stay in
 //!   the catalog's log. An agent whose send does not complete within the
 //!   stall timeout is disconnected and resyncs when it returns.
+//! - At most `max_snapshots_per_agent` full snapshots go to one agent at
+//!   once (`limits.snapshots_per_session`), so one agent that lost its
+//!   cache cannot take every slot; the rest are told to retry.
 //! - At most `max_concurrent_snapshots` full snapshots are in flight at
 //!   once; the rest are told when to retry.
 //! - A revision sent but not acknowledged within `resend_after_ms` of the
@@ -62,6 +65,9 @@ pub struct DistParams {
     pub coalesce_window_ms: u64,
     /// Most full snapshots in flight at once, over all agents.
     pub max_concurrent_snapshots: usize,
+    /// Most full snapshots in flight at once to one agent
+    /// (`limits.snapshots_per_session`).
+    pub max_snapshots_per_agent: usize,
     /// A send not completed after this long gets its agent disconnected, ms.
     pub stall_timeout_ms: u64,
     /// What a refused snapshot is told to wait before asking again, ms.
@@ -78,6 +84,7 @@ impl From<&rollcall_config::ArbiterConfig> for DistParams {
         DistParams {
             coalesce_window_ms: d.coalesce_window_ms,
             max_concurrent_snapshots: d.max_concurrent_snapshots as usize,
+            max_snapshots_per_agent: config.limits.snapshots_per_session as usize,
             stall_timeout_ms: d.stall_timeout_ms,
             snapshot_retry_ms: d.snapshot_retry_ms,
             resend_after_ms: d.resend_after_ms,
@@ -118,6 +125,9 @@ pub struct DistStats {
     pub snapshots_sent: u64,
     /// Snapshot requests told to retry.
     pub snapshots_refused: u64,
+    /// Of those, the ones refused by the per-agent bound
+    /// (`limits.snapshots_per_session`) with slots free overall.
+    pub snapshots_limited: u64,
     /// Most snapshots in flight at once so far.
     pub max_concurrent_snapshots_seen: usize,
     /// Deltas sent.
@@ -521,8 +531,9 @@ impl Distributor {
                         updates.push(ServiceUpdate::Unknown { service });
                     }
                     Some(info)
-                        if self.snapshots_in_flight + snapshots
-                            < self.params.max_concurrent_snapshots =>
+                        if snapshots < self.params.max_snapshots_per_agent
+                            && self.snapshots_in_flight + snapshots
+                                < self.params.max_concurrent_snapshots =>
                     {
                         let bytes = match self.snapshot_cache.get(&service) {
                             Some((rev, bytes)) if *rev == info.revision => bytes.clone(),
@@ -545,6 +556,8 @@ impl Distributor {
                     }
                     Some(_) => {
                         self.stats.snapshots_refused += 1;
+                        self.stats.snapshots_limited +=
+                            u64::from(snapshots >= self.params.max_snapshots_per_agent);
                         updates.push(ServiceUpdate::RetryAfter {
                             service,
                             ms: self.params.snapshot_retry_ms,

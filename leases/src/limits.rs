@@ -26,6 +26,12 @@ pub enum Limit {
     SessionMessages,
     /// `limits.admin_calls_per_second` of one token.
     AdminCalls,
+    /// `limits.subscriptions_per_session`.
+    SubscriptionsPerSession,
+    /// `limits.snapshots_per_session`.
+    SnapshotsPerSession,
+    /// `limits.propagation_waits_per_identity`.
+    PropagationWaits,
 }
 
 impl Limit {
@@ -38,6 +44,9 @@ impl Limit {
             Limit::Requests => "requests",
             Limit::SessionMessages => "session_messages",
             Limit::AdminCalls => "admin_calls",
+            Limit::SubscriptionsPerSession => "subscriptions_per_session",
+            Limit::SnapshotsPerSession => "snapshots_per_session",
+            Limit::PropagationWaits => "propagation_waits_per_identity",
         }
     }
 }

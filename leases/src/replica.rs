@@ -65,6 +65,7 @@ mod counters;
 mod messages;
 mod office;
 mod peers;
+mod waiters;
 mod witnesses;
 mod writes;
 
@@ -72,10 +73,11 @@ mod writes;
 mod tests;
 
 pub use counters::Counters;
-pub use messages::{Forwarded, Input, Output, RaftView};
+pub use messages::{propagation_sums, Forwarded, Input, Output, RaftView};
 pub use office::Standing;
 pub use writes::BatchOutcome;
 
+use waiters::{Await, WaitFor, Waiter, Waiters};
 use witnesses::Witnesses;
 use writes::Writes;
 
@@ -112,11 +114,10 @@ pub struct ReplicaState {
     mark: AppliedMark,
     writes: Writes,
     witnesses: Witnesses,
-    /// Propagation waits on this replica's agents.
-    waiters: Vec<Waiter>,
-    /// `AwaitPropagation` requests of this replica's agents, waiting for
-    /// this replica's acks and the other replicas' sums.
-    awaits: HashMap<AwaitId, Await>,
+    /// Propagation waits on this replica's agents, and the agents'
+    /// `AwaitPropagation` requests waiting for them and the other
+    /// replicas' sums.
+    waiters: Waiters,
     /// The remote views the region bridge reports (memory only).
     remote: RemoteViews,
     /// What each session was last told of regions and policies.
@@ -144,28 +145,6 @@ enum Reply {
     Peer(ReplyId),
     /// One write of a peer's `ProposeBatch`: its place in the answers.
     Gather(u64, usize),
-}
-
-/// A propagation wait on this replica's agents.
-struct Waiter {
-    service: ServiceKey,
-    revision: Revision,
-    deadline_ms: u64,
-    to: WaitFor,
-}
-
-enum WaitFor {
-    /// A peer's `Propagation` question.
-    Peer(ReplyId),
-    /// This replica's part of an agent's `AwaitPropagation`.
-    Await(AwaitId),
-}
-
-/// An agent's `AwaitPropagation`: this replica's sums and the others'.
-struct Await {
-    reply: ReplyId,
-    here: Option<(u32, u32)>,
-    others: Option<(u32, u32)>,
 }
 
 impl ReplicaState {
@@ -202,8 +181,7 @@ impl ReplicaState {
             mark,
             writes: Writes::default(),
             witnesses: Witnesses::default(),
-            waiters: Vec::new(),
-            awaits: HashMap::default(),
+            waiters: Waiters::default(),
             regions: RegionsFeed::new(),
             wakes: BTreeMap::new(),
             next_regions_ms: now_ms,
@@ -294,7 +272,7 @@ impl ReplicaState {
                 }
             }
             Input::Propagated { wait, acked, total } => {
-                if let Some(a) = self.awaits.get_mut(&wait) {
+                if let Some(a) = self.waiters.awaits.get_mut(&wait) {
                     a.others = Some((acked, total));
                 }
                 self.finish_await(wait, out);
@@ -446,6 +424,7 @@ impl ReplicaState {
             self.carry(dist, out);
             self.report_heard(now, out);
             self.expire_held_answers(now, cat, out);
+            self.recheck_waiters(now, out);
             let mut lines = Vec::new();
             self.refusals.flush(now, &mut lines);
             lines.iter().for_each(crate::refusals::AuditLine::log);
@@ -466,7 +445,8 @@ impl ReplicaState {
             self.verdicts(verdicts, out);
         }
         self.fire_wakes(now, cat, out);
-        self.answer_waiters(now, out);
+        self.expire_waiters(now, out);
+        self.counters.snapshots_limited = self.dist.stats().snapshots_limited;
         self.forwards_due(now, cat, out);
         let proposals = std::mem::take(&mut self.writes.wake_up);
         if !proposals.is_empty() {

@@ -7,26 +7,22 @@
 //! published to the data plane, timers). It decides nothing the binary's
 //! machine decides; it plays the network and the instances.
 
-use std::collections::{BTreeSet, VecDeque};
-use std::net::SocketAddr;
+use std::collections::VecDeque;
 
 use rand::RngExt;
 use rollcall_gossip::MembershipEvent;
-use rollcall_leases::protocol::{Request, ServiceUpdate, SessionDown, SessionUp};
+use rollcall_leases::protocol::{ServiceUpdate, SessionDown, SessionUp};
 use rollcall_leases::{
-    AgentEpoch, CatalogId, Generation, InstanceId, LeaseId, NodeId, Revision, ServiceKey, State,
-    Version,
+    AgentEpoch, CatalogId, LeaseId, NodeId, Revision, ServiceKey, State, Version,
 };
-use rollcall_node::agent_state::{
-    AgentState, Call, CallId, Caller, Input, Output, Refusal, Reply, RequestId, SaveId, SessionId,
-};
+use rollcall_node::agent_state::{AgentState, Call, Caller, Input, Output, SessionId};
 use rollcall_node::api_types::ValidRegistration;
-use rollcall_node::carry::{carry, Carry};
-use rollcall_node::failover::Regions;
-use rollcall_node::health::ProbeTask;
-use rollcall_node::view::Published;
+use rollcall_node::carry::carry;
 
 use super::world::*;
+
+mod carry;
+use carry::SimCarry;
 
 impl World {
     /// Agent `a`'s process starts: its machine is built from its cache and
@@ -290,26 +286,37 @@ impl World {
         self.cut_zones.contains(&self.agents[a as usize].zone)
     }
 
-    /// Whether a message between agent `a` and the arbiter gets through.
+    /// Whether a message between agent `a` and its replica gets through.
     pub(super) fn link_up(&self, a: u32) -> bool {
-        self.arb.up && !self.cut(a) && !self.agents[a as usize].dead
+        let agent = &self.agents[a as usize];
+        self.arbs[agent.replica].up && !self.cut(a) && !agent.dead
     }
 
-    /// The machine asks for session `session`.
-    fn connect(&mut self, a: u32, session: SessionId) {
+    /// The machine asks for session `session` with the replica at
+    /// `address`.
+    fn connect(&mut self, a: u32, session: SessionId, address: &str) {
         self.next_session += 1;
         let g = self.next_session;
-        self.agents[a as usize].connecting = Some((session, g));
+        let r = self.replica_at(address).unwrap_or(0);
+        let agent = &mut self.agents[a as usize];
+        agent.connecting = Some((session, g));
+        agent.replica = r;
         let latency = self.arbiter_latency();
-        if !self.arb.up {
-            // Refused after a round trip.
-            self.after(2 * latency, Ev::ConnectFailed(a));
+        let connect_timeout = self.agent_config.connect_timeout_ms * 1_000;
+        if !self.arbs[r].up {
+            if self.arbs[r].silent {
+                // Nothing answers: given up at the connect timeout.
+                self.after(connect_timeout, Ev::ConnectFailed(a));
+            } else {
+                // Refused after a round trip.
+                self.after(2 * latency, Ev::ConnectFailed(a));
+            }
             return;
         }
         if self.cut(a) {
             // The handshake's packets are lost; QUIC sends them again
-            // until the idle timeout.
-            let deadline = self.now + IDLE_TIMEOUT_MS * 1_000;
+            // until the agent's connect timeout.
+            let deadline = self.now + connect_timeout;
             self.after(
                 HANDSHAKE_RETRY_MS * 1_000,
                 Ev::Handshake { agent: a, deadline },
@@ -332,7 +339,8 @@ impl World {
         let Some((_, g)) = self.agents[a as usize].connecting else {
             return;
         };
-        if !self.arb.up || (self.cut(a) && self.now >= deadline) {
+        let r = self.agents[a as usize].replica;
+        if !self.arbs[r].up || (self.cut(a) && self.now >= deadline) {
             self.connect_failed(a);
         } else if !self.cut(a) {
             let latency = self.arbiter_latency();
@@ -399,6 +407,8 @@ impl World {
         };
         agent.connecting = None;
         agent.session = Some((session, g));
+        agent.welcomed += 1;
+        self.counters.sessions_moved += u64::from(agent.welcomed > 1);
         if self.outage.is_some_and(|(_, end)| now_ms >= end) && !agent.reconnected_after_outage {
             agent.reconnected_after_outage = true;
             agent.snapshots_since_outage = 0;
@@ -470,6 +480,14 @@ impl World {
         );
     }
 
+    /// Agent `a`'s replica died with its host: nothing was heard on
+    /// session `g` for the idle timeout.
+    pub(super) fn session_lost(&mut self, a: u32, g: u64) {
+        if self.agents[a as usize].session.is_some_and(|(_, x)| x == g) {
+            self.closed(a, g);
+        }
+    }
+
     pub(super) fn idle_check(&mut self, a: u32, g: u64) {
         if self.agents[a as usize].session.is_none_or(|(_, x)| x != g) || !self.cut(a) {
             return;
@@ -517,7 +535,7 @@ impl World {
             .registrations()
             .get(&inst.id)
             .and_then(|l| l.generation);
-        match (local, self.arb.catalog.instance(&inst.id)) {
+        match (local, self.catalog().instance(&inst.id)) {
             (Some(g), Some(record)) => {
                 record.generation == g
                     && (machine.health_state(&inst.id) != Some(State::Ready)
@@ -548,153 +566,5 @@ impl Agent {
         for key in std::mem::take(&mut self.unpublished) {
             self.publish(&key, now_ms);
         }
-    }
-}
-
-/// The simulator as agent `a`'s driver: the network with its latency, the
-/// instances, the data plane's view, the virtual clock.
-struct SimCarry<'w> {
-    world: &'w mut World,
-    a: u32,
-    now_ms: u64,
-    /// Inputs answered at once (saves, probes, witness connects).
-    back: Vec<Input>,
-}
-
-impl Carry for SimCarry<'_> {
-    fn connect(&mut self, session: SessionId, _address: String) {
-        self.world.connect(self.a, session);
-    }
-
-    fn close(&mut self, session: SessionId, _reason: String) {
-        let w = &mut *self.world;
-        let agent = &mut w.agents[self.a as usize];
-        let ours = |s: Option<(SessionId, u64)>| s.filter(|(m, _)| *m == session);
-        if let Some((_, g)) = ours(agent.session).or(ours(agent.connecting)) {
-            agent.session = None;
-            agent.connecting = None;
-            w.drop_session(g);
-        }
-    }
-
-    fn send(&mut self, session: SessionId, message: SessionUp) {
-        self.world.send_up(self.a, session, message);
-    }
-
-    fn request(&mut self, session: SessionId, request: RequestId, body: Request) {
-        let (w, a) = (&mut *self.world, self.a);
-        let Some(g) = w.global_session(a, session) else {
-            return;
-        };
-        if w.link_up(a) {
-            let latency = w.arbiter_latency();
-            w.after(
-                latency,
-                Ev::Request {
-                    agent: a,
-                    session: g,
-                    request,
-                    body,
-                },
-            );
-        }
-    }
-
-    fn reply(&mut self, _call: CallId, _reply: Result<Reply, Refusal>) {}
-
-    fn save_registrations(&mut self, save: SaveId, _bytes: Vec<u8>) {
-        self.back.push(Input::Saved {
-            save,
-            result: Ok(()),
-        });
-    }
-
-    fn witness(&mut self, node: NodeId, epoch: AgentEpoch, _addresses: Vec<SocketAddr>) {
-        // A silent node's endpoints answer a connect while the node lives
-        // (the simulated network cuts nodes off the arbiter only, never off
-        // each other).
-        let reachable = parse_node(node.as_str())
-            .and_then(|b| self.world.agents.get(b as usize))
-            .is_some_and(|b| !b.dead);
-        self.back.push(Input::Reached {
-            node,
-            epoch,
-            reachable,
-        });
-    }
-
-    fn probe(&mut self, instance: InstanceId, generation: Option<Generation>, task: ProbeTask) {
-        let w = &mut *self.world;
-        w.counters.probes += 1;
-        let alive = parse_inst(instance.as_str())
-            .and_then(|k| w.insts.get(k as usize))
-            .is_some_and(|i| i.alive);
-        self.back.push(Input::Probed {
-            instance,
-            generation,
-            which: task.which,
-            passed: alive,
-            detail: if alive { "connected" } else { "refused" }.into(),
-        });
-    }
-
-    fn wake_at(&mut self, at_ms: u64) {
-        let (w, a) = (&mut *self.world, self.a);
-        w.agents[a as usize].wake = Some(at_ms);
-        let at = (at_ms * 1_000).max(w.now);
-        w.at(at, Ev::AgentWake { agent: a, at_ms });
-    }
-
-    fn publish(&mut self, published: Published) {
-        self.world.agents[self.a as usize]
-            .views
-            .publish(published, self.now_ms);
-    }
-
-    fn changed(&mut self, key: ServiceKey) {
-        let agent = &mut self.world.agents[self.a as usize];
-        if agent.views.remembers_failures(&key) {
-            // Publishing forgets failures of endpoints gone: at once, as
-            // the real agent does.
-            agent.unpublished.remove(&key);
-            agent.publish(&key, self.now_ms);
-        } else {
-            agent.unpublished.insert(key);
-        }
-    }
-
-    fn publish_down(&mut self, nodes: BTreeSet<NodeId>) {
-        let (w, a) = (&mut *self.world, self.a);
-        let crashed: Vec<u32> = nodes
-            .iter()
-            .filter_map(|n| parse_node(n.as_str()))
-            .filter(|n| w.crashes.contains_key(n))
-            .collect();
-        w.agents[a as usize].views.set_down(nodes);
-        // The agent's own gossip verdict keeps the node out of its routing
-        // now.
-        for node in crashed {
-            w.eject(node, a, None);
-        }
-    }
-
-    fn publish_alive(&mut self, nodes: BTreeSet<NodeId>) {
-        self.world.agents[self.a as usize].views.set_alive(nodes);
-    }
-
-    fn publish_connected(&mut self, up: bool) {
-        self.world.agents[self.a as usize].views.set_connected(up);
-    }
-
-    fn publish_regions(&mut self, regions: Regions) {
-        self.world.agents[self.a as usize]
-            .views
-            .set_regions(regions);
-    }
-
-    fn lift_ejections(&mut self, node: NodeId) {
-        let agent = &mut self.world.agents[self.a as usize];
-        agent.publish_all(self.now_ms);
-        agent.views.lift_node(&node);
     }
 }

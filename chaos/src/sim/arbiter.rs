@@ -1,5 +1,6 @@
-//! The arbiter's side of the simulated region: one arbiter replica whose
-//! every decision is the shipped replica machine's
+//! The arbiter's side of the simulated region: one or more arbiter
+//! replicas (`[arbiter] replicas`) whose every decision is the shipped
+//! replica machine's
 //! ([`rollcall_leases::replica::ReplicaState`]), driven as the arbiter's
 //! core task (`rollcall_leases::server::core`) drives it, over the real
 //! [`rollcall_leases::Catalog`] as applied.
@@ -15,35 +16,26 @@
 //! deadline).
 //!
 //! This file only carries, as the core task does: each event that reaches
-//! the arbiter is one wake-up (its inputs, then `Tick`), and the machine is
-//! woken again at its `poll_timeout`. What it models itself:
-//! - the Raft group, as one replica that leads from its start with a
-//!   quorum: a proposed batch commits `commit_latency_ms` after it is
-//!   proposed, in order, and is then applied to the catalog here
-//!   (`Input::Applied`, then `Input::Committed` with each command's
-//!   result);
-//! - the network between agents and the arbiter (latency, transfer time,
-//!   the ordered session stream, cut zones) and the leader's one CPU core
-//!   (`[arbiter]` `recv_cpu_us`, `send_cpu_us`);
-//! - a restart: the machine is dropped with its memory, and a new one
-//!   over the catalog as applied takes office.
-//!
-//! Not modelled yet (issue 32, item 3, second part): followers, forwarded
-//! writes, leader changes and quorum loss.
+//! a replica is one wake-up (its inputs, the Raft view if it changed,
+//! then `Tick`), and the machine is woken again at its `poll_timeout`.
+//! What it models itself:
+//! - the network between agents and the replicas (latency, transfer time,
+//!   the ordered session stream, cut zones) and each replica's one CPU
+//!   core (`[arbiter]` `recv_cpu_us`, `send_cpu_us`);
+//! - the Raft group between the replicas (`raft`): the log, commits,
+//!   elections, quorum contact and peer calls.
 
 use std::collections::VecDeque;
 
 use rollcall_leases::identity::Identity;
 use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown, SessionUp};
-use rollcall_leases::raft::AppliedMark;
-use rollcall_leases::replica::{BatchOutcome, Input, Output, RaftView, ReplicaState};
+use rollcall_leases::replica::{Input, Output};
 use rollcall_leases::{Applied, Command, Effect, Envelope, PrincipalName, Revision, Role, State};
 
+use super::peers::CallKind;
 use super::world::*;
 
-/// The simulated replica's id in its Raft group.
-pub(super) const REPLICA: u64 = 1;
-/// The address the agents dial, and the replica's in its group.
+/// The address the agents dial when the group is one replica.
 pub(super) const ADDRESS: &str = "sim-arbiter:7000";
 
 impl World {
@@ -53,58 +45,34 @@ impl World {
     fn identity(&self, a: u32) -> Identity {
         let node = &self.agents[a as usize].node;
         Identity::new(
-            self.arb.machine.sessions().rules().region.clone(),
+            self.arbs[0].machine.sessions().rules().region.clone(),
             Role::Agent,
             PrincipalName::new(node.as_str()).expect("simulated names are valid"),
         )
     }
 
-    /// A replica machine over the catalog as applied now, following no
-    /// one until it is told it leads.
-    pub(super) fn new_machine(&self) -> ReplicaState {
-        ReplicaState::new(
-            self.arbiter_config.clone(),
-            REPLICA,
-            &self.arb.catalog,
-            self.applied_mark(),
-            self.now_ms(),
-        )
-    }
-
-    fn applied_mark(&self) -> AppliedMark {
-        AppliedMark {
-            last_applied: None,
-            revision: self.arb.catalog.revision(),
-            installs: 0,
-        }
-    }
-
-    /// A new machine takes office: openraft's view says it leads, with a
-    /// quorum that answers.
-    pub(super) fn take_office(&mut self) {
-        self.arb.machine = self.new_machine();
-        self.arb.seen = Default::default();
-        self.arb.term += 1;
-        let view = RaftView {
-            term: self.arb.term,
-            leads: true,
-            leader: Some((REPLICA, ADDRESS.into())),
-            others: Vec::new(),
-            quorum_ack_ms_ago: Some(0),
-        };
-        self.arbiter_wake(vec![Input::Raft(view)]);
+    /// The replica holding connection `session`.
+    pub(super) fn replica_of_session(&self, session: u64) -> Option<usize> {
+        (0..self.arbs.len()).find(|&r| self.arbs[r].conns.contains_key(&session))
     }
 
     /// Agent `a`'s handshake completed: its connection `session` is
     /// connected and sends Hello.
     pub(super) fn hello(&mut self, a: u32, session: u64) {
+        let r = self.agents[a as usize].replica;
         if !self.link_up(a) {
-            let latency = self.arbiter_latency();
-            self.after(latency, Ev::Closed { agent: a, session });
+            if self.arbs[r].silent {
+                // Nothing answers: the agent gives up at its connect timeout.
+                let timeout = self.agent_config.connect_timeout_ms;
+                self.after(timeout * 1_000, Ev::ConnectFailed(a));
+            } else {
+                let latency = self.arbiter_latency();
+                self.after(latency, Ev::Closed { agent: a, session });
+            }
             return;
         }
-        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
-        self.arb.conns.insert(session, a);
+        self.arbiter_cpu(r, self.sc.arbiter.recv_cpu_us);
+        self.arbs[r].conns.insert(session, a);
         let agent = &self.agents[a as usize];
         let hello = SessionUp::Hello {
             node: agent.node.clone(),
@@ -121,30 +89,35 @@ impl World {
             agent: session,
             msg: hello,
         };
-        self.arbiter_wake(vec![connected, hello]);
+        self.arbiter_wake(r, vec![connected, hello]);
     }
 
-    /// One message on agent `a`'s session stream reaches the arbiter now.
+    /// One message on agent `a`'s session stream reaches its replica now.
     pub(super) fn session_message(&mut self, a: u32, session: u64, message: SessionUp) {
-        if !self.link_up(a) || !self.arb.conns.contains_key(&session) {
+        let r = self.agents[a as usize].replica;
+        if !self.link_up(a) || !self.arbs[r].conns.contains_key(&session) {
             return;
         }
         // An acknowledgement is charged with the update it answers
         // (`send_cpu_us`, measured that way).
         if !matches!(message, SessionUp::Ack { .. }) {
-            self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
+            self.arbiter_cpu(r, self.sc.arbiter.recv_cpu_us);
         }
-        self.arbiter_wake(vec![Input::Session {
-            agent: session,
-            msg: message,
-        }]);
+        self.arbiter_wake(
+            r,
+            vec![Input::Session {
+                agent: session,
+                msg: message,
+            }],
+        );
     }
 
     /// Subscriptions on session `session` arrive, in order.
     pub(super) fn subscribe(&mut self, session: u64, subs: Vec<(u32, Option<Revision>)>) {
-        let Some(&a) = self.arb.conns.get(&session) else {
+        let Some(r) = self.replica_of_session(session) else {
             return;
         };
+        let a = self.arbs[r].conns[&session];
         for (s, have) in subs {
             let service = self.services[s as usize].clone();
             let message = SessionUp::Subscribe {
@@ -159,10 +132,11 @@ impl World {
     /// An agent's request arrives on a stream of its own; the answer goes
     /// back by the reply id it is given here.
     pub(super) fn request(&mut self, a: u32, session: u64, request: u64, body: Request) {
-        if !self.arb.conns.contains_key(&session) || !self.link_up(a) {
+        let r = self.agents[a as usize].replica;
+        if !self.arbs[r].conns.contains_key(&session) || !self.link_up(a) {
             return;
         }
-        self.arbiter_cpu(self.sc.arbiter.recv_cpu_us);
+        self.arbiter_cpu(r, self.sc.arbiter.recv_cpu_us);
         match &body {
             Request::Transition {
                 to: State::Unhealthy,
@@ -170,19 +144,25 @@ impl World {
             } => self.counters.unhealthy += 1,
             // What the session rules accept as a down report: one from a
             // session that holds a lease.
-            Request::ReportDown { .. } if self.arb.machine.sessions().held(session).is_some() => {
+            Request::ReportDown { .. }
+                if self.arbs[r].machine.sessions().held(session).is_some() =>
+            {
                 self.counters.down_reports += 1
             }
             _ => {}
         }
-        self.arb.next_reply += 1;
-        let reply = self.arb.next_reply;
-        self.arb.replies.insert(reply, (a, request));
-        self.arbiter_wake(vec![Input::Request {
-            agent: session,
-            request: body,
-            reply,
-        }]);
+        let arb = &mut self.arbs[r];
+        arb.next_reply += 1;
+        let reply = arb.next_reply;
+        arb.replies.insert(reply, (a, request));
+        self.arbiter_wake(
+            r,
+            vec![Input::Request {
+                agent: session,
+                request: body,
+                reply,
+            }],
+        );
     }
 
     /// Sends an answer back to agent `a`'s request.
@@ -207,56 +187,67 @@ impl World {
     pub(super) fn arbiter_sample(&mut self) {
         let sweep = self.arbiter_config.lease.sweep_interval_ms;
         self.after(sweep * 1_000, Ev::ArbiterSample);
-        let held = self.arb.catalog.leases().held();
+        let held = self.catalog().leases().held();
         self.counters.held_max = self.counters.held_max.max(held);
-        self.counters.witness_held_max = self
-            .counters
-            .witness_held_max
-            .max(self.arb.machine.held_alive());
+        if let Some(leader) = self.group.leader {
+            self.counters.witness_held_max = self
+                .counters
+                .witness_held_max
+                .max(self.arbs[leader].machine.held_alive());
+        }
     }
 
-    /// One wake-up of the machine, as the core task has them: `inputs` in
-    /// order, then `Tick`; what carrying them hands back (a closed
-    /// connection) is the next wake-up's. Then the machine is woken again
-    /// at its `poll_timeout`.
-    pub(super) fn arbiter_wake(&mut self, inputs: Vec<Input>) {
-        if !self.arb.up {
+    /// One wake-up of replica `r`'s machine, as the core task has them:
+    /// `inputs` in order, the Raft view if it changed, then `Tick`; what
+    /// carrying them hands back (a closed connection, a refused proposal)
+    /// is the next wake-up's. Then the machine is woken again at its
+    /// `poll_timeout`.
+    pub(super) fn arbiter_wake(&mut self, r: usize, inputs: Vec<Input>) {
+        if !self.arbs[r].up {
             return;
         }
         let mut inbox: VecDeque<Input> = inputs.into();
         loop {
             while let Some(input) = inbox.pop_front() {
-                self.arbiter_step(input, &mut inbox);
+                self.arbiter_step(r, input, &mut inbox);
             }
-            self.arbiter_step(Input::Tick, &mut inbox);
+            let key = self.view_key(r);
+            if self.arbs[r].view != Some(key) {
+                self.arbs[r].view = Some(key);
+                let view = self.raft_view(r);
+                self.arbiter_step(r, Input::Raft(view), &mut inbox);
+            }
+            self.arbiter_step(r, Input::Tick, &mut inbox);
             if inbox.is_empty() {
                 break;
             }
         }
         // The machine's counts, as the core publishes them.
-        let counts = self.arb.machine.counters();
+        let now_ms = self.now_ms();
+        let arb = &mut self.arbs[r];
+        let counts = arb.machine.counters();
         let (renewals, ignored) = (counts.renewals, counts.down_reports_ignored);
-        self.counters.renewals += renewals - self.arb.seen.renewals;
-        self.counters.down_reports_ignored += ignored - self.arb.seen.down_reports_ignored;
-        self.arb.seen.renewals = renewals;
-        self.arb.seen.down_reports_ignored = ignored;
-        let at_ms = self.arb.machine.poll_timeout().max(self.now_ms() + 1);
-        if self.arb.wake_at.is_none_or(|w| at_ms < w) {
-            self.arb.wake_at = Some(at_ms);
-            self.at(at_ms * 1_000, Ev::ArbiterWake { at_ms });
+        self.counters.renewals += renewals - arb.seen.renewals;
+        self.counters.down_reports_ignored += ignored - arb.seen.down_reports_ignored;
+        arb.seen.renewals = renewals;
+        arb.seen.down_reports_ignored = ignored;
+        let at_ms = arb.machine.poll_timeout().max(now_ms + 1);
+        if arb.wake_at.is_none_or(|w| at_ms < w) {
+            arb.wake_at = Some(at_ms);
+            self.at(at_ms * 1_000, Ev::ArbiterWake { replica: r, at_ms });
         }
     }
 
-    /// The wake-up the machine asked for.
-    pub(super) fn arbiter_woken(&mut self, at_ms: u64) {
-        if self.arb.wake_at == Some(at_ms) {
-            self.arb.wake_at = None;
-            self.arbiter_wake(Vec::new());
+    /// The wake-up replica `r`'s machine asked for.
+    pub(super) fn arbiter_woken(&mut self, r: usize, at_ms: u64) {
+        if self.arbs[r].wake_at == Some(at_ms) {
+            self.arbs[r].wake_at = None;
+            self.arbiter_wake(r, Vec::new());
         }
     }
 
-    /// One input to the machine, its outputs carried.
-    fn arbiter_step(&mut self, input: Input, inbox: &mut VecDeque<Input>) {
+    /// One input to replica `r`'s machine, its outputs carried.
+    fn arbiter_step(&mut self, r: usize, input: Input, inbox: &mut VecDeque<Input>) {
         let renewal = match &input {
             Input::Session {
                 agent,
@@ -266,7 +257,7 @@ impl World {
         };
         let now_ms = self.now_ms();
         let mut out = Vec::new();
-        let arb = &mut self.arb;
+        let arb = &mut self.arbs[r];
         arb.machine
             .handle(input, now_ms, &mut arb.rng, &arb.catalog, &mut out);
         // A renewal the leader memory refuses (the lease ended, say by a
@@ -278,22 +269,23 @@ impl World {
             self.counters.renewals_refused += u64::from(refused);
         }
         for o in out {
-            self.carry(o, inbox);
+            self.carry(r, o, inbox);
         }
-        let snapshots = self.arb.machine.distributor().snapshots_in_flight();
-        self.arb.max_snapshots_seen = self.arb.max_snapshots_seen.max(snapshots);
+        let arb = &mut self.arbs[r];
+        let snapshots = arb.machine.distributor().snapshots_in_flight();
+        arb.max_snapshots_seen = arb.max_snapshots_seen.max(snapshots);
     }
 
-    /// Carries one of the machine's outputs.
-    fn carry(&mut self, output: Output, inbox: &mut VecDeque<Input>) {
+    /// Carries one of replica `r`'s outputs.
+    fn carry(&mut self, r: usize, output: Output, inbox: &mut VecDeque<Input>) {
         match output {
             Output::Send {
                 agent: session,
                 message,
                 notify,
-            } => self.send_down(session, message, notify, inbox),
+            } => self.send_down(r, session, message, notify, inbox),
             Output::Close { agent: session, .. } => {
-                if let Some(a) = self.arb.conns.remove(&session) {
+                if let Some(a) = self.arbs[r].conns.remove(&session) {
                     inbox.push_back(Input::Closed { agent: session });
                     if self.link_up(a) {
                         let latency = self.arbiter_latency();
@@ -302,40 +294,52 @@ impl World {
                 }
             }
             Output::Answer { reply, response } => {
-                if let Some((a, request)) = self.arb.replies.remove(&reply) {
+                if let Some((a, request)) = self.arbs[r].replies.remove(&reply) {
                     self.answer(a, request, response);
                 }
             }
-            Output::Propose { batch, envelopes } => {
-                self.arb.in_flight.push_back((batch, envelopes));
-                let generation = self.arb.generation;
-                self.after(
-                    self.sc.arbiter.commit_latency_ms * 1_000,
-                    Ev::Commit { generation },
-                );
-            }
-            // One replica: its view of the group names no other member and
-            // no other leader, so it forwards nothing and asks no peer;
-            // nothing stops it with `Input::Stop`.
-            Output::AnswerPeer { .. }
-            | Output::Forward { .. }
-            | Output::ReportHeard { .. }
-            | Output::Tell { .. }
-            | Output::AskPropagation { .. }
-            | Output::Stopped => {}
+            Output::AnswerPeer { reply, response } => self.peer_answered(r, reply, response),
+            Output::Propose { batch, envelopes } => self.propose(r, batch, envelopes, inbox),
+            Output::Forward {
+                forward,
+                to,
+                request,
+                wait_ms,
+            } => self.peer_call(r, to, request, CallKind::Forward(forward), wait_ms),
+            Output::ReportHeard { to, heard, wait_ms } => self.peer_call(
+                r,
+                to,
+                rollcall_leases::peer_protocol::PeerRequest::Heard(heard),
+                CallKind::Heard,
+                wait_ms,
+            ),
+            Output::Tell {
+                to,
+                request,
+                wait_ms,
+            } => self.peer_call(r, to, request, CallKind::Tell, wait_ms),
+            Output::AskPropagation {
+                wait,
+                to,
+                request,
+                wait_ms,
+            } => self.ask_propagation(r, wait, to, request, wait_ms),
+            // Nothing stops a simulated replica with `Input::Stop`.
+            Output::Stopped => {}
         }
     }
 
-    /// A message the machine sends on session `session`, carried with its
-    /// CPU, size, transfer time and latency.
+    /// A message replica `r`'s machine sends on session `session`,
+    /// carried with its CPU, size, transfer time and latency.
     fn send_down(
         &mut self,
+        r: usize,
         session: u64,
         message: SessionDown,
         notify: bool,
         inbox: &mut VecDeque<Input>,
     ) {
-        let Some(&a) = self.arb.conns.get(&session) else {
+        let Some(&a) = self.arbs[r].conns.get(&session) else {
             return;
         };
         match message {
@@ -352,9 +356,9 @@ impl World {
                 );
                 let transfer = bytes * 1_000 / self.sc.network.bytes_per_ms;
                 if self.link_up(a) {
-                    // The send waits for the leader's core, then is
+                    // The send waits for the replica's core, then is
                     // written to the connection and completes.
-                    let cpu = self.arbiter_cpu(self.sc.arbiter.send_cpu_us);
+                    let cpu = self.arbiter_cpu(r, self.sc.arbiter.send_cpu_us);
                     if notify {
                         self.after(cpu + transfer.max(10), Ev::SendDone { session });
                     }
@@ -391,7 +395,7 @@ impl World {
                     );
                 } else {
                     // Lost with its connection, which ends at both ends.
-                    self.arb.conns.remove(&session);
+                    self.arbs[r].conns.remove(&session);
                     inbox.push_back(Input::Closed { agent: session });
                     self.after(latency, Ev::Closed { agent: a, session });
                 }
@@ -435,34 +439,6 @@ impl World {
         }
     }
 
-    /// The Raft group commits the oldest batch in flight: applied to the
-    /// catalog in order (each command measured), then the machine hears
-    /// of the applied revision and of the batch's results.
-    pub(super) fn commit(&mut self, generation: u64) {
-        if !self.arb.up || generation != self.arb.generation {
-            return;
-        }
-        let Some((batch, envelopes)) = self.arb.in_flight.pop_front() else {
-            return;
-        };
-        let mut results = Vec::with_capacity(envelopes.len());
-        for env in &envelopes {
-            let result = self.arb.catalog.apply(env);
-            if let Ok(applied) = &result {
-                self.after_commit(env, applied);
-            }
-            results.push(result);
-        }
-        let mark = self.applied_mark();
-        self.arbiter_wake(vec![
-            Input::Applied(mark),
-            Input::Committed {
-                batch,
-                outcome: BatchOutcome::Applied(results),
-            },
-        ]);
-    }
-
     /// What one committed command changes in the measurements.
     pub(super) fn after_commit(&mut self, env: &Envelope, applied: &Applied) {
         let now = self.now;
@@ -502,33 +478,51 @@ impl World {
                     self.insts[k].ever_ready = true;
                 }
                 if *to == State::Draining || *to == State::Unhealthy {
-                    self.insts[k].left_at_ms.get_or_insert(ms(now));
-                    let s = self.insts[k].service;
-                    let (outstanding, count) = self.live_followers(s, None);
-                    if count > 0 {
-                        self.leaves.entry(s).or_default().push(Tracked {
-                            revision: applied.revision,
-                            start: now,
-                            outstanding,
-                            count,
-                        });
-                    } else {
-                        self.leave_samples.push(0);
-                    }
+                    self.left(k, applied);
+                }
+            }
+            // A READY instance deregistered without a drain first (a churn
+            // with no drain wait, or a drain still pending on its agent
+            // when the deregistration superseded it) leaves routing now.
+            (Command::Deregister { instance_id, .. }, Effect::Changed) => {
+                let k = parse_inst(instance_id.as_str()).unwrap_or(0) as usize;
+                if self.insts[k].ever_ready && self.insts[k].left_at_ms.is_none() {
+                    self.left(k, applied);
                 }
             }
             _ => {}
         }
     }
 
-    /// Charges `cost_us` of the leader's one core, behind what is charged
-    /// already; returns how long from now until this work is done.
-    pub(super) fn arbiter_cpu(&mut self, cost_us: u64) -> Time {
-        let start = self.arb.cpu_until.max(self.now);
-        self.arb.cpu_max_wait_us = self.arb.cpu_max_wait_us.max(start - self.now);
-        self.arb.cpu_until = start + cost_us;
-        self.arb.cpu_busy_us += cost_us;
-        self.arb.cpu_until - self.now
+    /// Instance `k` left routing by this commit: its leave is timed until
+    /// every live follower of its service applied it.
+    fn left(&mut self, k: usize, applied: &Applied) {
+        let now = self.now;
+        self.insts[k].left_at_ms.get_or_insert(ms(now));
+        let s = self.insts[k].service;
+        let (outstanding, count) = self.live_followers(s, None);
+        if count > 0 {
+            self.leaves.entry(s).or_default().push(Tracked {
+                revision: applied.revision,
+                start: now,
+                outstanding,
+                count,
+            });
+        } else {
+            self.leave_samples.push(0);
+        }
+    }
+
+    /// Charges `cost_us` of replica `r`'s one core, behind what is
+    /// charged already; returns how long from now until this work is done.
+    pub(super) fn arbiter_cpu(&mut self, r: usize, cost_us: u64) -> Time {
+        let now = self.now;
+        let arb = &mut self.arbs[r];
+        let start = arb.cpu_until.max(now);
+        arb.cpu_max_wait_us = arb.cpu_max_wait_us.max(start - now);
+        arb.cpu_until = start + cost_us;
+        arb.cpu_busy_us += cost_us;
+        arb.cpu_until - now
     }
 
     pub(super) fn message_bytes(&mut self, updates: &[ServiceUpdate]) -> u64 {
@@ -562,28 +556,29 @@ impl World {
     }
 
     /// The agent's end of session `session` closed it (or it timed out):
-    /// the connection's end reaches the machine.
+    /// the connection's end reaches its replica's machine.
     pub(super) fn drop_session(&mut self, session: u64) {
-        if self.arb.conns.remove(&session).is_some() {
-            self.arbiter_wake(vec![Input::Closed { agent: session }]);
+        if let Some(r) = self.replica_of_session(session) {
+            self.arbs[r].conns.remove(&session);
+            self.arbiter_wake(r, vec![Input::Closed { agent: session }]);
         }
     }
 
+    /// The whole group stops (`stop_arbiter`): every session is closed and
+    /// every connect refused until it starts again; the log survives.
     pub(super) fn arbiter_stop(&mut self) {
-        self.arb.up = false;
-        // Its memory is gone with it, and the batches it had not
-        // committed.
-        self.arb.machine = self.new_machine();
-        self.arb.seen = Default::default();
-        self.arb.generation += 1;
-        self.arb.in_flight.clear();
-        self.arb.replies.clear();
-        self.arb.wake_at = None;
-        let sessions = std::mem::take(&mut self.arb.conns);
-        for (session, a) in sessions {
-            if !self.agents[a as usize].dead && !self.cut(a) {
-                let latency = self.arbiter_latency();
-                self.after(latency, Ev::Closed { agent: a, session });
+        self.group.leader = None;
+        self.group.known_leader = None;
+        self.group.generation += 1;
+        self.group.pending.clear();
+        for r in 0..self.arbs.len() {
+            self.stop_replica(r, false);
+            let sessions = std::mem::take(&mut self.arbs[r].conns);
+            for (session, a) in sessions {
+                if !self.agents[a as usize].dead && !self.cut(a) {
+                    let latency = self.arbiter_latency();
+                    self.after(latency, Ev::Closed { agent: a, session });
+                }
             }
         }
         // Agents half-way through a handshake are refused too.
@@ -595,13 +590,15 @@ impl World {
         }
     }
 
-    /// The arbiter is back: a new machine over the catalog as applied
-    /// takes office (every lease one TTL before any expires, every
-    /// session counted as heard now, R3).
+    /// The group is back: every replica starts over the log as applied,
+    /// and the first takes office at once (every lease one TTL before any
+    /// expires, every session counted as heard now, R3).
     pub(super) fn arbiter_start(&mut self) {
         let now_ms = self.now_ms();
-        self.arb.up = true;
-        self.take_office();
+        for r in 0..self.arbs.len() {
+            self.start_replica(r);
+        }
+        self.elect(0);
         self.last_recovery_ms = Some(now_ms);
         self.converged_at_ms = None;
         self.after(CONVERGE_CHECK_MS * 1_000, Ev::ConvergeCheck);

@@ -16,9 +16,6 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rollcall_config::{AgentConfig, ArbiterConfig, CheckTiming, SwimSettings};
 use rollcall_gossip::sim::{Sim as ZoneSim, SimConfig};
-use rollcall_leases::distribution::DistParams;
-use rollcall_leases::raft::AppliedMark;
-use rollcall_leases::replica::ReplicaState;
 use rollcall_leases::{
     AgentEpoch, Catalog, CatalogParams, Command, Effect, Envelope, Label, NodeId, Registration,
     Role, ServiceKey, ServiceView, ShardId, State, Version, Weight,
@@ -41,10 +38,12 @@ impl World {
     /// and its zone's membership as a zone that has run for a while.
     pub fn new(sc: SimScenario, seed: u64) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        // The agents' own config, with one arbiter address (the simulated
-        // arbiter answers whichever address they dial).
+        // The agents' own config, with the replicas' addresses.
         let agent_config = AgentConfig {
-            arbiters: vec!["sim-arbiter:7000".into()],
+            arbiters: match sc.arbiter.replicas {
+                1 => vec![super::arbiter::ADDRESS.into()],
+                n => (1..=n).map(|r| format!("sim-arbiter-{r}:7000")).collect(),
+            },
             ..AgentConfig::default()
         };
         // One metrics registry for every simulated agent: counters only.
@@ -112,6 +111,8 @@ impl World {
                 instances: Vec::new(),
                 connecting: None,
                 session: None,
+                replica: 0,
+                welcomed: 0,
                 wake: None,
                 next_call: 0,
                 dead: false,
@@ -279,39 +280,7 @@ impl World {
                 ZoneSim::with_names(names, config)
             })
             .collect();
-        let dist_params = DistParams::from(&arbiter_config);
-        let arb = Arbiter {
-            up: true,
-            // Stands in until the world is built: `take_office` below.
-            machine: ReplicaState::new(
-                arbiter_config.clone(),
-                super::arbiter::REPLICA,
-                &catalog,
-                AppliedMark {
-                    last_applied: None,
-                    revision: catalog.revision(),
-                    installs: 0,
-                },
-                0,
-            ),
-            catalog,
-            // The machine's own draws (a new catalog's identity) do not
-            // shift the network's.
-            rng: StdRng::seed_from_u64(seed ^ 0xa7b1_7e70),
-            seen: Default::default(),
-            term: 0,
-            generation: 0,
-            in_flight: Default::default(),
-            wake_at: None,
-            replies: BTreeMap::new(),
-            next_reply: 0,
-            dist_params,
-            conns: BTreeMap::new(),
-            max_snapshots_seen: 0,
-            cpu_until: 0,
-            cpu_busy_us: 0,
-            cpu_max_wait_us: 0,
-        };
+        let arbs = World::replicas(sc.arbiter.replicas as usize, catalog, &arbiter_config, seed);
         let mut world = World {
             now: 0,
             seq: 0,
@@ -328,7 +297,8 @@ impl World {
             followers,
             insts,
             agents,
-            arb,
+            arbs,
+            group: Default::default(),
             agent_settings: Settings {
                 node: NodeId::new("n00000").expect("valid"),
                 zone: Label::new("z1").expect("valid"),
@@ -374,8 +344,8 @@ impl World {
             }
         }
         world.at(250_000, Ev::ArbiterSample);
-        // The arbiter leads from the start.
-        world.take_office();
+        // The first replica leads from the start.
+        world.elect(0);
         for i in 0..world.sc.steps.len() {
             let at = (world.sc.steps[i].at_s * 1e6) as Time;
             world.at(at, Ev::Step(i));

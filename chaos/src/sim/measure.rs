@@ -275,7 +275,7 @@ impl World {
                 && machine.writes_waiting() == 0
                 && agent.follows.iter().all(|&s| {
                     let key = &self.services[s as usize];
-                    let want = self.arb.catalog.service(key).map(|i| i.revision);
+                    let want = self.catalog().service(key).map(|i| i.revision);
                     let have = machine.view(key).map(|v| v.revision());
                     want == have
                 })
@@ -320,24 +320,31 @@ impl World {
 
     /// Most full snapshots in flight at once, and the bound.
     pub fn snapshots(&self) -> (u64, u64, u64, u64) {
-        let stats = self.arb.machine.distributor().stats();
+        // Each replica's distributor has its own bound: the most any one
+        // held at once, and the refusals of all.
+        let (mut most, mut refused) = (0, 0);
+        for arb in &self.arbs {
+            let stats = arb.machine.distributor().stats();
+            most = most
+                .max(arb.max_snapshots_seen)
+                .max(stats.max_concurrent_snapshots_seen);
+            refused += stats.snapshots_refused;
+        }
         (
-            self.arb
-                .max_snapshots_seen
-                .max(stats.max_concurrent_snapshots_seen) as u64,
-            self.arb.dist_params.max_concurrent_snapshots as u64,
+            most as u64,
+            self.arbs[0].dist_params.max_concurrent_snapshots as u64,
             self.counters.snapshots_applied,
-            stats.snapshots_refused,
+            refused,
         )
     }
 
     /// Final catalog facts hashed into the digest.
     pub fn seal(&mut self) {
-        let rev = self.arb.catalog.revision().0;
+        let rev = self.catalog().revision().0;
         self.hash(&[0xff, rev, self.gossip_packets, self.gossip_bytes]);
         let services = self.services.clone();
         for s in services {
-            if let Some(info) = self.arb.catalog.service(&s) {
+            if let Some(info) = self.catalog().service(&s) {
                 self.hasher.update(format!("{}", info.digest).as_bytes());
             }
         }
@@ -361,11 +368,25 @@ impl World {
         (subs, records)
     }
 
+    /// The busiest replica's CPU charged over the run, µs.
+    pub fn busiest_cpu_us(&self) -> u64 {
+        self.arbs.iter().map(|a| a.cpu_busy_us).max().unwrap_or(0)
+    }
+
+    /// The longest any replica's send waited for its core, µs.
+    pub fn longest_cpu_wait_us(&self) -> u64 {
+        self.arbs
+            .iter()
+            .map(|a| a.cpu_max_wait_us)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The catalog's record count.
     pub fn catalog_records(&self) -> u64 {
         self.services
             .iter()
-            .filter_map(|s| self.arb.catalog.service(s))
+            .filter_map(|s| self.catalog().service(s))
             .map(|i| i.records as u64)
             .sum()
     }

@@ -14,13 +14,16 @@
 
 mod agent;
 mod arbiter;
+mod event;
 mod fleet;
+mod markdown;
 mod measure;
+mod peers;
 pub mod plot;
+mod raft;
 pub mod scenario;
 mod world;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -30,6 +33,8 @@ use crate::report::{Outage, Phase, Report, Stats};
 use crate::scenario::ScenarioError;
 use scenario::SimScenario;
 use world::World;
+
+pub use markdown::markdown;
 
 /// `rollcall chaos sim`'s arguments.
 #[derive(Clone, Debug)]
@@ -175,6 +180,20 @@ pub struct ArbiterFigures {
     pub cpu_percent: f64,
     /// The longest any work waited for that core, ms.
     pub cpu_max_wait_ms: f64,
+    /// Replicas in the group (`[arbiter] replicas`).
+    #[serde(default)]
+    pub replicas: u32,
+    /// Elections after the first leader took office.
+    #[serde(default)]
+    pub leader_changes: u64,
+    /// Agent sessions that began after the agent's first one (moved to
+    /// another replica, or back after an outage).
+    #[serde(default)]
+    pub sessions_moved: u64,
+    /// Batches answered `TimedOut` (no quorum within
+    /// `raft.write_timeout_ms`; their agents keep the writes pending).
+    #[serde(default)]
+    pub batches_timed_out: u64,
 }
 
 /// Gossip load.
@@ -397,8 +416,12 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
             down_reports: c.down_reports,
             down_reports_ignored: c.down_reports_ignored,
             node_downs: c.node_downs,
-            cpu_percent: round2(world.arb.cpu_busy_us as f64 / 1e4 / duration_s),
-            cpu_max_wait_ms: round2(world.arb.cpu_max_wait_us as f64 / 1e3),
+            cpu_percent: round2(world.busiest_cpu_us() as f64 / 1e4 / duration_s),
+            cpu_max_wait_ms: round2(world.longest_cpu_wait_us() as f64 / 1e3),
+            replicas: sc.arbiter.replicas,
+            leader_changes: world.group.term.saturating_sub(1),
+            sessions_moved: c.sessions_moved,
+            batches_timed_out: c.batches_timed_out,
         },
         gossip: GossipFigures {
             packets_per_node_per_s: round2(world.gossip_packets as f64 / nodes / duration_s),
@@ -593,144 +616,4 @@ pub fn write(dir: &Path, run: &SimRun) -> Result<Vec<String>, SimError> {
     let plots = plot::write_all(dir, &run.series).map_err(err)?;
     std::fs::write(dir.join("report.md"), markdown(report, &plots)).map_err(err)?;
     Ok(plots)
-}
-
-/// The report as Markdown.
-pub fn markdown(r: &SimReport, plots: &[String]) -> String {
-    let b = &r.report;
-    let f = &r.sim;
-    let stats = |s: &Stats| match (s.p50, s.p99, s.max) {
-        (Some(p50), Some(p99), Some(max)) => {
-            format!("count {}, p50 {p50}, p99 {p99}, max {max}", s.count)
-        }
-        _ => format!("count {}", s.count),
-    };
-    let mut md = String::new();
-    let _ = writeln!(md, "# Simulation report: {}\n", b.scenario);
-    let _ = writeln!(
-        md,
-        "**{}**: seed {}, {} agents in {} zones, {} instances in {} services, {} s simulated in {} s wall (setup {} s, peak RSS {} MiB). Digest `{}`.\n",
-        if b.pass { "PASS" } else { "FAIL" },
-        b.seed,
-        b.agents,
-        f.fleet.zones,
-        f.fleet.instances,
-        f.fleet.services,
-        b.duration_s,
-        r.wall.run_s,
-        r.wall.setup_s,
-        r.wall.peak_rss_mib,
-        r.digest
-    );
-    md.push_str("| figure | measured |\n|---|---|\n");
-    let rows: Vec<(&str, String)> = vec![
-        (
-            "leave_ms (commit → last subscribed agent applied)",
-            stats(&b.leave_ms),
-        ),
-        ("crash_ms (kill → last agent ejected)", stats(&b.crash_ms)),
-        (
-            "converge_ms",
-            b.converge_ms.map_or("-".into(), |v| v.to_string()),
-        ),
-        ("false_removals", b.false_removals.to_string()),
-        (
-            "max_concurrent_snapshots (bound)",
-            format!(
-                "{} ({})",
-                b.max_concurrent_snapshots, f.arbiter.snapshot_bound
-            ),
-        ),
-        (
-            "sampled conns / failed attempts / failed / to drained",
-            format!(
-                "{} / {} / {} / {}",
-                f.conns, f.failed_attempts, b.failed_conns, b.new_conns_to_drained
-            ),
-        ),
-        (
-            "arbiter commits/s (mean, max)",
-            format!(
-                "{} , {}",
-                f.arbiter.commits_per_s, f.arbiter.commits_per_s_max
-            ),
-        ),
-        (
-            "arbiter deliveries/s (mean, max)",
-            format!(
-                "{} , {}",
-                f.arbiter.deliveries_per_s, f.arbiter.deliveries_per_s_max
-            ),
-        ),
-        ("arbiter bytes/s (mean)", f.arbiter.bytes_per_s.to_string()),
-        (
-            "arbiter CPU modelled (mean %, longest wait ms)",
-            format!("{} , {}", f.arbiter.cpu_percent, f.arbiter.cpu_max_wait_ms),
-        ),
-        (
-            "gossip packets / bytes per node per s",
-            format!(
-                "{} / {}",
-                f.gossip.packets_per_node_per_s, f.gossip.bytes_per_node_per_s
-            ),
-        ),
-        (
-            "gossip down verdicts (false)",
-            format!("{} ({})", f.gossip.down_events, f.gossip.false_down_events),
-        ),
-        (
-            "down reports (ignored, verdicts)",
-            format!(
-                "{} ({}, {})",
-                f.arbiter.down_reports, f.arbiter.down_reports_ignored, f.arbiter.node_downs
-            ),
-        ),
-        (
-            "leases held by the guard (max)",
-            f.leases.held_max.to_string(),
-        ),
-        (
-            "leases held by witnesses (max; witness questions)",
-            format!(
-                "{} ({})",
-                f.leases.held_by_witnesses_max, f.leases.witness_asks
-            ),
-        ),
-        ("leases expired", f.leases.expired.to_string()),
-        (
-            "resumed by delta after the outage",
-            f.resume.as_ref().map_or("-".into(), |x| {
-                format!("{} of {} ({:.3})", x.by_delta, x.agents, x.share_by_delta)
-            }),
-        ),
-        (
-            "readiness probes / heartbeats / made unhealthy",
-            format!("{} / {} / {}", f.probes, f.heartbeats, f.unhealthy),
-        ),
-        ("lost registrations", f.lost_registrations.to_string()),
-        ("converged at the end", f.converged.to_string()),
-    ];
-    for (name, value) in rows {
-        let _ = writeln!(md, "| {name} | {value} |");
-    }
-    md.push_str("\n## Failures\n\n");
-    if b.failures.is_empty() {
-        md.push_str("None.\n");
-    }
-    for failure in &b.failures {
-        let _ = writeln!(md, "- {failure}");
-    }
-    md.push_str("\n## Phases\n\n| phase | start s | end s | conns | failed conns |\n|---|---|---|---|---|\n");
-    for p in &b.phases {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            p.name, p.start_s, p.end_s, p.conns, p.failed_conns
-        );
-    }
-    md.push_str("\n## Plots\n\n");
-    for plot in plots {
-        let _ = writeln!(md, "- [{plot}]({plot})");
-    }
-    md
 }

@@ -147,6 +147,10 @@ impl Default for Network {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Arbiter {
+    /// Replicas in the Raft group, each the shipped replica machine (1 or
+    /// 3; 5 also works). Agents spread over them as real ones do.
+    /// Default 1.
+    pub replicas: u32,
     /// From a batch's proposal to its commit (quorum fsync), in ms.
     pub commit_latency_ms: u64,
     /// Arbiter CPU per update message sent to an agent (encoding, QUIC
@@ -162,6 +166,7 @@ pub struct Arbiter {
 impl Default for Arbiter {
     fn default() -> Self {
         Arbiter {
+            replicas: 1,
             commit_latency_ms: 5,
             send_cpu_us: DEFAULT_SEND_CPU_US,
             recv_cpu_us: DEFAULT_RECV_CPU_US,
@@ -169,16 +174,21 @@ impl Default for Arbiter {
     }
 }
 
-/// `[arbiter] send_cpu_us` by default, from the fleet bench at 5,000
-/// sessions and 100,000 endpoints (README, "Fleet bench"): deploy's
-/// arbiter CPU above steady's over the update messages sent per second,
+/// `[arbiter] send_cpu_us` by default, from the fleet bench: deploy's
+/// arbiter CPU above steady's over the update messages sent per second.
+/// At 5,000 sessions and 100,000 endpoints (2026-12-04, with keep-alives)
 /// (71.1 % − 48.5 %) / 7,162/s = 32 µs and (89.1 % − 52.1 %) / 8,788/s =
-/// 42 µs in two runs.
+/// 42 µs in two runs; at 2,000 sessions with quiet sessions (2026-12-05,
+/// `chaos/results/bench/fleet-2000`) (69.2 % − 8.2 %) / 17,505/s = 35 µs.
 pub const DEFAULT_SEND_CPU_US: u64 = 35;
-/// `[arbiter] recv_cpu_us` by default, from the same runs: steady's
-/// arbiter CPU (44 to 52 % of a core) over its session messages (5,020
-/// agents × 2 keep-alives and 0.3 renewals per second = 11,550/s).
-pub const DEFAULT_RECV_CPU_US: u64 = 42;
+/// `[arbiter] recv_cpu_us` by default: steady's arbiter CPU over its
+/// session messages, with quiet sessions (`chaos/results/bench/fleet-2000`,
+/// 2,008 agents): 8.2 % of a core over 2,008 × 0.3 renewals per second =
+/// 602/s is 136 µs a message. The agents' QUIC PINGs (one per 5 s) and
+/// each session's own timers are folded in: the simulator charges only
+/// the messages. (With keep-alives, 2026-12-04: 44 to 52 % over 11,550
+/// messages/s, 42 µs.)
+pub const DEFAULT_RECV_CPU_US: u64 = 136;
 
 /// `[short]`: the CI version.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -213,6 +223,15 @@ pub enum Action {
     /// Like `deploy` without the drain wait: replacements made while the
     /// arbiter may be down are kept pending by their agents.
     Churn,
+    /// Kill the leader replica with its host (silent: its agents notice at
+    /// the QUIC idle timeout); it starts again after `over_s`. Needs
+    /// `[arbiter] replicas` of 3 or more.
+    KillLeader,
+    /// Kill every replica but the leader (silent) for `over_s`: the
+    /// leader keeps office without a quorum, commits nothing and takes no
+    /// silence for a node's death. Needs `[arbiter] replicas` of 3 or
+    /// more.
+    LoseQuorum,
 }
 
 /// One timed step.
@@ -367,6 +386,13 @@ impl SimScenario {
                 "must be at most 100000",
             ));
         }
+        if !(1..=7).contains(&self.arbiter.replicas) {
+            return Err(invalid(
+                "arbiter.replicas",
+                self.arbiter.replicas,
+                "must be 1 to 7",
+            ));
+        }
         if self.arbiter.recv_cpu_us > 100_000 {
             return Err(invalid(
                 "arbiter.recv_cpu_us",
@@ -430,6 +456,15 @@ impl SimScenario {
                     field("zone"),
                     format!("{:?}", step.zone),
                     "must be a zone number from 1 to zones",
+                ));
+            }
+            if matches!(step.action, Action::KillLeader | Action::LoseQuorum)
+                && self.arbiter.replicas < 3
+            {
+                return Err(invalid(
+                    "arbiter.replicas",
+                    self.arbiter.replicas,
+                    "kill_leader and lose_quorum need at least 3 replicas",
                 ));
             }
             if step.action == Action::Pauses

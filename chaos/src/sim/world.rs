@@ -7,13 +7,14 @@
 //! - Gossip: one [`rollcall_gossip::sim::Sim`] per zone (the real foca
 //!   `Membership` of every agent over a simulated network), stepped in
 //!   lockstep with this loop so every membership event lands at its time.
-//! - Arbiter: one replica's real machine
+//! - Arbiter: each replica's real machine
 //!   ([`rollcall_leases::replica::ReplicaState`]: sessions, renewals and
-//!   silence, down reports, witnesses, expiries, taking office, group
-//!   commits, the distributor) over the real [`Catalog`] (commands, leases,
-//!   mass-expiry guard, delta log), with the Raft group modelled as one
-//!   replica committing each proposed batch `commit_latency_ms` after it
-//!   is proposed (`arbiter`).
+//!   silence, down reports, witnesses, expiries, taking office, quorum
+//!   loss, group commits, forwarded writes, the distributor) over a real
+//!   [`rollcall_leases::Catalog`] of its own (commands, leases, mass-expiry
+//!   guard, delta log), carried as the core task carries it (`arbiter`),
+//!   with what openraft does between the replicas modelled (`raft`: the
+//!   log and its commits, elections, quorum contact, peer calls).
 //! - Agents: each agent is the binary's own state machine
 //!   ([`rollcall_node::agent_state::AgentState`]: the link with its
 //!   backoff, keep-alives and renewals, the catalog views, the local
@@ -39,18 +40,16 @@ use rand::rngs::StdRng;
 use rand::RngExt;
 use rollcall_config::{AgentConfig, ArbiterConfig};
 use rollcall_gossip::sim::Sim as ZoneSim;
-use rollcall_leases::distribution::DistParams;
-use rollcall_leases::protocol::{Request, Response, ServiceUpdate, SessionDown};
-use rollcall_leases::replica::{BatchId, ReplicaState, ReplyId};
 use rollcall_leases::{
-    AgentEpoch, Catalog, CatalogId, Command, Envelope, InstanceId, Label, LeaseId, NodeId,
-    Principal, PrincipalName, Revision, Role, ServiceKey, Version,
+    AgentEpoch, Command, InstanceId, Label, NodeId, Principal, PrincipalName, Revision, Role,
+    ServiceKey, Version,
 };
 use rollcall_node::agent_state::{AgentState, CallId, Restored, SessionId, Settings};
 use rollcall_node::api_types::ValidChecks;
 use rollcall_node::view::Views;
 use xxhash_rust::xxh3::Xxh3;
 
+pub(super) use super::event::Ev;
 use super::scenario::{Action, SimScenario, Step};
 
 /// How often the instances of an agent look whether a heartbeat is due,
@@ -67,131 +66,6 @@ pub(super) type Time = u64; // µs
 
 pub(super) fn ms(us: Time) -> u64 {
     us / 1_000
-}
-
-pub(super) enum Ev {
-    Step(usize),
-    /// The agent process starts (with its warm cache and registrations).
-    Start(u32),
-    /// The time the agent's state machine asked to be woken at, ms.
-    AgentWake {
-        agent: u32,
-        at_ms: u64,
-    },
-    /// The agent's heartbeating instances send what is due.
-    Heartbeats(u32),
-    ConnectFailed(u32),
-    Handshake {
-        agent: u32,
-        deadline: Time,
-    },
-    Hello {
-        agent: u32,
-        session: u64,
-    },
-    /// The machine's Welcome reaches the agent.
-    Welcome {
-        agent: u32,
-        session: u64,
-        lease: LeaseId,
-        revision: Revision,
-        catalog: Option<CatalogId>,
-    },
-    Subscribe {
-        session: u64,
-        subs: Vec<(u32, Option<Revision>)>,
-    },
-    Update {
-        agent: u32,
-        session: u64,
-        updates: Vec<ServiceUpdate>,
-    },
-    SendDone {
-        session: u64,
-    },
-    /// The arbiter's witness question reaches an agent.
-    Witness {
-        agent: u32,
-        session: u64,
-        node: NodeId,
-        epoch: AgentEpoch,
-        addresses: Vec<std::net::SocketAddr>,
-    },
-    /// Another message of the machine's (regions, a refusal) reaches the
-    /// agent on its session stream.
-    Message {
-        agent: u32,
-        session: u64,
-        message: SessionDown,
-    },
-    /// An agent's request reaches the arbiter.
-    Request {
-        agent: u32,
-        session: u64,
-        request: u64,
-        body: Request,
-    },
-    /// The arbiter's answer reaches the agent.
-    Answer {
-        agent: u32,
-        request: u64,
-        response: Response,
-    },
-    Closed {
-        agent: u32,
-        session: u64,
-    },
-    IdleCheck {
-        agent: u32,
-        session: u64,
-    },
-    /// The Raft group commits the oldest batch in flight (of the
-    /// arbiter's run `generation`).
-    Commit {
-        generation: u64,
-    },
-    /// The time the replica machine asked to be woken at, ms.
-    ArbiterWake {
-        at_ms: u64,
-    },
-    /// What the guard and the witnesses hold is sampled.
-    ArbiterSample,
-    Replace {
-        inst: u32,
-        drain_ms: u64,
-    },
-    StopOld {
-        inst: u32,
-    },
-    Pause {
-        agent: u32,
-        ms: u64,
-    },
-    Traffic,
-    ArbiterStart,
-    Heal(u32),
-    ConvergeCheck,
-}
-
-impl Ev {
-    /// The agent this event happens on, if it runs in an agent (a paused
-    /// agent runs nothing: its events wait for the resume).
-    pub(super) fn on_agent(&self) -> Option<u32> {
-        match self {
-            Ev::Start(a)
-            | Ev::AgentWake { agent: a, .. }
-            | Ev::Heartbeats(a)
-            | Ev::ConnectFailed(a)
-            | Ev::Handshake { agent: a, .. }
-            | Ev::Welcome { agent: a, .. }
-            | Ev::Update { agent: a, .. }
-            | Ev::Witness { agent: a, .. }
-            | Ev::Message { agent: a, .. }
-            | Ev::Answer { agent: a, .. }
-            | Ev::Closed { agent: a, .. } => Some(*a),
-            _ => None,
-        }
-    }
 }
 
 #[derive(PartialEq, Eq)]
@@ -274,6 +148,10 @@ pub(super) struct Agent {
     pub(super) connecting: Option<(SessionId, u64)>,
     /// The session welcomed.
     pub(super) session: Option<(SessionId, u64)>,
+    /// The replica of its connection (or its last one).
+    pub(super) replica: usize,
+    /// Sessions welcomed so far.
+    pub(super) welcomed: u32,
     /// The wake-up the machine asked for last, ms.
     pub(super) wake: Option<u64>,
     pub(super) next_call: CallId,
@@ -286,47 +164,6 @@ pub(super) struct Agent {
     /// (µs): the stream is ordered.
     pub(super) down_last: Time,
     pub(super) up_last: Time,
-}
-
-/// The machine's counts as last added to the sim's.
-#[derive(Default)]
-pub(super) struct Seen {
-    pub(super) renewals: u64,
-    pub(super) down_reports_ignored: u64,
-}
-
-pub(super) struct Arbiter {
-    pub(super) up: bool,
-    /// The catalog as applied (the Raft group's state machine).
-    pub(super) catalog: Catalog,
-    /// The replica's machine: every decision the arbiter makes.
-    pub(super) machine: ReplicaState,
-    /// What the machine draws from (seeded from the scenario's seed).
-    pub(super) rng: StdRng,
-    /// Its counts as last added to the sim's.
-    pub(super) seen: Seen,
-    /// The Raft term of the machine's office.
-    pub(super) term: u64,
-    /// Runs of the arbiter: a commit of an earlier run is dropped.
-    pub(super) generation: u64,
-    /// Batches proposed and not yet committed, oldest first.
-    pub(super) in_flight: std::collections::VecDeque<(BatchId, Vec<Envelope>)>,
-    /// The wake-up asked for, ms.
-    pub(super) wake_at: Option<u64>,
-    /// Each request's agent and its number there, by the reply id the
-    /// machine answers.
-    pub(super) replies: BTreeMap<ReplyId, (u32, u64)>,
-    pub(super) next_reply: ReplyId,
-    pub(super) dist_params: DistParams,
-    /// Each connection's agent.
-    pub(super) conns: BTreeMap<u64, u32>,
-    pub(super) max_snapshots_seen: usize,
-    /// When the leader's one core is free again (`[arbiter]` CPU costs).
-    pub(super) cpu_until: Time,
-    /// CPU charged so far, µs.
-    pub(super) cpu_busy_us: u64,
-    /// The longest a send waited for the core, µs.
-    pub(super) cpu_max_wait_us: u64,
 }
 
 /// A change whose arrival at every subscribed agent is being timed.
@@ -375,6 +212,8 @@ pub struct Counters {
     pub nodes_killed: u64,
     pub replaced: u64,
     pub reconnects: u64,
+    pub sessions_moved: u64,
+    pub batches_timed_out: u64,
     pub snapshots_applied: u64,
     pub events: u64,
 }
@@ -397,7 +236,10 @@ pub struct World {
     pub(super) followers: Vec<Vec<u32>>,
     pub(super) insts: Vec<Inst>,
     pub(super) agents: Vec<Agent>,
-    pub(super) arb: Arbiter,
+    /// The arbiter group's replicas (`[arbiter] replicas`).
+    pub(super) arbs: Vec<super::raft::Arbiter>,
+    /// What openraft does between them.
+    pub(super) group: super::raft::Group,
     pub(super) agent_config: AgentConfig,
     pub(super) arbiter_config: ArbiterConfig,
     /// The settings every agent's machine shares but its name.
@@ -609,9 +451,9 @@ impl World {
                 addresses,
             } => self.witness_asked(agent, session, node, epoch, addresses),
             Ev::SendDone { session } => {
-                if self.arb.conns.contains_key(&session) {
+                if let Some(r) = self.replica_of_session(session) {
                     let sent = rollcall_leases::replica::Input::Sent { agent: session };
-                    self.arbiter_wake(vec![sent]);
+                    self.arbiter_wake(r, vec![sent]);
                 }
             }
             Ev::Message {
@@ -639,7 +481,38 @@ impl World {
             Ev::Closed { agent, session } => self.closed(agent, session),
             Ev::IdleCheck { agent, session } => self.idle_check(agent, session),
             Ev::Commit { generation } => self.commit(generation),
-            Ev::ArbiterWake { at_ms } => self.arbiter_woken(at_ms),
+            Ev::WriteTimeout {
+                replica,
+                run,
+                index,
+                batch,
+            } => self.write_timeout(replica, run, index, batch),
+            Ev::CatchUp { replica } => self.catch_up(replica),
+            Ev::Elect => {
+                self.group.election_due = false;
+                self.election();
+            }
+            Ev::PeerArrive { call, request } => self.peer_arrive(call, request),
+            Ev::PeerAnswer { call, response } => self.peer_end(call, Ok(response)),
+            Ev::PeerUnreachable { call } => {
+                let address = self
+                    .group
+                    .calls
+                    .get(&call)
+                    .map(|c| c.address.clone())
+                    .unwrap_or_default();
+                self.peer_end(
+                    call,
+                    Err(format!(
+                        "replica {address} unreachable: no handshake within {} ms",
+                        super::peers::PEER_HANDSHAKE_MS
+                    )),
+                );
+            }
+            Ev::PeerTimeout { call } => self.peer_timeout(call),
+            Ev::SessionLost { agent, session } => self.session_lost(agent, session),
+            Ev::ReplicaStart { replica } => self.start_replica(replica),
+            Ev::ArbiterWake { replica, at_ms } => self.arbiter_woken(replica, at_ms),
             Ev::ArbiterSample => self.arbiter_sample(),
             Ev::Replace { inst, drain_ms } => self.replace(inst, drain_ms),
             Ev::StopOld { inst } => self.stop_old(inst),
@@ -747,6 +620,19 @@ impl World {
                 self.arbiter_stop();
                 self.outage = Some((now_ms, now_ms + over_us / 1_000));
                 self.after(over_us, Ev::ArbiterStart);
+            }
+            Action::KillLeader => {
+                if let Some(leader) = self.group.leader {
+                    self.kill_replica(leader);
+                    self.after(over_us, Ev::ReplicaStart { replica: leader });
+                }
+            }
+            Action::LoseQuorum => {
+                let keep = self.group.leader.unwrap_or(0);
+                for r in (0..self.arbs.len()).filter(|&r| r != keep) {
+                    self.kill_replica(r);
+                    self.after(over_us, Ev::ReplicaStart { replica: r });
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ fn params() -> DistParams {
     DistParams {
         coalesce_window_ms: 20,
         max_concurrent_snapshots: 2,
+        max_snapshots_per_agent: 2,
         stall_timeout_ms: 10_000,
         snapshot_retry_ms: 250,
         resend_after_ms: 1_000,
@@ -261,6 +262,48 @@ fn snapshots_are_bounded_and_the_rest_retry() {
     let out = w.subscribe(3, "web", None);
     assert!(matches!(sends(&out)[0].1[0], ServiceUpdate::Snapshot(_)));
     assert_eq!(w.dist.stats().max_concurrent_snapshots_seen, 2);
+}
+
+/// Issue 38, item 5: one agent that lost its cache cannot take every
+/// snapshot slot; what is beyond `limits.snapshots_per_session` retries,
+/// with slots still free for the others.
+#[test]
+fn one_agent_gets_at_most_its_share_of_snapshots_at_once() {
+    let mut w = World::new();
+    w.dist = Distributor::new(
+        DistParams {
+            max_concurrent_snapshots: 10,
+            ..params()
+        },
+        crate::codec::shared_service_snapshot,
+    );
+    for s in ["s1", "s2", "s3", "s4"] {
+        w.register(&format!("{s}-0"), s);
+    }
+    w.dist.connect(1);
+    // The first goes at once; the next three wait for it, then go in one
+    // message, where the bound of two per agent holds.
+    assert_eq!(sends(&w.subscribe(1, "s1", None)).len(), 1);
+    for s in ["s2", "s3", "s4"] {
+        assert!(sends(&w.subscribe(1, s, None)).is_empty());
+    }
+    w.quiet();
+    let out = w.sent(1);
+    let updates = sends(&out)[0].1;
+    let snapshots = updates
+        .iter()
+        .filter(|u| matches!(u, ServiceUpdate::Snapshot(_)))
+        .count();
+    let retries = updates
+        .iter()
+        .filter(|u| matches!(u, ServiceUpdate::RetryAfter { .. }))
+        .count();
+    assert_eq!((snapshots, retries), (2, 1), "{updates:?}");
+    assert_eq!(w.dist.stats().snapshots_limited, 1);
+    // Another agent still gets a snapshot: slots are free overall.
+    w.dist.connect(2);
+    let out = w.subscribe(2, "s1", None);
+    assert!(matches!(sends(&out)[0].1[0], ServiceUpdate::Snapshot(_)));
 }
 
 #[test]

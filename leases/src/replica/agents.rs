@@ -88,6 +88,19 @@ impl ReplicaState {
                 self.send(agent, update, out);
             }
             Step::Subscribe { service, have } => {
+                let limit = self.config.limits.subscriptions_per_session as usize;
+                let follows = self.dist.subscriptions(agent).count();
+                if follows >= limit && !self.dist.subscriptions(agent).any(|s| *s == service) {
+                    self.counters.subscriptions_refused += 1;
+                    let reason = format!(
+                        "this session follows {follows} services already (limits.subscriptions_per_session = {limit}); unsubscribe from one first"
+                    );
+                    self.audit_refusal(agent, "watch", &format!("{service}: {reason}"), now);
+                    let update =
+                        SessionDown::Update(vec![ServiceUpdate::Denied { service, reason }]);
+                    self.send(agent, update, out);
+                    return;
+                }
                 let mut dist = Vec::new();
                 self.dist
                     .subscribe(agent, service, have, now, cat, &mut dist);
@@ -106,7 +119,7 @@ impl ReplicaState {
                 self.dist
                     .ack(agent, &service, revision, now, cat, &mut dist);
                 self.carry(dist, out);
-                self.answer_waiters(now, out);
+                self.answer_waiters(&service, out);
             }
             Step::Renew { node, epoch, actor } => {
                 self.counters.renewals += 1;
@@ -172,7 +185,7 @@ impl ReplicaState {
                 service,
                 revision,
                 timeout_ms,
-            }) => self.await_everywhere(service, revision, timeout_ms, reply, now, out),
+            }) => self.await_everywhere(agent, service, revision, timeout_ms, reply, now, out),
             Ok(Accepted::Down {
                 reporter,
                 actor,
@@ -213,9 +226,13 @@ impl ReplicaState {
     }
 
     /// Waits for the acknowledgements of `revision` by the agents of this
-    /// replica and of every other, and answers their sums.
+    /// replica and of every other, and answers their sums; refused past
+    /// `limits.propagation_waits_per_identity` open waits of the asking
+    /// identity.
+    #[allow(clippy::too_many_arguments)]
     fn await_everywhere(
         &mut self,
+        agent: AgentId,
         service: ServiceKey,
         revision: Revision,
         timeout_ms: u64,
@@ -223,12 +240,29 @@ impl ReplicaState {
         now: u64,
         out: &mut Vec<Output>,
     ) {
+        let Some(identity) = self.sessions.identity(agent).map(|i| i.principal.clone()) else {
+            return;
+        };
+        let limit = self.config.limits.propagation_waits_per_identity;
+        if !self.waiters.admit(&identity, limit) {
+            self.counters.propagation_waits_refused += 1;
+            self.counters.refused(RejectKind::Unavailable.as_str());
+            let reason = format!(
+                "{identity} holds {limit} propagation waits open on this replica already (limits.propagation_waits_per_identity); retry when one is answered"
+            );
+            out.push(Output::Answer {
+                reply,
+                response: crate::answers::unavailable(reason),
+            });
+            return;
+        }
         let wait = self.next_id();
         let others: Vec<String> = self.raft.others.iter().map(|(_, a)| a.clone()).collect();
-        self.awaits.insert(
+        self.waiters.awaits.insert(
             wait,
             Await {
                 reply,
+                identity,
                 here: None,
                 others: others.is_empty().then_some((0, 0)),
             },
@@ -246,12 +280,12 @@ impl ReplicaState {
             });
         }
         self.waiters.push(Waiter {
-            service,
+            service: service.clone(),
             revision,
             deadline_ms: now + timeout_ms,
             to: WaitFor::Await(wait),
         });
-        self.answer_waiters(now, out);
+        self.answer_waiters(&service, out);
     }
 
     /// A peer asks for this replica's acknowledgements of `revision`.
@@ -265,36 +299,55 @@ impl ReplicaState {
         out: &mut Vec<Output>,
     ) {
         self.waiters.push(Waiter {
-            service,
+            service: service.clone(),
             revision,
             deadline_ms: now + timeout_ms.min(30_000),
             to: WaitFor::Peer(reply),
         });
-        self.answer_waiters(now, out);
+        self.answer_waiters(&service, out);
     }
 
-    /// Answers propagation waits that are complete or past their deadline.
-    pub(super) fn answer_waiters(&mut self, now: u64, out: &mut Vec<Output>) {
-        if self.waiters.is_empty() {
-            return;
+    /// Answers the waits of `service` that every follower here
+    /// acknowledged.
+    pub(super) fn answer_waiters(&mut self, service: &ServiceKey, out: &mut Vec<Output>) {
+        let dist = &self.dist;
+        let done = self.waiters.complete(service, |w| {
+            let (acked, total) = dist.propagation(&w.service, w.revision);
+            acked >= total
+        });
+        for w in done {
+            self.answer_wait(w, out);
         }
-        for w in std::mem::take(&mut self.waiters) {
-            let (acked, total) = self.dist.propagation(&w.service, w.revision);
-            if acked < total && now < w.deadline_ms {
-                self.waiters.push(w);
-                continue;
-            }
-            match w.to {
-                WaitFor::Peer(reply) => out.push(Output::AnswerPeer {
-                    reply,
-                    response: PeerResponse::Answer(Response::Propagated { acked, total }),
-                }),
-                WaitFor::Await(wait) => {
-                    if let Some(a) = self.awaits.get_mut(&wait) {
-                        a.here = Some((acked, total));
-                    }
-                    self.finish_await(wait, out);
+    }
+
+    /// Answers the waits past their deadline with the sums they have.
+    pub(super) fn expire_waiters(&mut self, now: u64, out: &mut Vec<Output>) {
+        for w in self.waiters.expired(now) {
+            self.answer_wait(w, out);
+        }
+    }
+
+    /// Every sweep: every wait looked at again (a follower that went away
+    /// completes one as an acknowledgement does).
+    pub(super) fn recheck_waiters(&mut self, now: u64, out: &mut Vec<Output>) {
+        for service in self.waiters.services() {
+            self.answer_waiters(&service, out);
+        }
+        self.expire_waiters(now, out);
+    }
+
+    fn answer_wait(&mut self, w: Waiter, out: &mut Vec<Output>) {
+        let (acked, total) = self.dist.propagation(&w.service, w.revision);
+        match w.to {
+            WaitFor::Peer(reply) => out.push(Output::AnswerPeer {
+                reply,
+                response: PeerResponse::Answer(Response::Propagated { acked, total }),
+            }),
+            WaitFor::Await(wait) => {
+                if let Some(a) = self.waiters.awaits.get_mut(&wait) {
+                    a.here = Some((acked, total));
                 }
+                self.finish_await(wait, out);
             }
         }
     }
@@ -306,12 +359,12 @@ impl ReplicaState {
             here: Some(here),
             others: Some(others),
             ..
-        }) = self.awaits.get(&wait)
+        }) = self.waiters.awaits.get(&wait)
         else {
             return;
         };
         let (acked, total) = (here.0 + others.0, here.1 + others.1);
-        let a = self.awaits.remove(&wait).expect("found above");
+        let a = self.waiters.finished(wait).expect("found above");
         out.push(Output::Answer {
             reply: a.reply,
             response: Response::Propagated { acked, total },

@@ -26,6 +26,14 @@ pub struct Counters {
     /// Sessions replaced by another of the same node
     /// (`Limit::SessionsPerNode`).
     pub sessions_replaced: u64,
+    /// Subscriptions denied by `limits.subscriptions_per_session`.
+    pub subscriptions_refused: u64,
+    /// `AwaitPropagation` requests refused by
+    /// `limits.propagation_waits_per_identity`.
+    pub propagation_waits_refused: u64,
+    /// Snapshots told to retry by `limits.snapshots_per_session` (the
+    /// distributor's count, as of the last wake-up).
+    pub snapshots_limited: u64,
 }
 
 impl Counters {

@@ -32,6 +32,52 @@ pub enum Forwarded {
     Unreachable(String),
 }
 
+impl Forwarded {
+    /// What the leader at `to` answered to a forwarded request.
+    pub fn from_answer(to: &str, response: PeerResponse) -> Forwarded {
+        match response {
+            PeerResponse::Answer(response) => Forwarded::Answer(response),
+            PeerResponse::Answers(responses) => Forwarded::Answers(responses),
+            _ => Forwarded::Answer(crate::answers::unavailable(format!(
+                "the leader at {to} answered out of protocol"
+            ))),
+        }
+    }
+}
+
+impl Input {
+    /// The leader's answer to a heard report, as this follower's input:
+    /// `None` when it refuses nothing and asks nothing.
+    pub fn heard_answered(response: PeerResponse) -> Option<Input> {
+        let (refused, asks, probes) = match response {
+            PeerResponse::Refused(refused) if !refused.is_empty() => {
+                (refused, Vec::new(), Vec::new())
+            }
+            PeerResponse::HeardAsks { refused, asks } => (refused, asks, Vec::new()),
+            PeerResponse::HeardProbes {
+                refused,
+                asks,
+                probes,
+            } => (refused, asks, probes),
+            _ => return None,
+        };
+        Some(Input::HeardAnswered {
+            refused,
+            asks,
+            probes,
+        })
+    }
+}
+
+/// One replica's sums in its answer to a `PeerRequest::Propagation`
+/// (acknowledged, following); `None` for any other answer.
+pub fn propagation_sums(response: &PeerResponse) -> Option<(u32, u32)> {
+    match response {
+        PeerResponse::Answer(Response::Propagated { acked, total }) => Some((*acked, *total)),
+        _ => None,
+    }
+}
+
 /// Everything that happens to a replica.
 #[derive(Debug)]
 pub enum Input {

@@ -86,9 +86,13 @@ struct Step {
 
 impl Step {
     fn new(witness_wait_ms: u64) -> Step {
+        Step::with(config(witness_wait_ms))
+    }
+
+    fn with(config: ArbiterConfig) -> Step {
         let cat = Catalog::new(CatalogParams::with_region(zone("r1")));
         let mark = mark(&cat, 0);
-        let m = ReplicaState::new(config(witness_wait_ms), 1, &cat, mark, 0);
+        let m = ReplicaState::new(config, 1, &cat, mark, 0);
         Step {
             m,
             cat,

@@ -592,7 +592,7 @@ impl ReplicaState {
         for h in ready {
             self.finish(h.then, &h.envelope, Decided::Remote(h.response), cat, out);
         }
-        self.answer_waiters(now, out);
+        self.expire_waiters(now, out);
     }
 
     /// Answers held writes whose revision has not arrived in time (this

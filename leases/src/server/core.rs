@@ -32,7 +32,8 @@ use crate::peer_protocol::{PeerRequest, PeerResponse};
 use crate::protocol::Response;
 use crate::raft::{AppliedCatalog, CatalogRaftNode, Proposal, ReplicaId};
 use crate::replica::{
-    BatchOutcome, Counters, Forwarded, Input, Output, RaftView, ReplicaState, ReplyId,
+    propagation_sums, BatchOutcome, Counters, Forwarded, Input, Output, RaftView, ReplicaState,
+    ReplyId,
 };
 use crate::server::messages::{AdminQuery, CoreMsg, Outbound};
 use crate::server::metrics::{KindLabel, Metrics};
@@ -348,11 +349,7 @@ impl Core {
                 self.io.spawn(async move {
                     let wait = Duration::from_millis(wait_ms);
                     let outcome = match peers.call(&to, &request, wait).await {
-                        Ok(PeerResponse::Answer(response)) => Forwarded::Answer(response),
-                        Ok(PeerResponse::Answers(responses)) => Forwarded::Answers(responses),
-                        Ok(_) => Forwarded::Answer(crate::answers::unavailable(format!(
-                            "the leader at {to} answered out of protocol"
-                        ))),
+                        Ok(response) => Forwarded::from_answer(&to, response),
                         Err(e @ PeerError::Unreachable { .. }) => {
                             Forwarded::Unreachable(e.to_string())
                         }
@@ -368,30 +365,7 @@ impl Core {
                 self.io.spawn(async move {
                     let wait = Duration::from_millis(wait_ms);
                     match peers.call(&to, &PeerRequest::Heard(heard), wait).await {
-                        Ok(PeerResponse::Refused(refused)) if !refused.is_empty() => {
-                            Some(Input::HeardAnswered {
-                                refused,
-                                asks: Vec::new(),
-                                probes: Vec::new(),
-                            })
-                        }
-                        Ok(PeerResponse::HeardAsks { refused, asks }) => {
-                            Some(Input::HeardAnswered {
-                                refused,
-                                asks,
-                                probes: Vec::new(),
-                            })
-                        }
-                        Ok(PeerResponse::HeardProbes {
-                            refused,
-                            asks,
-                            probes,
-                        }) => Some(Input::HeardAnswered {
-                            refused,
-                            asks,
-                            probes,
-                        }),
-                        Ok(_) => None,
+                        Ok(response) => Input::heard_answered(response),
                         Err(e) => {
                             tracing::debug!(error = %e, "could not report heard sessions to the leader");
                             None
@@ -430,14 +404,12 @@ impl Core {
                     let (mut acked, mut total) = (0, 0);
                     for answer in calls.join_all().await {
                         match answer {
-                            Ok(PeerResponse::Answer(Response::Propagated {
-                                acked: a,
-                                total: t,
-                            })) => {
-                                acked += a;
-                                total += t;
+                            Ok(response) => {
+                                if let Some((a, t)) = propagation_sums(&response) {
+                                    acked += a;
+                                    total += t;
+                                }
                             }
-                            Ok(_) => {}
                             Err(e) => {
                                 tracing::debug!(error = %e, "a replica did not report propagation")
                             }
@@ -509,8 +481,26 @@ impl Core {
                     .inc_by(total - before);
             }
         }
-        for _ in was.sessions_replaced..now.sessions_replaced {
-            m.hit(crate::limits::Limit::SessionsPerNode);
+        use crate::limits::Limit;
+        for (limit, hits) in [
+            (
+                Limit::SessionsPerNode,
+                now.sessions_replaced - was.sessions_replaced,
+            ),
+            (
+                Limit::SubscriptionsPerSession,
+                now.subscriptions_refused - was.subscriptions_refused,
+            ),
+            (
+                Limit::PropagationWaits,
+                now.propagation_waits_refused - was.propagation_waits_refused,
+            ),
+            (
+                Limit::SnapshotsPerSession,
+                now.snapshots_limited - was.snapshots_limited,
+            ),
+        ] {
+            m.hit_by(limit, hits);
         }
     }
 }

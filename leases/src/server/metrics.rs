@@ -370,7 +370,7 @@ impl Metrics {
         );
         registry.register(
             "limit_hits",
-            "Times a [limits] limit was hit, by limit: handshakes_per_address, connections_per_identity, sessions_per_node (a session replaced), requests, session_messages, admin_calls",
+            "Times a [limits] limit was hit, by limit: handshakes_per_address, connections_per_identity, sessions_per_node (a session replaced), requests, session_messages, admin_calls, subscriptions_per_session, snapshots_per_session, propagation_waits_per_identity",
             m.limit_hits.clone(),
         );
         registry.register(
@@ -392,7 +392,18 @@ impl Metrics {
 }
 
 impl Metrics {
-    /// Counts one hit of `limit`; answers how many there have been.
+    /// Counts `hits` hits of `limit`.
+    pub fn hit_by(&self, limit: crate::limits::Limit, hits: u64) {
+        if hits > 0 {
+            self.limit_hits
+                .get_or_create(&LimitLabel {
+                    limit: limit.as_str(),
+                })
+                .inc_by(hits);
+        }
+    }
+
+    /// Counts one hit of `limit`; the total so far.
     pub fn hit(&self, limit: crate::limits::Limit) -> u64 {
         self.limit_hits
             .get_or_create(&LimitLabel {

@@ -1,11 +1,18 @@
-//! `AwaitPropagation` on this replica and the others, stepped.
+//! `AwaitPropagation` on this replica and the others, and the bounds per
+//! identity on subscriptions and waits (issue 38, item 5), stepped.
 
 use super::*;
+use crate::protocol::ServiceUpdate;
 
 /// A leader with sessions `agents` (nodes a1, a2, …) following `web`,
 /// where an instance is registered at the returned revision.
 fn following(agents: &[AgentId]) -> (Step, Revision) {
-    let mut s = Step::new(0);
+    following_with(agents, config(0))
+}
+
+/// As `following`, the machine with `config`.
+fn following_with(agents: &[AgentId], config: ArbiterConfig) -> (Step, Revision) {
+    let mut s = Step::with(config);
     s.lease("n0", "z1", 0);
     let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
     let (batch, envelopes) = proposed(&out).remove(0);
@@ -115,5 +122,100 @@ fn await_propagation_is_answered_at_the_deadline_with_the_other_replicas_sums() 
     assert_eq!(
         answer(&out, 7),
         Some(&Response::Propagated { acked: 4, total: 5 })
+    );
+}
+
+fn subscribe(agent: AgentId, service: &str) -> Input {
+    Input::Session {
+        agent,
+        msg: SessionUp::Subscribe {
+            service: ServiceKey::new("default", service, "default").expect("valid"),
+            shard: crate::ShardId(0),
+            have: None,
+        },
+    }
+}
+
+fn denied(out: &[Output], agent: AgentId) -> Vec<(String, String)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Send {
+                agent: a,
+                message: SessionDown::Update(updates),
+                ..
+            } if *a == agent => Some(updates),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|u| match u {
+            ServiceUpdate::Denied { service, reason } => {
+                Some((service.to_string(), reason.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_session_follows_at_most_subscriptions_per_session_services() {
+    let mut config = config(0);
+    config.limits.subscriptions_per_session = 2;
+    // Session 1 follows `web` (one of its two).
+    let (mut s, _) = following_with(&[1, 2], config);
+    let out = s.wake(1_000, vec![subscribe(1, "api")]);
+    assert!(denied(&out, 1).is_empty(), "the second is within the bound");
+    let out = s.wake(1_100, vec![subscribe(1, "db")]);
+    let refused = denied(&out, 1);
+    assert_eq!(refused.len(), 1, "{out:?}");
+    assert!(
+        refused[0]
+            .1
+            .contains("limits.subscriptions_per_session = 2"),
+        "{refused:?}"
+    );
+    assert_eq!(s.m.counters().subscriptions_refused, 1);
+    assert_eq!(s.m.counters().refusals.get("watch"), Some(&1));
+    // Nothing was stored for it, and following one already followed
+    // again is no new subscription.
+    assert!(!s
+        .m
+        .distributor()
+        .subscriptions(1)
+        .any(|k| k.to_string().contains("db")));
+    let out = s.wake(1_200, vec![subscribe(1, "api")]);
+    assert!(denied(&out, 1).is_empty());
+    // Another session has its own bound.
+    let out = s.wake(1_300, vec![subscribe(2, "db")]);
+    assert!(denied(&out, 2).is_empty());
+}
+
+#[test]
+fn an_identity_holds_at_most_propagation_waits_per_identity_open() {
+    let mut config = config(0);
+    config.limits.propagation_waits_per_identity = 1;
+    let (mut s, revision) = following_with(&[1, 2], config);
+    // Agent 2 has not acknowledged: agent 1's first wait stays open.
+    let out = s.wake(1_000, vec![await_propagation(1, revision, 7)]);
+    assert!(answer(&out, 7).is_none());
+    let out = s.wake(1_100, vec![await_propagation(1, revision, 8)]);
+    let refused = unavailable(answer(&out, 8));
+    assert!(
+        refused.contains("limits.propagation_waits_per_identity"),
+        "{refused}"
+    );
+    assert_eq!(s.m.counters().propagation_waits_refused, 1);
+    // Another identity is not held back by it.
+    let out = s.wake(1_200, vec![await_propagation(2, revision, 9)]);
+    assert!(answer(&out, 9).is_none());
+    // Once the first is answered, the identity may wait again.
+    let out = s.wake(1_300, vec![ack(2, revision), ack(1, revision)]);
+    assert_eq!(
+        answer(&out, 7),
+        Some(&Response::Propagated { acked: 2, total: 2 })
+    );
+    let out = s.wake(1_400, vec![await_propagation(1, revision, 10)]);
+    assert_eq!(
+        answer(&out, 10),
+        Some(&Response::Propagated { acked: 2, total: 2 })
     );
 }
