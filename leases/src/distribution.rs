@@ -304,6 +304,13 @@ impl Distributor {
         self.flush_when_due(agent, now_ms, catalog, out);
     }
 
+    /// How many services `agent` follows, and whether `service` is one.
+    pub fn follows(&self, agent: AgentId, service: &ServiceKey) -> (usize, bool) {
+        self.agents
+            .get(&agent)
+            .map_or((0, false), |a| (a.subs.len(), a.subs.contains_key(service)))
+    }
+
     /// The services `agent` follows.
     pub fn subscriptions(&self, agent: AgentId) -> impl Iterator<Item = &ServiceKey> {
         self.agents

@@ -21,7 +21,7 @@
 //! What it models itself:
 //! - the network between agents and the replicas (latency, transfer time,
 //!   the ordered session stream, cut zones) and each replica's one CPU
-//!   core (`[arbiter]` `recv_cpu_us`, `send_cpu_us`);
+//!   core (`[arbiter]` `recv_cpu_us`, `send_cpu_us`, `session_cpu_us`);
 //! - the Raft group between the replicas (`raft`): the log, commits,
 //!   elections, quorum contact and peer calls.
 
@@ -183,10 +183,19 @@ impl World {
         }
     }
 
-    /// Samples what the guard and the witnesses hold, every sweep interval.
+    /// Every sweep interval: each replica's core is charged its sessions'
+    /// background work (`session_cpu_us` a session-second), and what the
+    /// guard and the witnesses hold is sampled.
     pub(super) fn arbiter_sample(&mut self) {
         let sweep = self.arbiter_config.lease.sweep_interval_ms;
         self.after(sweep * 1_000, Ev::ArbiterSample);
+        for r in 0..self.arbs.len() {
+            if self.arbs[r].up {
+                let sessions = self.arbs[r].conns.len() as u64;
+                let cost = sessions * self.sc.arbiter.session_cpu_us * sweep / 1_000;
+                self.arbiter_cpu(r, cost);
+            }
+        }
         let held = self.catalog().leases().held();
         self.counters.held_max = self.counters.held_max.max(held);
         if let Some(leader) = self.group.leader {

@@ -158,9 +158,14 @@ pub struct Arbiter {
     /// Sends queue behind every other charge: a fan-out to 500 agents
     /// leaves over 500 times this.
     pub send_cpu_us: u64,
-    /// Arbiter CPU per session message received (keep-alive, renewal,
-    /// subscription) and per request, µs; it delays the sends behind it.
+    /// Arbiter CPU per session message received (renewal, subscription,
+    /// probe answer), per request and per peer call, µs; it delays the
+    /// sends behind it.
     pub recv_cpu_us: u64,
+    /// Arbiter CPU per connected session per second, whatever it sends
+    /// (its QUIC timers, the agent's PINGs and their acknowledgements),
+    /// µs; charged every sweep interval, it delays the work behind it.
+    pub session_cpu_us: u64,
 }
 
 impl Default for Arbiter {
@@ -170,6 +175,7 @@ impl Default for Arbiter {
             commit_latency_ms: 5,
             send_cpu_us: DEFAULT_SEND_CPU_US,
             recv_cpu_us: DEFAULT_RECV_CPU_US,
+            session_cpu_us: DEFAULT_SESSION_CPU_US,
         }
     }
 }
@@ -181,14 +187,21 @@ impl Default for Arbiter {
 /// 42 µs in two runs; at 2,000 sessions with quiet sessions (2026-12-05,
 /// `chaos/results/bench/fleet-2000`) (69.2 % − 8.2 %) / 17,505/s = 35 µs.
 pub const DEFAULT_SEND_CPU_US: u64 = 35;
-/// `[arbiter] recv_cpu_us` by default: steady's arbiter CPU over its
-/// session messages, with quiet sessions (`chaos/results/bench/fleet-2000`,
-/// 2,008 agents): 8.2 % of a core over 2,008 × 0.3 renewals per second =
-/// 602/s is 136 µs a message. The agents' QUIC PINGs (one per 5 s) and
-/// each session's own timers are folded in: the simulator charges only
-/// the messages. (With keep-alives, 2026-12-04: 44 to 52 % over 11,550
-/// messages/s, 42 µs.)
-pub const DEFAULT_RECV_CPU_US: u64 = 136;
+/// `[arbiter] recv_cpu_us` and `session_cpu_us` by default: the steady
+/// arbiter CPU of two fleet benches fitted as a cost per session-second
+/// and a cost per message received (application messages and QUIC PINGs):
+/// at 5,020 sessions with keep-alives (2026-12-04) 48 % of a core for
+/// 11,550 messages and 5,020 PINGs a second; at 2,008 sessions with quiet
+/// sessions (2026-12-05, `chaos/results/bench/fleet-2000`) 8.2 % for 602
+/// renewals and 402 PINGs a second. That gives about 20 µs a message and
+/// 31 µs a session-second; the quiet session's PING (one per 5 s) is folded
+/// into the session's cost (35 µs a second). Charging the whole steady CPU
+/// to the renewals instead (136 µs each) would make a burst of small
+/// requests (a zone's down reports after a crash) cost seven times what it
+/// does.
+pub const DEFAULT_RECV_CPU_US: u64 = 20;
+/// See [`DEFAULT_RECV_CPU_US`].
+pub const DEFAULT_SESSION_CPU_US: u64 = 35;
 
 /// `[short]`: the CI version.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -393,6 +406,13 @@ impl SimScenario {
                 "must be 1 to 7",
             ));
         }
+        if self.arbiter.session_cpu_us > 10_000 {
+            return Err(invalid(
+                "arbiter.session_cpu_us",
+                self.arbiter.session_cpu_us,
+                "must be at most 10000",
+            ));
+        }
         if self.arbiter.recv_cpu_us > 100_000 {
             return Err(invalid(
                 "arbiter.recv_cpu_us",
@@ -549,12 +569,26 @@ mod tests {
             names,
             [
                 "big-deploy",
+                "leader-change",
                 "node-crashes",
                 "outage-and-storm",
                 "steady",
                 "zone-partition"
             ]
         );
+    }
+
+    #[test]
+    fn a_leader_kill_needs_three_replicas() {
+        let steps = "[[steps]]\nat_s = 1\naction = \"kill_leader\"\nover_s = 5\n";
+        let one = format!("name = \"x\"\nduration_s = 10\n{steps}");
+        let e = SimScenario::parse(&one, "t").unwrap_err().to_string();
+        assert!(e.contains("arbiter.replicas"), "{e}");
+        let three = format!("name = \"x\"\nduration_s = 10\n[arbiter]\nreplicas = 3\n{steps}");
+        assert!(SimScenario::parse(&three, "t").is_ok());
+        let eight = "name = \"x\"\nduration_s = 10\n[arbiter]\nreplicas = 8\n";
+        let e = SimScenario::parse(eight, "t").unwrap_err().to_string();
+        assert!(e.contains("arbiter.replicas"), "{e}");
     }
 
     #[test]

@@ -89,8 +89,8 @@ impl ReplicaState {
             }
             Step::Subscribe { service, have } => {
                 let limit = self.config.limits.subscriptions_per_session as usize;
-                let follows = self.dist.subscriptions(agent).count();
-                if follows >= limit && !self.dist.subscriptions(agent).any(|s| *s == service) {
+                let (follows, already) = self.dist.follows(agent, &service);
+                if follows >= limit && !already {
                     self.counters.subscriptions_refused += 1;
                     let reason = format!(
                         "this session follows {follows} services already (limits.subscriptions_per_session = {limit}); unsubscribe from one first"
