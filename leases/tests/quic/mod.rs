@@ -85,20 +85,7 @@ pub async fn seed_session(
     ca: &Ca,
     server: &ArbiterServer,
 ) -> (ArbiterConn, SessionWriter, SessionReader) {
-    let client = ArbiterClient::new(&material(ca, Role::Agent, "seed")).unwrap();
-    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
-    let hello = SessionUp::Hello {
-        node: NodeId::new("seed").unwrap(),
-        epoch: AgentEpoch(1),
-        zone: Label::new("z1").unwrap(),
-        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
-    };
-    let (w, mut r) = conn.open_session(&hello).await.unwrap();
-    assert!(matches!(
-        r.next().await.unwrap(),
-        SessionDown::Welcome { .. }
-    ));
-    (conn, w, r)
+    session_of(&material(ca, Role::Agent, "seed"), server, "seed", 1).await
 }
 
 /// A READY registration of `id` on node `seed` (epoch 1) at `address`.
