@@ -178,16 +178,11 @@ impl World {
     /// A new machine for replica `r` over its catalog as applied,
     /// following no one until it is told otherwise.
     pub(super) fn new_machine(&self, r: usize) -> ReplicaState {
-        let catalog = &self.arbs[r].catalog;
         ReplicaState::new(
             self.arbiter_config.clone(),
             r as u64 + 1,
-            catalog,
-            AppliedMark {
-                last_applied: None,
-                revision: catalog.revision(),
-                installs: 0,
-            },
+            &self.arbs[r].catalog,
+            self.applied_mark(r),
             self.now_ms(),
         )
     }
