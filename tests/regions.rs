@@ -285,10 +285,62 @@ async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
         gateway(ConnTraffic::ReadOnly).await.as_deref(),
         Some("other")
     );
-    let mut transfer = ledger.clone();
-    transfer["single_writer"]["transfer_to"] = json!("r2");
-    assert_eq!(apply(&dev, 0, json!([transfer])).await.0, 200);
-    wait_failover(r1, "ledger", ConnTraffic::ReadWrite, Some("r2")).await;
+    // `transfer_to` in a file is superseded by the transfer command.
+    let mut declared = ledger.clone();
+    declared["single_writer"]["transfer_to"] = json!("r2");
+    let (status, body) = apply(&dev, 0, json!([declared])).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rollcall policy transfer"),
+        "{body}"
+    );
+    // Only the owner region's arbiter moves the writes; r2's refuses
+    // without --force, naming the owner.
+    let transfer_path = "/v1/policies/shop/ledger/transfer";
+    let (status, body) = admin(
+        &dev,
+        1,
+        reqwest::Method::POST,
+        transfer_path,
+        Some(json!({"to": "r2"})),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("owned by region r1"),
+        "{body}"
+    );
+    let before = resolve(r1, "ledger", ConnTraffic::ReadWrite).await;
+    assert_eq!(before["writer"]["epoch"], 1, "{before}");
+    assert_eq!(before["writer"]["owner"], "r1", "{before}");
+    let (status, body) = admin(
+        &dev,
+        0,
+        reqwest::Method::POST,
+        transfer_path,
+        Some(json!({"to": "r2"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["writer"]["epoch"], 2, "{body}");
+    assert_eq!(body["writer"]["settled"], false, "{body}");
+    // Once r2's arbiter stored the epoch (settled) and it came back, r1's
+    // writes go to r2; r2 serves its own; the fencing token is epoch 2.
+    let moved = wait_failover(r1, "ledger", ConnTraffic::ReadWrite, Some("r2")).await;
+    assert_eq!(moved["mode"], "writer", "{moved}");
+    assert_eq!(moved["writer"]["epoch"], 2, "{moved}");
+    assert_eq!(moved["writer"]["settled"], true, "{moved}");
+    eventually("r2 serving its own ledger writes at epoch 2", || async {
+        let body = resolve(r2, "ledger", ConnTraffic::ReadWrite).await;
+        (body["writer"]["epoch"] == 2 && body["mode"] != "writer").then_some(())
+    })
+    .await;
     eventually(
         "r2's gateway taking ledger writes after the transfer",
         || async {
@@ -296,6 +348,25 @@ async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
         },
     )
     .await;
+    // A write stamped with the old epoch is refused at the gateway.
+    let stale_write = async {
+        let mut conn = tokio::net::TcpStream::connect(ingress2).await.unwrap();
+        conn.write_all(b"ROLLCALL-INGRESS/1 shop/ledger/default read_write writer-epoch=1\n")
+            .await
+            .unwrap();
+        line(&mut conn).await
+    };
+    assert_eq!(stale_write.await, None);
+    // The audit logs say who moved the writes, in both regions.
+    let (_, audit) = admin(&dev, 0, reqwest::Method::GET, "/v1/audit?limit=200", None).await;
+    assert!(
+        audit
+            .to_string()
+            .contains("writes of shop/ledger transferred to r2"),
+        "{audit}"
+    );
+    let (_, audit) = admin(&dev, 1, reqwest::Method::GET, "/v1/audit?limit=200", None).await;
+    assert!(audit.to_string().contains("confirmed here"), "{audit}");
 
     // A partition between bridges: r2's summaries age past their limit at
     // r1 and r2 is never a target; web moves on to r3, then nowhere.
@@ -318,6 +389,33 @@ async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
             .iter()
             .all(|r| r["fresh"] == false),
         "{regions}"
+    );
+
+    // r1 cut off from both regions: a transfer back to r1 is refused
+    // there (r2 owns the writes) unless forced with a reason; forced, it
+    // is settled at once and audited as forced.
+    let back = json!({"to": "r1"});
+    let (status, body) = admin(&dev, 0, reqwest::Method::POST, transfer_path, Some(back)).await;
+    assert_eq!(status, 409, "{body}");
+    let forced = json!({"to": "r1", "force": true, "reason": "r2 cut off in the drill"});
+    let (status, body) = admin(&dev, 0, reqwest::Method::POST, transfer_path, Some(forced)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["writer"]["epoch"], 3, "{body}");
+    assert_eq!(
+        body["writer"]["forced"], "r2 cut off in the drill",
+        "{body}"
+    );
+    eventually("r1 serving its own ledger writes at epoch 3", || async {
+        let body = resolve(r1, "ledger", ConnTraffic::ReadWrite).await;
+        (body["writer"]["epoch"] == 3 && body["mode"] != "writer").then_some(())
+    })
+    .await;
+    let (_, audit) = admin(&dev, 0, reqwest::Method::GET, "/v1/audit?limit=200", None).await;
+    assert!(
+        audit
+            .to_string()
+            .contains("FORCED past an unreachable owner"),
+        "{audit}"
     );
 
     // Decisions and refusals are counted by reason.

@@ -59,6 +59,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             taken_at_ms: 1_000,
         }],
         removed_services: vec!["shop/old/http".parse().expect("seed service")],
+        writers: Vec::new(),
     };
     let bare = Update {
         full: true,

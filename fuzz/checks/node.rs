@@ -403,6 +403,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ingress: vec![Ingress::new("10.0.0.9:7443").expect("seed ingress")],
             summaries: Vec::new(),
         }],
+        writers: Vec::new(),
     };
     out.push(("regions_file", cache::encode_regions_file(&update, 123_456)));
     let bodies = [

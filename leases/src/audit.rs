@@ -199,6 +199,30 @@ impl AuditEntry {
                 format!("replicated policy of {service} dropped: deleted in home region {home} by its revision {home_revision}"),
             ),
             Command::Identify { catalog } => (None, format!("catalog identity {catalog}")),
+            Command::TransferWriter(t) => {
+                let epoch = match effect {
+                    Effect::WriterChanged { epoch, settled: true } => format!("epoch {epoch}, settled"),
+                    Effect::WriterChanged { epoch, settled: false } => {
+                        format!("epoch {epoch}, moving until {} confirms", t.to)
+                    }
+                    other => effect_name(other).to_owned(),
+                };
+                let forced = t
+                    .forced
+                    .as_ref()
+                    .map(|r| format!(", FORCED past an unreachable owner: {r}"))
+                    .unwrap_or_default();
+                (None, format!("writes of {} transferred to {} ({epoch}){forced}", t.service, t.to))
+            }
+            Command::ReplicateWriter(w) => {
+                let settled = match effect {
+                    Effect::WriterChanged { settled: true, .. } if !w.settled => {
+                        " (confirmed here: this region now takes the writes)"
+                    }
+                    _ => "",
+                };
+                (None, format!("{} replicated{settled}: {}", w.service, w.summary()))
+            }
         };
         Some(AuditEntry {
             revision,
@@ -232,6 +256,7 @@ fn effect_name(effect: &Effect) -> &'static str {
         Effect::Changed => "changed",
         Effect::Purged { .. } => "purged",
         Effect::PolicyChanged => "policy changed",
+        Effect::WriterChanged { .. } => "writer changed",
         Effect::Identified => "identified",
     }
 }

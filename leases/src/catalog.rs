@@ -31,6 +31,9 @@ use crate::policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPol
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot, SnapshotError};
 
 use crate::stored::{materialize, Fixed, Live};
+use crate::writer::{StoredWriter, TransferRefusal};
+
+mod writers;
 
 /// Why a command was rejected. A rejected command changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -208,6 +211,9 @@ pub enum Rejection {
         /// The home region of the policy refused.
         given: Label,
     },
+    /// A writer transfer refused (`writer::transfer`).
+    #[error(transparent)]
+    Transfer(#[from] TransferRefusal),
     /// No policy is set for the service.
     #[error("service {service} has no policy in region {region}")]
     UnknownPolicy {
@@ -264,6 +270,13 @@ pub enum Effect {
     Changed,
     /// A service policy was set or deleted.
     PolicyChanged,
+    /// A writer epoch was stored (`writer`).
+    WriterChanged {
+        /// Its number.
+        epoch: u64,
+        /// Whether it is settled (else the writes are moving).
+        settled: bool,
+    },
     /// The catalog got its identity.
     Identified,
     /// A purge removed these.
@@ -406,6 +419,9 @@ pub struct Catalog {
     log: DeltaLog,
     policies: BTreeMap<PolicyKey, StoredPolicy>,
     replicated: BTreeMap<PolicyKey, ReplicatedPolicy>,
+    /// Writer epochs past the first (R9, `writer`), committed here or
+    /// replicated.
+    writers: BTreeMap<PolicyKey, StoredWriter>,
     /// The catalog's identity, once its group's first leader named it.
     identity: Option<CatalogId>,
     /// Reused buffer for encoding records to hash them.
@@ -434,6 +450,7 @@ impl Catalog {
             log,
             policies: BTreeMap::new(),
             replicated: BTreeMap::new(),
+            writers: BTreeMap::new(),
             identity: None,
             scratch: Vec::new(),
             batch: Batch::default(),
@@ -543,6 +560,8 @@ impl Catalog {
                 }
                 _ => Effect::Unchanged,
             },
+            Command::TransferWriter(request) => self.transfer_writer(env, rev, request)?,
+            Command::ReplicateWriter(remote) => self.replicate_writer(rev, remote),
             Command::Identify { catalog } => match self.identity {
                 Some(_) => Effect::Unchanged,
                 None => {
@@ -1523,6 +1542,7 @@ impl Catalog {
             guard: self.guard.export(),
             policies: self.policies.values().cloned().collect(),
             replicated_policies: self.replicated.values().cloned().collect(),
+            writers: self.writers.values().cloned().collect(),
             identity: self.identity,
         }
     }
@@ -1641,6 +1661,7 @@ impl Catalog {
                 )));
             }
         }
+        cat.import_writers(snap.writers)?;
         Ok(cat)
     }
 }

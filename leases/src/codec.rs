@@ -32,6 +32,7 @@ use crate::policy::{ReplicatedPolicy, StoredPolicy};
 use crate::protocol::{Request, Response, SessionDown, SessionUp};
 use crate::snapshot::GenerationMemory;
 use crate::snapshot::{CatalogSnapshot, ServiceEntry, ServiceSnapshot};
+use crate::writer::StoredWriter;
 
 /// The format version written in the first byte of every frame.
 pub const FORMAT_VERSION: u8 = 1;
@@ -89,9 +90,12 @@ pub enum FrameKind {
     /// stored kind-4 or kind-11 snapshot by this one. Read (as a catalog
     /// without an identity), never written.
     CatalogSnapshotWithoutIdentity = 12,
-    /// A `CatalogSnapshot`: the kind-12 body followed by the catalog's
-    /// identity.
-    CatalogSnapshot = 13,
+    /// A `CatalogSnapshot` written before writer epochs existed: the
+    /// kind-12 body followed by the catalog's identity. Read (as a catalog
+    /// without writer epochs), never written.
+    CatalogSnapshotWithoutWriters = 13,
+    /// A `CatalogSnapshot`: the kind-13 body followed by the writer epochs.
+    CatalogSnapshot = 14,
 }
 
 impl FrameKind {
@@ -101,6 +105,7 @@ impl FrameKind {
             FrameKind::Delta => "delta",
             FrameKind::ServiceSnapshot => "service snapshot",
             FrameKind::CatalogSnapshot
+            | FrameKind::CatalogSnapshotWithoutWriters
             | FrameKind::CatalogSnapshotWithoutIdentity
             | FrameKind::CatalogSnapshotWithoutReplicas
             | FrameKind::CatalogSnapshotWithoutPolicies => "catalog snapshot",
@@ -322,6 +327,7 @@ pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
             &snap.policies,
             &snap.replicated_policies,
             snap.identity,
+            &snap.writers,
         ),
     )
 }
@@ -330,7 +336,8 @@ pub fn encode_catalog_snapshot(snap: &CatalogSnapshot) -> Vec<u8> {
 /// snapshot written before service policies existed (frame kind 4) decodes
 /// as a shard without policies, one written before replicated policies
 /// existed (kind 11) as a shard without replicated policies, one written
-/// before catalog identities existed (kind 12) as a shard without one.
+/// before catalog identities existed (kind 12) as a shard without one, one
+/// written before writer epochs existed (kind 13) as a shard without them.
 pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecError> {
     const WHAT: &str = "catalog snapshot";
     type Body = (
@@ -338,23 +345,29 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         Vec<StoredPolicy>,
         Vec<ReplicatedPolicy>,
         Option<CatalogId>,
+        Vec<StoredWriter>,
     );
     let limit = MAX_CATALOG_SNAPSHOT_BYTES;
     let kind = bytes.get(1).copied();
-    let (wire, policies, replicated_policies, identity): Body = match kind {
+    let (wire, policies, replicated_policies, identity, writers): Body = match kind {
         Some(k) if k == FrameKind::CatalogSnapshotWithoutPolicies as u8 => {
             let wire = unframe(bytes, FrameKind::CatalogSnapshotWithoutPolicies, limit)?;
-            (wire, Vec::new(), Vec::new(), None)
+            (wire, Vec::new(), Vec::new(), None, Vec::new())
         }
         Some(k) if k == FrameKind::CatalogSnapshotWithoutReplicas as u8 => {
             let (wire, policies) =
                 unframe(bytes, FrameKind::CatalogSnapshotWithoutReplicas, limit)?;
-            (wire, policies, Vec::new(), None)
+            (wire, policies, Vec::new(), None, Vec::new())
         }
         Some(k) if k == FrameKind::CatalogSnapshotWithoutIdentity as u8 => {
             let (wire, policies, replicated) =
                 unframe(bytes, FrameKind::CatalogSnapshotWithoutIdentity, limit)?;
-            (wire, policies, replicated, None)
+            (wire, policies, replicated, None, Vec::new())
+        }
+        Some(k) if k == FrameKind::CatalogSnapshotWithoutWriters as u8 => {
+            let (wire, policies, replicated, identity) =
+                unframe(bytes, FrameKind::CatalogSnapshotWithoutWriters, limit)?;
+            (wire, policies, replicated, identity, Vec::new())
         }
         _ => unframe(bytes, FrameKind::CatalogSnapshot, limit)?,
     };
@@ -375,6 +388,7 @@ pub fn decode_catalog_snapshot(bytes: &[u8]) -> Result<CatalogSnapshot, CodecErr
         policies,
         replicated_policies,
         identity,
+        writers,
     })
 }
 

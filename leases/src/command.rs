@@ -14,6 +14,7 @@ use crate::endpoint::{Labels, Liveness, Principal, State, Weight};
 use crate::ids::{AgentEpoch, CatalogId, Generation, Revision};
 use crate::name::{InstanceId, Label, NodeId, Reason, ServiceKey, Version};
 use crate::policy::{Policy, PolicyKey, RemotePolicy};
+use crate::writer::{Transfer, WriterEpoch};
 
 /// A command with the facts of its proposal: when and by whom.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -144,6 +145,14 @@ pub enum Command {
         /// The identity.
         catalog: CatalogId,
     },
+    /// An operator moves a single-writer service's writes to another
+    /// region (`rollcall policy transfer`): accepted by the owner region's
+    /// arbiter, or by another region's when forced (`writer::transfer`).
+    TransferWriter(Box<Transfer>),
+    /// The region bridge stores a writer epoch another region committed;
+    /// one not newer than the epoch held changes nothing, and the new
+    /// owner stores a moving epoch settled (`writer::adopt`).
+    ReplicateWriter(Box<WriterEpoch>),
 }
 
 /// The body of a registration.
@@ -195,6 +204,8 @@ impl Command {
             Command::ReplicatePolicy(_) => "replicate-policy",
             Command::DropReplicatedPolicy { .. } => "drop-replicated-policy",
             Command::Identify { .. } => "identify",
+            Command::TransferWriter(_) => "transfer-writer",
+            Command::ReplicateWriter(_) => "replicate-writer",
         }
     }
 }

@@ -97,6 +97,7 @@ pub mod tls;
 pub mod transport;
 pub mod view;
 pub mod witness;
+pub mod writer;
 
 pub use catalog::{
     Applied, Catalog, Effect, GenerationMemory, ReadySummary, Rejection, ServiceInfo, SinceAnswer,
@@ -115,6 +116,7 @@ pub use regions::{HeldPolicy, RegionEntry, RegionsUpdate};
 pub use remote::{Ingress, RegionView, RemoteViews, ServiceSummary};
 pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
 pub use view::{ServiceView, ViewError};
+pub use writer::{StoredWriter, Transfer, TransferRefusal, WriterEpoch};
 
 /// Whether this build has the wire fault points of `fault` (the
 /// `fault-injection` cargo feature); always defined, so the binary can say

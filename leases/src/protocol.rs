@@ -158,6 +158,13 @@ pub enum SessionDown {
         /// A number to echo.
         nonce: u64,
     },
+    /// `Regions` with the writer epochs of the followed single-writer
+    /// services (`RegionsUpdate::writers`), which `Regions` cannot carry
+    /// to agents of earlier releases. Sent only when there is one.
+    RegionsWithWriters(
+        crate::regions::RegionsUpdate,
+        Vec<crate::writer::WriterEpoch>,
+    ),
 }
 
 /// What one service's subscriber gets.

@@ -21,7 +21,9 @@ use crate::ids::AgentId;
 use crate::ids::Revision;
 use crate::name::{Label, ServiceKey};
 use crate::policy::{Policy, PolicyKey};
+use crate::protocol::SessionDown;
 use crate::remote::{Ingress, RemoteViews, ServiceSummary};
+use crate::writer::WriterEpoch;
 
 /// Most policies one update carries (an agent follows tens of services).
 pub const MAX_UPDATE_POLICIES: usize = 4_096;
@@ -63,12 +65,37 @@ pub struct RegionsUpdate {
     pub policies: Vec<HeldPolicy>,
     /// Every other region this arbiter holds a view of, in region order.
     pub regions: Vec<RegionEntry>,
+    /// The writer epochs of the followed single-writer services, sorted by
+    /// key (`writer`). Not in this struct's own encoding, which stays the
+    /// one agents of earlier releases read: an update with writer epochs
+    /// travels as `SessionDown::RegionsWithWriters` (see
+    /// [`RegionsUpdate::into_message`]), and the agent's regions file
+    /// stores them beside it.
+    #[serde(skip)]
+    pub writers: Vec<WriterEpoch>,
 }
 
 impl RegionsUpdate {
     /// Whether it says nothing at all.
     pub fn is_empty(&self) -> bool {
-        self.policies.is_empty() && self.regions.is_empty()
+        self.policies.is_empty() && self.regions.is_empty() && self.writers.is_empty()
+    }
+
+    /// The session message carrying it: `Regions` when it has no writer
+    /// epoch (every agent release reads it), `RegionsWithWriters`
+    /// otherwise.
+    pub fn into_message(mut self) -> SessionDown {
+        if self.writers.is_empty() {
+            SessionDown::Regions(self)
+        } else {
+            let writers = std::mem::take(&mut self.writers);
+            SessionDown::RegionsWithWriters(self, writers)
+        }
+    }
+
+    /// The writer epoch held for `key`, if any.
+    pub fn writer(&self, key: &PolicyKey) -> Option<&WriterEpoch> {
+        self.writers.iter().find(|w| &w.service == key)
     }
 
     /// A digest of everything but the ages: equal digests mean the agent
@@ -78,7 +105,7 @@ impl RegionsUpdate {
         for r in &mut aged.regions {
             r.age_ms = 0;
         }
-        let bytes = postcard::to_allocvec(&aged).unwrap_or_default();
+        let bytes = postcard::to_allocvec(&(&aged, &self.writers)).unwrap_or_default();
         xxhash_rust::xxh3::xxh3_64(&bytes)
     }
 }
@@ -129,7 +156,16 @@ pub fn regions_update<'a>(
                 .collect(),
         })
         .collect();
-    RegionsUpdate { policies, regions }
+    let writers = keys
+        .iter()
+        .filter_map(|key| catalog.writer(key))
+        .take(MAX_UPDATE_POLICIES)
+        .collect();
+    RegionsUpdate {
+        policies,
+        regions,
+        writers,
+    }
 }
 
 /// What decides whether an agent's message may have changed, besides the
@@ -141,7 +177,7 @@ pub struct RegionsEpoch {
     pub views: u64,
     /// How many policies the catalog holds.
     pub policies: usize,
-    /// The highest revision that stored one.
+    /// The highest revision that stored one (or a writer epoch).
     pub policy_revision: Revision,
 }
 
@@ -150,8 +186,10 @@ impl RegionsEpoch {
     pub fn of(catalog: &Catalog, remote: &RemoteViews) -> RegionsEpoch {
         let home = catalog.policies().map(|p| p.revision);
         let replicated = catalog.replicated_policies().map(|p| p.revision);
+        let writers = catalog.writers().map(|w| w.revision);
         let (count, top) = home
             .chain(replicated)
+            .chain(writers)
             .fold((0, Revision(0)), |(n, top), r| (n + 1, top.max(r)));
         RegionsEpoch {
             views: remote.generation(),

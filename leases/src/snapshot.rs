@@ -85,6 +85,9 @@ pub struct CatalogSnapshot {
     pub policies: Vec<StoredPolicy>,
     /// Other regions' policies the region bridge replicated, in key order.
     pub replicated_policies: Vec<ReplicatedPolicy>,
+    /// Writer epochs past the first, in key order (empty in snapshots
+    /// written before writer epochs existed).
+    pub writers: Vec<crate::writer::StoredWriter>,
     /// The catalog's identity (`None` before its first leader named it,
     /// and in snapshots written before identities existed).
     pub identity: Option<CatalogId>,

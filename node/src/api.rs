@@ -46,7 +46,7 @@ use tokio::net::UnixListener;
 use crate::agent_state::{Call, Caller, LocalEntry, Refusal, Refused, Reply, SHARDS};
 use crate::api_types::{
     ApiError, EndpointJson, EndpointsResponse, FailoverJson, InstancesResponse, LocalInstanceJson,
-    ServiceJson, ServicesResponse, StatusResponse,
+    ServiceJson, ServicesResponse, StatusResponse, WriterJson,
 };
 use crate::failover::Decision;
 use crate::shutdown::Shutdown;
@@ -512,6 +512,10 @@ async fn resolve(
     traffic: ConnTraffic,
 ) -> Result<EndpointsResponse, ApiError> {
     let views = &agent.views;
+    let writer = views.writer(&key).map(WriterJson::from);
+    if let Some(decision) = views.writes_elsewhere(&key, traffic, now_ms()) {
+        return Ok(writes_elsewhere(agent, key, decision, writer));
+    }
     let answer = match views.lookup_wait(&key).await {
         Lookup::Serve(answer) => answer,
         Lookup::Unknown => {
@@ -540,6 +544,7 @@ async fn resolve(
                         ingress,
                         ready,
                     })),
+                    writer,
                     index: String::new(),
                 };
                 response.index = response.fingerprint();
@@ -607,8 +612,63 @@ async fn resolve(
         region,
         endpoints,
         failover,
+        writer,
         index: String::new(),
     };
     response.index = response.fingerprint();
     Ok(response)
+}
+
+/// The answer for a write of a single-writer service whose writer is not
+/// this region (`Views::writes_elsewhere`): no local endpoint, and the
+/// writer region's ingress or why the write goes nowhere. `mode` is
+/// "writer".
+fn writes_elsewhere(
+    agent: &ApiContext,
+    key: ServiceKey,
+    decision: Decision,
+    writer: Option<WriterJson>,
+) -> EndpointsResponse {
+    let failover = match decision {
+        Decision::Remote {
+            region,
+            ingress,
+            ready,
+        } => FailoverJson {
+            detail: format!("region {region} owns the service's writes; they go to its ingress"),
+            region: Some(region),
+            ingress: ingress.iter().map(|i| i.to_string()).collect(),
+            ready,
+            refused: None,
+        },
+        Decision::Refused(refusal) => FailoverJson {
+            region: None,
+            ingress: Vec::new(),
+            ready: 0,
+            refused: Some(refusal.as_str().to_owned()),
+            detail: format!("the service's writes go nowhere: {}", refusal.describe()),
+        },
+    };
+    let mut response = EndpointsResponse {
+        service: key.service.clone(),
+        namespace: key.namespace.clone(),
+        port_name: key.port_name.clone(),
+        shard: shard_of(&key, SHARDS).0,
+        revision: 0,
+        age_ms: 0,
+        stale: false,
+        mode: "writer".into(),
+        degraded: false,
+        degraded_reason: None,
+        region: failover
+            .region
+            .clone()
+            .unwrap_or_else(|| agent.region.clone()),
+        endpoints: Vec::new(),
+        failover: Some(failover),
+        writer,
+        index: String::new(),
+    };
+    response.index = response.fingerprint();
+    response
 }

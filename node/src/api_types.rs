@@ -30,4 +30,5 @@ pub use responses::{
     ArbiterStatus, DrainResponse, EndpointJson, EndpointsResponse, FailoverJson, GossipStatus,
     InstancesResponse, LeaseStatus, LocalInstanceJson, Propagated, RegionsPolicy, RegionsResponse,
     RegisterResponse, ServiceJson, ServicesResponse, StatusResponse, SubscriptionStatus,
+    WriterJson,
 };

@@ -29,7 +29,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use rollcall_leases::codec::{self, CodecError, MAX_SERVICE_SNAPSHOT_BYTES};
-use rollcall_leases::{CatalogId, RegionsUpdate, ServiceKey, ServiceView, ViewError};
+use rollcall_leases::{CatalogId, RegionsUpdate, ServiceKey, ServiceView, ViewError, WriterEpoch};
 
 use crate::durable::{self, DurableError};
 
@@ -39,9 +39,14 @@ const EXTENSION: &str = "snap";
 /// The file of the last regions message.
 const REGIONS_FILE: &str = "regions.rcr";
 
+/// The frame kind of a regions file written before writer epochs:
+/// `(received_at_ms, update)`. Read (as holding no writer epoch), never
+/// written.
+const REGIONS_KIND_WITHOUT_WRITERS: u8 = 0x40;
+
 /// The frame kind of a regions file (the agent's own kind; the leases
-/// codec's frame checks apply).
-const REGIONS_KIND: u8 = 0x40;
+/// codec's frame checks apply): `(received_at_ms, update, writers)`.
+const REGIONS_KIND: u8 = 0x42;
 
 /// Largest regions file.
 const MAX_REGIONS_BYTES: usize = 16 * 1024 * 1024;
@@ -282,18 +287,29 @@ pub fn decode_service_file(
 /// The contents of the regions file: the last regions message and when it
 /// arrived (ms since the Unix epoch).
 pub fn encode_regions_file(update: &RegionsUpdate, received_at_ms: u64) -> Vec<u8> {
-    codec::frame_as(REGIONS_KIND, &(received_at_ms, update))
+    codec::frame_as(REGIONS_KIND, &(received_at_ms, update, &update.writers))
 }
 
 /// Reads the contents of the regions file (once `durable` verified them):
 /// the regions message and when it arrived.
 pub fn decode_regions_file(bytes: &[u8]) -> Result<(RegionsUpdate, u64), CodecError> {
-    let (at, update) = codec::unframe_as::<(u64, RegionsUpdate)>(
+    const WHAT: &str = "regions file";
+    if bytes.get(1) == Some(&REGIONS_KIND_WITHOUT_WRITERS) {
+        let (at, update) = codec::unframe_as::<(u64, RegionsUpdate)>(
+            bytes,
+            REGIONS_KIND_WITHOUT_WRITERS,
+            WHAT,
+            MAX_REGIONS_BYTES,
+        )?;
+        return Ok((update, at));
+    }
+    let (at, mut update, writers) = codec::unframe_as::<(u64, RegionsUpdate, Vec<WriterEpoch>)>(
         bytes,
         REGIONS_KIND,
-        "regions file",
+        WHAT,
         MAX_REGIONS_BYTES,
     )?;
+    update.writers = writers;
     Ok((update, at))
 }
 
@@ -380,7 +396,26 @@ mod tests {
                 ingress: vec![rollcall_leases::Ingress::new("10.0.0.9:7443").unwrap()],
                 summaries: Vec::new(),
             }],
+            writers: vec![rollcall_leases::WriterEpoch {
+                service: "shop/web".parse().unwrap(),
+                epoch: 2,
+                owner: Label::new("r2").unwrap(),
+                from: Some(Label::new("r1").unwrap()),
+                settled: true,
+                at_ms: 5,
+                by: Principal {
+                    role: Role::Operator,
+                    name: PrincipalName::new("admin-token").unwrap(),
+                },
+                committed_in: Label::new("r1").unwrap(),
+                forced: None,
+            }],
         };
+        // A file written before writer epochs reads as holding none.
+        let mut legacy = update.clone();
+        legacy.writers.clear();
+        let old = codec::frame_as(REGIONS_KIND_WITHOUT_WRITERS, &(7u64, &legacy));
+        assert_eq!(decode_regions_file(&old).unwrap(), (legacy, 7));
         cache.store_regions(&update, 123_456).unwrap();
         // Not a service snapshot: the service cache does not see it.
         assert!(cache.load_all().views.is_empty());

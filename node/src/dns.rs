@@ -358,6 +358,21 @@ struct Failover {
     ingress: Vec<Ingress>,
 }
 
+/// The TXT record a single-writer service's answers carry in their
+/// additional section, beside `rollcall-region`: its writer epoch as this
+/// agent holds it, the fencing token (README, "Single writer").
+fn writer_txt(owner: &Name, writer: &rollcall_leases::WriterEpoch, ttl_s: u32) -> Record {
+    let txt = TXT::new(vec![
+        format!("rollcall-writer={}", writer.owner),
+        format!("rollcall-writer-epoch={}", writer.epoch),
+        format!(
+            "rollcall-writer-state={}",
+            if writer.settled { "settled" } else { "moving" }
+        ),
+    ]);
+    Record::from_rdata(owner.clone(), ttl_s, RData::TXT(txt))
+}
+
 /// The SRV target label of a region's `i`-th ingress address.
 fn ingress_label(region: &Label, i: usize) -> String {
     format!("ingress-{region}-{i}")
@@ -579,7 +594,8 @@ impl Handler {
             None => None,
         };
         let now = now_ms();
-        reply(
+        let writer = named.key().and_then(|key| self.views.writer(key));
+        let mut reply = reply(
             &named,
             query.original().name(),
             query.query_type(),
@@ -594,7 +610,13 @@ impl Handler {
             self.views.zone(),
             self.ttl_s,
             &mut rand::rng(),
-        )
+        );
+        if let Some(writer) = writer.filter(|_| reply.rcode == ResponseCode::NoError) {
+            reply
+                .additionals
+                .push(writer_txt(query.original().name(), &writer, self.ttl_s));
+        }
+        reply
     }
 
     async fn respond<R: ResponseHandler>(

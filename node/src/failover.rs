@@ -31,7 +31,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rollcall_config::{ConnTraffic, StaleBehaviour, TrafficClass};
 use rollcall_leases::{
-    HeldPolicy, Ingress, Label, PolicyKey, RegionEntry, RegionsUpdate, ServiceKey,
+    HeldPolicy, Ingress, Label, PolicyKey, Principal, PrincipalName, RegionEntry, RegionsUpdate,
+    Role, ServiceKey, WriterEpoch,
 };
 
 /// How far back the demand estimate looks for the service's highest local
@@ -49,9 +50,16 @@ pub enum Refusal {
     CrossRegionOff,
     /// Its policy moves read-only traffic only, and this is read-write.
     ReadOnlyPolicy,
-    /// A single-writer service's writes move only to a declared transfer
-    /// target.
+    /// A single-writer service's writes go only to its writer region (the
+    /// writer epoch this agent holds), and this is not it.
     SingleWriter,
+    /// A single-writer service's writes are moving to another region
+    /// (a transfer committed, not yet confirmed by the new owner): they go
+    /// nowhere until it is.
+    WriterMoving,
+    /// A write came through the ingress stamped with another writer epoch
+    /// than this region holds: one of the two copies is behind.
+    WriterEpoch,
     /// No region in the failover order is known fresh.
     Stale,
     /// The fresh regions have no READY capacity for the service.
@@ -76,6 +84,8 @@ impl Refusal {
             Refusal::CrossRegionOff => "cross_region_off",
             Refusal::ReadOnlyPolicy => "read_only_policy",
             Refusal::SingleWriter => "single_writer",
+            Refusal::WriterMoving => "writer_moving",
+            Refusal::WriterEpoch => "writer_epoch",
             Refusal::Stale => "stale",
             Refusal::NoCapacity => "no_capacity",
             Refusal::CapacityLimit => "capacity_limit",
@@ -91,7 +101,9 @@ impl Refusal {
             Refusal::NoPolicy => "the service has no policy, so its traffic stays in this region",
             Refusal::CrossRegionOff => "the service's policy does not allow cross-region traffic",
             Refusal::ReadOnlyPolicy => "the service's policy moves read-only traffic only",
-            Refusal::SingleWriter => "the service has a single writer and no ownership transfer to a failover region is declared",
+            Refusal::SingleWriter => "the service has a single writer and its writes go only to the writer region of its writer epoch",
+            Refusal::WriterMoving => "the service's writes are moving to another region and the new owner has not confirmed yet",
+            Refusal::WriterEpoch => "the write was stamped with another writer epoch than this region holds",
             Refusal::Stale => "no region in the failover order has a fresh summary",
             Refusal::NoCapacity => "no fresh region in the failover order has READY capacity for the service",
             Refusal::CapacityLimit => "the regions with capacity are at their capacity limit",
@@ -144,6 +156,8 @@ impl Held {
 #[derive(Clone, Debug, Default)]
 pub struct Regions {
     policies: BTreeMap<PolicyKey, HeldPolicy>,
+    /// Writer epochs of the followed single-writer services.
+    writers: BTreeMap<PolicyKey, WriterEpoch>,
     regions: BTreeMap<Label, Held>,
     updates: u64,
     /// The last message with its ages zeroed (what "changed" compares).
@@ -194,6 +208,11 @@ impl Regions {
             .into_iter()
             .map(|p| (p.policy.key().clone(), p))
             .collect();
+        self.writers = update
+            .writers
+            .into_iter()
+            .map(|w| (w.service.clone(), w))
+            .collect();
         self.regions = update
             .regions
             .into_iter()
@@ -233,6 +252,82 @@ impl Regions {
         self.policy(service).map_or((None, None), |p| {
             let d = p.policy.document();
             (d.max_snapshot_age_ms, d.stale_behaviour)
+        })
+    }
+
+    /// The writer epoch of `service` as this agent holds it: the epoch the
+    /// arbiter sent, else (an arbiter of an earlier release) its policy's
+    /// first owner; `None` when it has no single writer.
+    pub fn writer(&self, service: &ServiceKey) -> Option<WriterEpoch> {
+        let key = PolicyKey {
+            namespace: service.namespace.clone(),
+            service: service.service.clone(),
+        };
+        if let Some(held) = self.writers.get(&key) {
+            return Some(held.clone());
+        }
+        let policy = &self.policies.get(&key)?.policy;
+        let arbiter = Principal {
+            role: Role::Arbiter,
+            name: PrincipalName::new(policy.home_region().as_str()).ok()?,
+        };
+        WriterEpoch::first(policy, 0, &arbiter)
+    }
+
+    /// Where a `traffic` connection of `service` goes when its writes
+    /// belong elsewhere (README, "Single writer"): `None` when the service
+    /// has no single writer, the connection is read-only, or this region
+    /// (`here`) is the writer of the epoch held, so local endpoints serve
+    /// it. Otherwise the writer region's ingress, or nowhere (while the
+    /// writes are moving, or when the writer region cannot be reached by
+    /// the policy's rules).
+    pub fn writes_elsewhere(
+        &self,
+        service: &ServiceKey,
+        traffic: ConnTraffic,
+        here: &str,
+        now_ms: u64,
+    ) -> Option<Decision> {
+        if traffic != ConnTraffic::ReadWrite {
+            return None;
+        }
+        let writer = self.writer(service)?;
+        let Some(owner) = writer.writer() else {
+            return Some(Decision::Refused(Refusal::WriterMoving));
+        };
+        if owner.as_str() == here {
+            return None;
+        }
+        let doc = self.policy(service)?.policy.document();
+        let refused = |r| Some(Decision::Refused(r));
+        if !doc.cross_region {
+            return refused(Refusal::CrossRegionOff);
+        }
+        if doc.failover_traffic == TrafficClass::ReadOnly {
+            return refused(Refusal::ReadOnlyPolicy);
+        }
+        if doc.data_boundary.iter().any(|r| r == owner.as_str()) {
+            return refused(Refusal::DataBoundary);
+        }
+        let Some(region) = self.regions.get(owner).filter(|r| r.fresh(now_ms)) else {
+            return refused(Refusal::Stale);
+        };
+        let Some(summary) = region
+            .entry
+            .summaries
+            .iter()
+            .find(|s| &s.service == service)
+            .filter(|s| s.ready > 0 && s.weight > 0)
+        else {
+            return refused(Refusal::NoCapacity);
+        };
+        if region.entry.ingress.is_empty() {
+            return refused(Refusal::NoIngress);
+        }
+        Some(Decision::Remote {
+            region: owner.clone(),
+            ingress: region.entry.ingress.clone(),
+            ready: summary.ready,
         })
     }
 
@@ -285,12 +380,11 @@ impl Regions {
                     break 'region Refusal::DataBoundary;
                 }
                 if writes {
-                    let moves = doc
-                        .single_writer
-                        .as_ref()
-                        .is_none_or(|w| w.transfer_to.as_deref() == Some(name.as_str()));
-                    if !moves {
-                        break 'region Refusal::SingleWriter;
+                    match self.writer(service).as_ref().map(WriterEpoch::writer) {
+                        None => {}
+                        Some(None) => return Decision::Refused(Refusal::WriterMoving),
+                        Some(Some(writer)) if writer.as_str() == name => {}
+                        Some(Some(_)) => break 'region Refusal::SingleWriter,
                     }
                 }
                 let Some(region) = Label::new(name).ok().and_then(|l| self.regions.get(&l)) else {
@@ -345,6 +439,7 @@ impl Regions {
         service: &ServiceKey,
         traffic: ConnTraffic,
         here: &str,
+        epoch: Option<u64>,
     ) -> Result<(), Refusal> {
         let held = self.policy(service).ok_or(Refusal::NoPolicy)?;
         let doc = held.policy.document();
@@ -360,12 +455,15 @@ impl Regions {
             if doc.failover_traffic == TrafficClass::ReadOnly {
                 return Err(Refusal::ReadOnlyPolicy);
             }
-            if doc
-                .single_writer
-                .as_ref()
-                .is_some_and(|w| w.transfer_to.as_deref() != Some(here))
-            {
-                return Err(Refusal::SingleWriter);
+            if let Some(writer) = self.writer(service) {
+                match writer.writer() {
+                    None => return Err(Refusal::WriterMoving),
+                    Some(owner) if owner.as_str() != here => return Err(Refusal::SingleWriter),
+                    Some(_) if epoch.is_some_and(|e| e != writer.epoch) => {
+                        return Err(Refusal::WriterEpoch)
+                    }
+                    Some(_) => {}
+                }
             }
         }
         Ok(())
@@ -430,6 +528,7 @@ impl Rank for Refusal {
             Refusal::NoIngress => 4,
             Refusal::NoCapacity => 3,
             Refusal::SingleWriter => 2,
+            Refusal::WriterMoving => 2,
             Refusal::Stale => 1,
             _ => 0,
         };
@@ -486,6 +585,7 @@ mod tests {
             RegionsUpdate {
                 policies: vec![p],
                 regions: rs,
+                writers: Vec::new(),
             },
             1_000,
         );
@@ -510,6 +610,7 @@ mod tests {
             RegionsUpdate {
                 policies: vec![policy(|_| {})],
                 regions: vec![region("r2", 0, 0), region("r3", 5, 0)],
+                writers: Vec::new(),
             },
             2_000,
         );
@@ -562,39 +663,123 @@ mod tests {
         );
     }
 
+    /// Writer epoch `n` of the test service, owned by `owner`.
+    fn epoch(owner: &str, n: u64, settled: bool) -> WriterEpoch {
+        WriterEpoch {
+            service: "shop/web".parse().unwrap(),
+            epoch: n,
+            owner: Label::new(owner).unwrap(),
+            from: (n > 1).then(|| Label::new("r1").unwrap()),
+            settled,
+            at_ms: 1,
+            by: Principal {
+                role: Role::Operator,
+                name: PrincipalName::new("admin-token").unwrap(),
+            },
+            committed_in: Label::new("r1").unwrap(),
+            forced: None,
+        }
+    }
+
     #[test]
-    fn single_writer_writes_move_only_to_a_declared_transfer() {
+    fn single_writer_writes_go_only_to_the_settled_writer_of_the_epoch_held() {
         let spread = Spread::default();
-        let owned = |transfer: Option<&str>| {
-            policy(|d| {
-                d.single_writer = Some(SingleWriter {
-                    owner: "r1".into(),
-                    transfer_to: transfer.map(str::to_owned),
-                })
+        let owned = policy(|d| {
+            d.single_writer = Some(SingleWriter {
+                owner: "r1".into(),
+                transfer_to: None,
             })
+        });
+        let entries = vec![region("r2", 3, 0), region("r3", 3, 0)];
+        let with = |writer: Option<WriterEpoch>| {
+            let mut r = Regions::new();
+            r.update(
+                RegionsUpdate {
+                    policies: vec![owned.clone()],
+                    regions: entries.clone(),
+                    writers: writer.into_iter().collect(),
+                },
+                1_000,
+            );
+            r
         };
-        let r = regions(owned(None), vec![region("r2", 3, 0), region("r3", 3, 0)]);
+        // Epoch 1 (the policy's owner, r1): writes never leave r1; reads do.
+        let r = with(None);
+        assert_eq!(r.writer(&key()).map(|w| w.epoch), Some(1));
         assert_eq!(
             r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread),
             Decision::Refused(Refusal::SingleWriter)
         );
         assert_eq!(
+            r.writes_elsewhere(&key(), ConnTraffic::ReadWrite, "r1", 1_000),
+            None
+        );
+        assert_eq!(
             target(&r.decide(&key(), ConnTraffic::ReadOnly, 1_000, &spread)),
             Some("r2")
         );
-        let r = regions(
-            owned(Some("r3")),
-            vec![region("r2", 3, 0), region("r3", 3, 0)],
+        // In r2, r1's writes go to r1 (whose summary r2 does not hold
+        // here: stale), never to r2's own endpoints; reads stay local.
+        assert_eq!(
+            r.writes_elsewhere(&key(), ConnTraffic::ReadWrite, "r2", 1_000),
+            Some(Decision::Refused(Refusal::Stale))
+        );
+        assert_eq!(
+            r.writes_elsewhere(&key(), ConnTraffic::ReadOnly, "r2", 1_000),
+            None
+        );
+        assert_eq!(
+            r.admits(&key(), ConnTraffic::ReadWrite, "r2", None),
+            Err(Refusal::SingleWriter)
+        );
+
+        // Epoch 2 moving to r3: writes go nowhere, in every region.
+        let r = with(Some(epoch("r3", 2, false)));
+        for here in ["r1", "r2", "r3"] {
+            assert_eq!(
+                r.writes_elsewhere(&key(), ConnTraffic::ReadWrite, here, 1_000),
+                Some(Decision::Refused(Refusal::WriterMoving)),
+                "{here}"
+            );
+        }
+        assert_eq!(
+            r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread),
+            Decision::Refused(Refusal::WriterMoving)
+        );
+        assert_eq!(
+            r.admits(&key(), ConnTraffic::ReadWrite, "r3", None),
+            Err(Refusal::WriterMoving)
+        );
+
+        // Epoch 2 settled in r3: r1's and r2's writes go to r3's ingress;
+        // r3 serves them locally and its gateway takes them, unless stamped
+        // with another epoch.
+        let r = with(Some(epoch("r3", 2, true)));
+        for here in ["r1", "r2"] {
+            let d = r.writes_elsewhere(&key(), ConnTraffic::ReadWrite, here, 1_000);
+            assert_eq!(d.as_ref().and_then(target), Some("r3"), "{here}");
+        }
+        assert_eq!(
+            r.writes_elsewhere(&key(), ConnTraffic::ReadWrite, "r3", 1_000),
+            None
         );
         assert_eq!(
             target(&r.decide(&key(), ConnTraffic::ReadWrite, 1_000, &spread)),
             Some("r3")
         );
-        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r3").is_ok());
+        assert!(r
+            .admits(&key(), ConnTraffic::ReadWrite, "r3", Some(2))
+            .is_ok());
+        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r3", None).is_ok());
         assert_eq!(
-            r.admits(&key(), ConnTraffic::ReadWrite, "r2"),
+            r.admits(&key(), ConnTraffic::ReadWrite, "r3", Some(1)),
+            Err(Refusal::WriterEpoch)
+        );
+        assert_eq!(
+            r.admits(&key(), ConnTraffic::ReadWrite, "r2", Some(2)),
             Err(Refusal::SingleWriter)
         );
+        assert!(r.admits(&key(), ConnTraffic::ReadOnly, "r2", None).is_ok());
     }
 
     #[test]
@@ -642,6 +827,7 @@ mod tests {
             RegionsUpdate {
                 policies: vec![policy(|d| d.failover_order = vec!["r2".into()])],
                 regions: vec![region("r2", 3, 0)],
+                writers: Vec::new(),
             },
             later,
         );
@@ -664,13 +850,13 @@ mod tests {
                 bounded in proptest::sample::subsequence(REGIONS.to_vec(), 0..=2),
                 cross in any::<bool>(),
                 all in any::<bool>(),
-                writer in proptest::option::of(proptest::option::of(0usize..4)),
+                writer in proptest::option::of(proptest::option::of((0usize..4, any::<bool>()))),
                 limits in proptest::collection::vec(0.0f64..=1.0, 4),
                 ready in proptest::collection::vec(0u32..4, 4),
                 ages in proptest::collection::vec(0u64..20_000, 4),
                 demand in 0u64..2_000,
                 now in 1_000u64..30_000,
-            ) -> (HeldPolicy, Vec<RegionEntry>, u64, u64) {
+            ) -> (HeldPolicy, Vec<RegionEntry>, Vec<WriterEpoch>, u64, u64) {
                 let order: Vec<String> = order
                     .into_iter()
                     .filter(|r| !bounded.contains(r))
@@ -686,20 +872,23 @@ mod tests {
                         .map(|(r, l)| (r.clone(), *l))
                         .collect();
                     d.failover_order = order.clone();
-                    d.single_writer = writer.map(|transfer| SingleWriter {
+                    d.single_writer = writer.map(|_| SingleWriter {
                         owner: "r1".into(),
-                        transfer_to: transfer
-                            .map(|i| REGIONS[i])
-                            .filter(|r| !bounded.contains(r))
-                            .map(str::to_owned),
+                        transfer_to: None,
                     });
                 });
+                // A transfer held: epoch 2 to one of r2–r5, settled or not.
+                let writers = writer
+                    .flatten()
+                    .map(|(i, settled)| epoch(REGIONS[i], 2, settled))
+                    .into_iter()
+                    .collect();
                 let regions = REGIONS
                     .iter()
                     .enumerate()
                     .map(|(i, r)| region(r, ready[i], ages[i]))
                     .collect();
-                (policy, regions, demand, now)
+                (policy, regions, writers, demand, now)
             }
         }
 
@@ -708,14 +897,15 @@ mod tests {
             /// moves where every rule allows it.
             #[test]
             fn a_connection_moves_only_where_every_rule_allows(
-                (held, entries, demand, now) in world(),
+                (held, entries, writers, demand, now) in world(),
                 writes in any::<bool>(),
                 tries in 1usize..20,
             ) {
                 let doc = held.policy.document().clone();
                 let mut r = Regions::new();
                 let spread = Spread::default();
-                r.update(RegionsUpdate { policies: vec![held], regions: entries.clone() }, 1_000);
+                let writer = writers.first().and_then(|w| w.writer().cloned());
+                r.update(RegionsUpdate { policies: vec![held], regions: entries.clone(), writers }, 1_000);
                 spread.observe_local(demand, 1_000);
                 let traffic = if writes { ConnTraffic::ReadWrite } else { ConnTraffic::ReadOnly };
                 for _ in 0..tries {
@@ -729,8 +919,10 @@ mod tests {
                         prop_assert!(ready > 0 && !ingress.is_empty());
                         if writes {
                             prop_assert_eq!(doc.failover_traffic, TrafficClass::All);
-                            if let Some(w) = &doc.single_writer {
-                                prop_assert_eq!(w.transfer_to.as_deref(), Some(name));
+                            if doc.single_writer.is_some() {
+                                // Epoch 1's writer is r1, never a target;
+                                // a transfer's only once settled.
+                                prop_assert_eq!(writer.as_ref().map(Label::as_str), Some(name));
                             }
                         }
                     }
@@ -748,13 +940,13 @@ mod tests {
             }),
             vec![],
         );
-        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r2").is_ok());
+        assert!(r.admits(&key(), ConnTraffic::ReadWrite, "r2", None).is_ok());
         assert_eq!(
-            r.admits(&key(), ConnTraffic::ReadOnly, "r3"),
+            r.admits(&key(), ConnTraffic::ReadOnly, "r3", None),
             Err(Refusal::DataBoundary)
         );
         assert_eq!(
-            Regions::new().admits(&key(), ConnTraffic::ReadOnly, "r2"),
+            Regions::new().admits(&key(), ConnTraffic::ReadOnly, "r2", None),
             Err(Refusal::NoPolicy)
         );
     }

@@ -5,13 +5,17 @@
 //!
 //! Raw TCP carries no service name, so a failed-over connection opens with
 //! one line, the preamble: `ROLLCALL-INGRESS/1 <namespace/service/port>
-//! <read_only|read_write>\n` (at most [`MAX_PREAMBLE`] bytes). The gateway
+//! <read_only|read_write>[ writer-epoch=<n>]\n` (at most [`MAX_PREAMBLE`]
+//! bytes; a proxy adds the writer epoch it holds to a write of a
+//! single-writer service). The gateway
 //! reads exactly that line, within `ingress.preamble_timeout_ms`, and
 //! forwards everything after it unchanged. It admits a connection only
 //! when the service's policy lets that traffic into this region (this
 //! region is in its `failover_order`, outside its `data_boundary`, and a
-//! read-write connection is allowed by `failover_traffic` and any single
-//! writer's declared transfer), and it routes only to local endpoints: a
+//! read-write connection is allowed by `failover_traffic`, and, for a
+//! single-writer service, this region is the settled writer of the epoch
+//! it holds and of the epoch the preamble names), and it routes only to
+//! local endpoints: a
 //! gateway never fails over again, so connections cannot loop between
 //! regions. Anything else closes the connection, counted in
 //! `rollcall_agent_ingress_refused_total{reason}`.
@@ -43,21 +47,39 @@ pub const MAGIC: &str = "ROLLCALL-INGRESS/1";
 /// Longest preamble, newline included.
 pub const MAX_PREAMBLE: usize = 320;
 
-/// The preamble a proxy sends before a failed-over connection's bytes.
-pub fn preamble(service: &ServiceKey, traffic: ConnTraffic) -> String {
-    format!("{MAGIC} {service} {}\n", traffic.as_str())
+/// The preamble a proxy sends before a failed-over connection's bytes,
+/// with the writer epoch it holds for a write of a single-writer service.
+pub fn preamble(service: &ServiceKey, traffic: ConnTraffic, writer_epoch: Option<u64>) -> String {
+    match writer_epoch {
+        Some(epoch) => format!(
+            "{MAGIC} {service} {} writer-epoch={epoch}\n",
+            traffic.as_str()
+        ),
+        None => format!("{MAGIC} {service} {}\n", traffic.as_str()),
+    }
+}
+
+/// What a preamble says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preamble {
+    /// The service.
+    pub service: ServiceKey,
+    /// The connection's traffic class.
+    pub traffic: ConnTraffic,
+    /// The writer epoch the caller's proxy holds, when it sent one.
+    pub writer_epoch: Option<u64>,
 }
 
 /// Why a preamble was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PreambleError {
     /// Not the expected shape.
-    #[error("the preamble must be \"{MAGIC} <namespace/service/port> <read_only|read_write>\" and a newline, at most {MAX_PREAMBLE} bytes: {0}")]
+    #[error("the preamble must be \"{MAGIC} <namespace/service/port> <read_only|read_write> [writer-epoch=<n>]\" and a newline, at most {MAX_PREAMBLE} bytes: {0}")]
     Shape(String),
 }
 
 /// Parses one preamble line (without its newline).
-pub fn parse_preamble(line: &str) -> Result<(ServiceKey, ConnTraffic), PreambleError> {
+pub fn parse_preamble(line: &str) -> Result<Preamble, PreambleError> {
     let bad = |what: &str| PreambleError::Shape(what.to_owned());
     let mut words = line.split(' ');
     if words.next() != Some(MAGIC) {
@@ -72,10 +94,23 @@ pub fn parse_preamble(line: &str) -> Result<(ServiceKey, ConnTraffic), PreambleE
         .next()
         .and_then(ConnTraffic::parse)
         .ok_or_else(|| bad("the traffic class is missing or unknown"))?;
+    let writer_epoch = match words.next() {
+        None => None,
+        Some(word) => Some(
+            word.strip_prefix("writer-epoch=")
+                .and_then(|n| n.parse::<u64>().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad("the fourth word must be writer-epoch=<n>, n at least 1"))?,
+        ),
+    };
     if words.next().is_some() {
         return Err(bad("it has extra words"));
     }
-    Ok((service, traffic))
+    Ok(Preamble {
+        service,
+        traffic,
+        writer_epoch,
+    })
 }
 
 /// A running ingress gateway.
@@ -191,7 +226,11 @@ async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
     let parsed = read_preamble(&mut reader, timeout)
         .await
         .and_then(|line| parse_preamble(&line).map_err(|e| e.to_string()));
-    let (service, traffic) = match parsed {
+    let Preamble {
+        service,
+        traffic,
+        writer_epoch,
+    } = match parsed {
         Ok(p) => p,
         Err(detail) => {
             views.metrics().ingress_refused_unnamed("bad_preamble");
@@ -206,7 +245,7 @@ async fn serve(gateway: Arc<Gateway>, client: TcpStream, peer: SocketAddr) {
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(gateway.first_resolve_wait_ms);
     let admitted = loop {
-        match views.ingress_admits(&service, traffic) {
+        match views.ingress_admits(&service, traffic, writer_epoch) {
             Err(Refusal::NoPolicy) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -259,11 +298,24 @@ mod tests {
     #[test]
     fn preambles_round_trip_and_bad_ones_are_named() {
         let key: ServiceKey = "shop/web/http".parse().unwrap();
-        let line = preamble(&key, ConnTraffic::ReadOnly);
+        let line = preamble(&key, ConnTraffic::ReadOnly, None);
         assert_eq!(line, "ROLLCALL-INGRESS/1 shop/web/http read_only\n");
         assert_eq!(
             parse_preamble(line.trim_end()).unwrap(),
-            (key, ConnTraffic::ReadOnly)
+            Preamble {
+                service: key.clone(),
+                traffic: ConnTraffic::ReadOnly,
+                writer_epoch: None
+            }
+        );
+        let line = preamble(&key, ConnTraffic::ReadWrite, Some(3));
+        assert_eq!(
+            line,
+            "ROLLCALL-INGRESS/1 shop/web/http read_write writer-epoch=3\n"
+        );
+        assert_eq!(
+            parse_preamble(line.trim_end()).unwrap().writer_epoch,
+            Some(3)
         );
         for bad in [
             "",
@@ -273,6 +325,9 @@ mod tests {
             "ROLLCALL-INGRESS/1 shop/web/http write",
             "ROLLCALL-INGRESS/1 Shop/web/http read_only",
             "ROLLCALL-INGRESS/1 shop/web/http read_only extra",
+            "ROLLCALL-INGRESS/1 shop/web/http read_write writer-epoch=0",
+            "ROLLCALL-INGRESS/1 shop/web/http read_write writer-epoch=x",
+            "ROLLCALL-INGRESS/1 shop/web/http read_write writer-epoch=2 extra",
             "ROLLCALL-INGRESS/2 shop/web/http read_only",
         ] {
             assert!(parse_preamble(bad).is_err(), "{bad:?} accepted");

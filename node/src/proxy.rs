@@ -165,7 +165,10 @@ async fn connect_remote(
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let mut order: Vec<&Ingress> = ingress.iter().collect();
     order.shuffle(&mut rand::rng());
-    let preamble = crate::ingress::preamble(service, traffic);
+    let epoch = (traffic == ConnTraffic::ReadWrite)
+        .then(|| views.writer(service).map(|w| w.epoch))
+        .flatten();
+    let preamble = crate::ingress::preamble(service, traffic, epoch);
     for address in order.into_iter().cycle().take(config.retries as usize + 1) {
         let connect = async {
             let mut stream = TcpStream::connect(address.as_str()).await?;
@@ -192,6 +195,23 @@ impl Forward {
     /// another region's ingress (R9).
     async fn forward(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
         let service = self.view.key();
+        // A write of a single-writer service whose writer is another
+        // region never uses this region's endpoints.
+        if let Some(decision) = self.views.writes_elsewhere(service, self.traffic, now_ms()) {
+            return match decision {
+                Decision::Remote {
+                    region, ingress, ..
+                } => {
+                    if !self.remote(&mut client, peer, &region, &ingress).await {
+                        self.no_backend(
+                            peer,
+                            &format!("region {region} owns the writes; its ingress did not answer"),
+                        );
+                    }
+                }
+                Decision::Refused(refusal) => self.no_backend(peer, refusal.describe()),
+            };
+        }
         let answer = match self.view.lookup(&self.views, now_ms()) {
             Lookup::CannotKnow(_) => self.views.lookup_wait(service).await,
             answer => answer,

@@ -386,8 +386,14 @@ impl Views {
                 .load()
                 .decide(key, traffic, now_ms, &view.spread)
         };
+        self.count_failover(key, &decision);
+        decision
+    }
+
+    /// Counts a failover decision or refusal in the metrics.
+    fn count_failover(&self, key: &ServiceKey, decision: &Decision) {
         let m = &self.inner.metrics;
-        match &decision {
+        match decision {
             Decision::Remote { region, .. } => {
                 m.failover_decisions
                     .get_or_create(&FailoverLabel {
@@ -407,16 +413,47 @@ impl Views {
                     .inc();
             }
         }
-        decision
     }
 
     /// Whether this agent's ingress gateway takes a `traffic` connection of
-    /// `key` from another region: its policy must let it into this region.
-    pub fn ingress_admits(&self, key: &ServiceKey, traffic: ConnTraffic) -> Result<(), Refusal> {
+    /// `key` from another region, stamped with writer epoch `epoch` when
+    /// the caller's proxy sent one: its policy must let it into this
+    /// region, and a write must find this region the writer.
+    pub fn ingress_admits(
+        &self,
+        key: &ServiceKey,
+        traffic: ConnTraffic,
+        epoch: Option<u64>,
+    ) -> Result<(), Refusal> {
         self.inner
             .regions
             .load()
-            .admits(key, traffic, &self.inner.settings.region)
+            .admits(key, traffic, &self.inner.settings.region, epoch)
+    }
+
+    /// Where a `traffic` connection of `key` goes when the service's writes
+    /// belong to another region than this one (`Regions::writes_elsewhere`):
+    /// `None` when local endpoints serve it. Counted as failovers are.
+    pub fn writes_elsewhere(
+        &self,
+        key: &ServiceKey,
+        traffic: ConnTraffic,
+        now_ms: u64,
+    ) -> Option<Decision> {
+        let decision = self.inner.regions.load().writes_elsewhere(
+            key,
+            traffic,
+            &self.inner.settings.region,
+            now_ms,
+        )?;
+        self.count_failover(key, &decision);
+        Some(decision)
+    }
+
+    /// The writer epoch of `key`'s service this agent holds, if it has a
+    /// single writer.
+    pub fn writer(&self, key: &ServiceKey) -> Option<rollcall_leases::WriterEpoch> {
+        self.inner.regions.load().writer(key)
     }
 
     /// `GET /v1/regions`: the other regions and the policies held.

@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use rollcall_leases::{Label, Policy, PolicyKey, RegionView, RemotePolicy, Revision, ServiceKey};
+use rollcall_leases::{
+    Label, Policy, PolicyKey, RegionView, RemotePolicy, Revision, ServiceKey, WriterEpoch,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -73,6 +75,12 @@ impl PolicyRow {
             home_set_at_ms: self.home_set_at_ms,
         }
     }
+}
+
+/// One row of `GET /v1/writers`.
+#[derive(Deserialize)]
+struct WriterRow {
+    writer: WriterEpoch,
 }
 
 /// One row of `GET /v1/summaries`.
@@ -164,6 +172,12 @@ impl ArbiterApi {
         self.first(|addr| async move {
             let policies = self.call(&addr, Method::GET, "/v1/policies", None).await?;
             let summaries = self.call(&addr, Method::GET, "/v1/summaries", None).await?;
+            // An arbiter of an earlier release has no writer epochs.
+            let writers = match self.call(&addr, Method::GET, "/v1/writers", None).await {
+                Ok(answer) => answer,
+                Err(ArbiterError::Status { status: 404, .. }) => json!({"writers": []}),
+                Err(e) => return Err(e),
+            };
             let bad = |detail: String| ArbiterError::BadAnswer {
                 addr: addr.clone(),
                 detail,
@@ -172,6 +186,8 @@ impl ArbiterApi {
                 .map_err(|e| bad(format!("policies: {e}")))?;
             let rows_s: Vec<SummaryRow> = serde_json::from_value(summaries["summaries"].clone())
                 .map_err(|e| bad(format!("summaries: {e}")))?;
+            let rows_w: Vec<WriterRow> = serde_json::from_value(writers["writers"].clone())
+                .map_err(|e| bad(format!("writers: {e}")))?;
             let revision = |v: &Value| {
                 v["revision"]
                     .as_u64()
@@ -194,6 +210,7 @@ impl ArbiterApi {
                     .map(PolicyRow::remote)
                     .collect(),
                 summaries: out,
+                writers: rows_w.into_iter().map(|r| r.writer).collect(),
             })
         })
         .await
@@ -225,6 +242,21 @@ impl ArbiterApi {
             ))
         })
         .await
+    }
+
+    /// Stores writer epochs other regions committed (`PUT /v1/writers`);
+    /// the arbiter keeps only those newer than what it holds.
+    pub async fn store_writers(&self, writers: &[WriterEpoch]) -> Result<(), ArbiterError> {
+        let body = json!({ "writers": writers });
+        self.first(|addr| {
+            let body = &body;
+            async move {
+                self.call(&addr, Method::PUT, "/v1/writers", Some(body))
+                    .await
+            }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Stores `region`'s policies as their home committed them and drops

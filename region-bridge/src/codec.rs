@@ -30,15 +30,17 @@ pub const MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
 pub enum FrameKind {
     /// A `Hello`.
     Hello = 1,
-    /// An `Update`.
+    /// An `Update` without writer epochs (every release reads it).
     Update = 2,
+    /// An `Update` and its writer epochs: `(Update, Vec<WriterEpoch>)`.
+    UpdateWithWriters = 3,
 }
 
 impl FrameKind {
     fn name(self) -> &'static str {
         match self {
             FrameKind::Hello => "bridge hello",
-            FrameKind::Update => "bridge update",
+            FrameKind::Update | FrameKind::UpdateWithWriters => "bridge update",
         }
     }
 }
@@ -87,13 +89,25 @@ pub fn decode_hello(bytes: &[u8]) -> Result<Hello, CodecError> {
     unframe(bytes, FrameKind::Hello, MAX_HELLO_BYTES)
 }
 
-/// Encodes an `Update`.
+/// Encodes an `Update`: as kind `Update` when it carries no writer epoch
+/// (so a bridge of an earlier release reads it), else as
+/// `UpdateWithWriters`.
 pub fn encode_update(update: &Update) -> Vec<u8> {
-    frame(FrameKind::Update, update)
+    if update.writers.is_empty() {
+        frame(FrameKind::Update, update)
+    } else {
+        frame(FrameKind::UpdateWithWriters, &(update, &update.writers))
+    }
 }
 
-/// Decodes an `Update`.
+/// Decodes an `Update` of either kind.
 pub fn decode_update(bytes: &[u8]) -> Result<Update, CodecError> {
+    if bytes.get(1) == Some(&(FrameKind::UpdateWithWriters as u8)) {
+        let (mut update, writers): (Update, Vec<rollcall_leases::WriterEpoch>) =
+            unframe(bytes, FrameKind::UpdateWithWriters, MAX_UPDATE_BYTES)?;
+        update.writers = writers;
+        return Ok(update);
+    }
     unframe(bytes, FrameKind::Update, MAX_UPDATE_BYTES)
 }
 
@@ -156,7 +170,33 @@ mod tests {
                 taken_at_ms: 1_000,
             }],
             removed_services: vec!["shop/old/http".parse().unwrap()],
+            writers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn an_update_with_writer_epochs_is_its_own_kind_and_round_trips() {
+        let plain = update();
+        assert_eq!(encode_update(&plain)[1], FrameKind::Update as u8);
+        let mut with = update();
+        with.writers.push(rollcall_leases::WriterEpoch {
+            service: "shop/cart".parse().unwrap(),
+            epoch: 3,
+            owner: Label::new("r2").unwrap(),
+            from: Some(Label::new("r1").unwrap()),
+            settled: false,
+            at_ms: 7,
+            by: rollcall_leases::Principal {
+                role: rollcall_leases::Role::Operator,
+                name: rollcall_leases::PrincipalName::new("admin-token").unwrap(),
+            },
+            committed_in: Label::new("r1").unwrap(),
+            forced: Some(rollcall_leases::Reason::new("r2 drill").unwrap()),
+        });
+        let bytes = encode_update(&with);
+        assert_eq!(bytes[1], FrameKind::UpdateWithWriters as u8);
+        assert_eq!(decode_update(&bytes).unwrap(), with);
+        assert_eq!(decode_update(&encode_update(&plain)).unwrap(), plain);
     }
 
     #[test]

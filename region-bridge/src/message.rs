@@ -11,7 +11,7 @@
 //! vocabulary; `publisher` and `subscriber` decide what it means.
 
 use rollcall_leases::{
-    Ingress, Label, PolicyKey, RemotePolicy, Revision, ServiceKey, ServiceSummary,
+    Ingress, Label, PolicyKey, RemotePolicy, Revision, ServiceKey, ServiceSummary, WriterEpoch,
 };
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +53,13 @@ pub struct Update {
     pub summaries: Vec<ServiceSummary>,
     /// Services the region no longer has.
     pub removed_services: Vec<ServiceKey>,
+    /// Every writer epoch the region stores (committed there or adopted
+    /// from another region), whole in every update: a handful of
+    /// single-writer services. Not in this struct's own encoding, which
+    /// bridges of earlier releases read: an update with writer epochs
+    /// travels as another frame kind (`codec::encode_update`).
+    #[serde(skip)]
+    pub writers: Vec<WriterEpoch>,
 }
 
 impl Update {

@@ -33,6 +33,8 @@ pub struct Observation {
     pub policies: Vec<RemotePolicy>,
     /// Every service: revision, READY count, summed READY weight.
     pub summaries: Vec<(ServiceKey, Revision, u32, u64)>,
+    /// Every writer epoch the region stores.
+    pub writers: Vec<rollcall_leases::WriterEpoch>,
 }
 
 /// One subscribing peer's progress.
@@ -67,6 +69,8 @@ pub struct Publisher {
     /// first seen at.
     removed_policies: BTreeMap<PolicyKey, Revision>,
     removed_services: BTreeMap<ServiceKey, Revision>,
+    /// Every writer epoch the region stores, sent whole in each update.
+    writers: Vec<rollcall_leases::WriterEpoch>,
 }
 
 impl Publisher {
@@ -82,6 +86,7 @@ impl Publisher {
             summaries: BTreeMap::new(),
             removed_policies: BTreeMap::new(),
             removed_services: BTreeMap::new(),
+            writers: Vec::new(),
         }
     }
 
@@ -159,6 +164,7 @@ impl Publisher {
             self.removed_services.remove(key);
         }
         self.summaries = summaries;
+        self.writers = obs.writers;
         self.forget_old_removals();
         self.version = Some(at);
         self.as_of_ms = now_ms;
@@ -226,6 +232,7 @@ impl Publisher {
             removed_policies: Vec::new(),
             summaries: self.summaries.values().cloned().collect(),
             removed_services: Vec::new(),
+            writers: self.writers.clone(),
         }
     }
 
@@ -261,6 +268,7 @@ impl Publisher {
                 .filter(|(_, at)| **at > base)
                 .map(|(k, _)| k.clone())
                 .collect(),
+            writers: self.writers.clone(),
         }
     }
 }
@@ -281,6 +289,7 @@ mod tests {
                 .iter()
                 .map(|(s, r)| (s.parse().unwrap(), Revision(*r), 1, 100))
                 .collect(),
+            writers: Vec::new(),
         }
     }
 

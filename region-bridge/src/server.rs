@@ -7,6 +7,7 @@
 //! owns the sockets, timers and HTTP calls, and closes a connection with
 //! the reason whenever a peer's certificate or message is refused.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use rollcall_leases::clock::now_ms;
 use rollcall_leases::codec::{write_frame, FrameError};
 use rollcall_leases::protocol::close_code;
 use rollcall_leases::shutdown::{self, Shutdown, Trigger};
-use rollcall_leases::{Ingress, Label, RemotePolicy};
+use rollcall_leases::{Ingress, Label, PolicyKey, RemotePolicy, WriterEpoch};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -495,6 +496,9 @@ async fn sync_once(
         return format!("sending hello: {e}");
     }
     tracing::info!(peer = %region, have = ?hello.have.map(|r| r.0), "subscribed");
+    // The writer epochs this session offered, by service: each update
+    // carries them whole, and only a change is worth a Raft write.
+    let mut forwarded: BTreeMap<PolicyKey, WriterEpoch> = BTreeMap::new();
     loop {
         let read = tokio::select! {
             read = codec::read_update_sized(&mut recv) => read,
@@ -518,6 +522,8 @@ async fn sync_once(
         };
         let now = shared.now_ms();
         let as_of_ms = update.as_of_ms;
+        let mut update = update;
+        let writers = std::mem::take(&mut update.writers);
         let received = match subscriber.receive(update, now) {
             Ok(received) => received,
             Err(e) => return refuse(&conn, shared, e.to_string()),
@@ -542,6 +548,11 @@ async fn sync_once(
         {
             let gauge = m.policy_revision.get_or_create(&label);
             gauge.set(gauge.get().max(top as i64));
+        }
+        if let Err(e) = carry_writers(shared, region, writers, &mut forwarded).await {
+            let reason = format!("this region's arbiter: {e}");
+            close(&conn, close_code::DONE, &reason);
+            return reason;
         }
         if let Err(e) = carry(shared, region, &subscriber, received, pending, now).await {
             let reason = format!("this region's arbiter: {e}");
@@ -586,6 +597,30 @@ async fn connect(
         Ok(Err(e)) => Err(format!("connecting to {address}: {e}")),
         Err(_) => Err(format!("no handshake with {address} within 5 s")),
     }
+}
+
+/// Offers this region's arbiter the writer epochs of a peer's update that
+/// changed since this session last offered them; the arbiter stores only
+/// those newer than what it holds (epochs never go back).
+async fn carry_writers(
+    shared: &Shared,
+    region: &Label,
+    writers: Vec<WriterEpoch>,
+    forwarded: &mut BTreeMap<PolicyKey, WriterEpoch>,
+) -> Result<(), ArbiterError> {
+    let fresh: Vec<WriterEpoch> = writers
+        .into_iter()
+        .filter(|w| forwarded.get(&w.service) != Some(w))
+        .collect();
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    shared.api.store_writers(&fresh).await?;
+    for w in fresh {
+        tracing::info!(peer = %region, service = %w.service, epoch = w.epoch, owner = %w.owner, settled = w.settled, "writer epoch offered to this region's arbiter");
+        forwarded.insert(w.service.clone(), w);
+    }
+    Ok(())
 }
 
 /// Carries an accepted update into this region's arbiter: policies first,

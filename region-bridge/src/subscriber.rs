@@ -339,6 +339,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            writers: Vec::new(),
         }
     }
 
@@ -609,6 +610,7 @@ mod tests {
                 version: Revision(revision),
                 policies: policies.iter().map(|(i, r)| policy(&format!("ns/s{i}"), "r1", *r)).collect(),
                 summaries: services.iter().map(|(i, (r, ready))| (format!("ns/s{i}/http").parse().unwrap(), Revision(*r), *ready, u64::from(*ready))).collect(),
+                writers: Vec::new(),
             };
             let mut p = publisher();
             let mut s = subscriber();

@@ -591,6 +591,7 @@ async fn malformed_oversized_and_invalid_messages_close_the_connection_and_chang
             taken_at_ms: 1_000,
         }],
         removed_services: Vec::new(),
+        writers: Vec::new(),
     };
     write_frame(&mut send, &codec::encode_update(&full))
         .await

@@ -1,5 +1,6 @@
-//! `rollcall policy`: apply, show or delete service policies through an
-//! arbiter's admin endpoint; the arbiter validates and commits them.
+//! `rollcall policy`: apply, show, transfer the writes of, or delete
+//! service policies through an arbiter's admin endpoint; the arbiter
+//! validates and commits them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +31,32 @@ pub(crate) enum PolicyCommand {
         #[command(flatten)]
         admin: ClusterArgs,
     },
+    /// Move a single-writer service's writes to another region: a new
+    /// writer epoch, committed by the owner region's arbiter (point
+    /// `--admin` there). Writes go nowhere until the new owner's arbiter
+    /// has stored the epoch (through the region bridges); then only to it.
+    /// While the owner region is unreachable, `--force --reason TEXT` sent
+    /// to another region's arbiter commits the epoch there instead; it is
+    /// audited in both regions and wins when the old owner comes back.
+    Transfer {
+        /// `namespace/service` (or `service`, in namespace `default`).
+        #[arg(value_name = "SERVICE", value_parser = parse_policy_key)]
+        service: rollcall_leases::PolicyKey,
+        /// The region to take the writes: the policy's home region or one
+        /// of its `failover_order`.
+        #[arg(long, value_name = "REGION")]
+        to: String,
+        /// Commit the transfer at this arbiter although its region does not
+        /// own the writes (the owner region is unreachable). Needs
+        /// `--reason`.
+        #[arg(long, requires = "reason")]
+        force: bool,
+        /// Why the transfer is forced, for every region's audit log.
+        #[arg(long, value_name = "TEXT", requires = "force")]
+        reason: Option<String>,
+        #[command(flatten)]
+        admin: ClusterArgs,
+    },
     /// Delete a service's policy (in its home region).
     Delete {
         /// `namespace/service` (or `service`, in namespace `default`).
@@ -55,6 +82,7 @@ fn parse_policy_key(value: &str) -> Result<rollcall_leases::PolicyKey, String> {
 pub(crate) async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     let (PolicyCommand::Apply { admin, .. }
     | PolicyCommand::Show { admin, .. }
+    | PolicyCommand::Transfer { admin, .. }
     | PolicyCommand::Delete { admin, .. }) = &command;
     let (admin, token) = admin.target()?;
     let base = format!("http://{admin}/v1/policies");
@@ -87,10 +115,40 @@ pub(crate) async fn policy(command: PolicyCommand) -> anyhow::Result<ExitCode> {
                 serde_json::from_value(body["policy"].clone())
                     .context("reading the policy in the arbiter's answer")?;
             println!("{}", policy_header(&service, &body));
+            if let Some(summary) = body["writer"]["summary"].as_str() {
+                println!("# {summary}");
+            }
             let file = rollcall_config::PolicyFile {
                 policy: vec![document],
             };
             print!("{}", file.to_toml());
+        }
+        PolicyCommand::Transfer {
+            service,
+            to,
+            force,
+            reason,
+            ..
+        } => {
+            let url = format!("{base}/{}/{}/transfer", service.namespace, service.service);
+            let mut request = serde_json::json!({"to": to, "force": force});
+            if let Some(reason) = reason {
+                request["reason"] = serde_json::json!(reason);
+            }
+            let body = admin_call(reqwest::Method::POST, &url, &token, Some(request))
+                .await
+                .with_context(|| {
+                    if *force {
+                        format!("transferring the writes of {service} to {to} (forced)")
+                    } else {
+                        format!("transferring the writes of {service} to {to}; if the owner region's arbiter cannot be reached, run the transfer against another region's arbiter with --force --reason TEXT")
+                    }
+                })?;
+            println!(
+                "{service}: {} (revision {})",
+                body["writer"]["summary"].as_str().unwrap_or("?"),
+                body["revision"]
+            );
         }
         PolicyCommand::Delete { service, .. } => {
             let url = format!("{base}/{}/{}", service.namespace, service.service);

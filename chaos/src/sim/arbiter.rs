@@ -430,6 +430,7 @@ impl World {
             // A probe reaches the agent's machine, which answers it as its
             // session actor would: at once.
             message @ (SessionDown::Regions(_)
+            | SessionDown::RegionsWithWriters(..)
             | SessionDown::Refused { .. }
             | SessionDown::Probe { .. }) => {
                 if self.link_up(a) {

@@ -1097,3 +1097,141 @@ fn import_refuses_a_policy_of_another_home() {
     let err = Catalog::import(p, snap).unwrap_err();
     assert!(err.to_string().contains("home region r1"), "{err}");
 }
+
+fn single_writer(service: &str) -> Policy {
+    let mut doc = rollcall_config::ServicePolicy::new(service, "r1");
+    doc.cross_region = true;
+    doc.failover_traffic = rollcall_config::TrafficClass::All;
+    doc.failover_order = vec!["r2".into(), "r3".into()];
+    doc.single_writer = Some(rollcall_config::SingleWriter {
+        owner: "r1".into(),
+        transfer_to: None,
+    });
+    Policy::new(doc).unwrap()
+}
+
+fn transfer(service: &str, to: &str, forced: Option<&str>) -> Command {
+    Command::TransferWriter(Box::new(crate::writer::Transfer {
+        service: policy_key(service),
+        to: label(to),
+        forced: forced.map(|r| Reason::new(r).unwrap()),
+    }))
+}
+
+#[test]
+fn a_transfer_commits_the_next_writer_epoch_which_survives_a_snapshot() {
+    let mut w = World::new();
+    w.run(Command::SetPolicy(Box::new(single_writer("shop/ledger"))))
+        .unwrap();
+    let first = w.cat.writer(&policy_key("shop/ledger")).unwrap();
+    assert_eq!(
+        (first.epoch, first.owner.as_str(), first.settled),
+        (1, "r1", true)
+    );
+
+    // r1 owns the writes: its transfer moves them, unsettled until r2
+    // confirms.
+    let applied = w.run(transfer("shop/ledger", "r2", None)).unwrap();
+    assert_eq!(
+        applied.effect,
+        Effect::WriterChanged {
+            epoch: 2,
+            settled: false
+        }
+    );
+    let moving = w.cat.writer(&policy_key("shop/ledger")).unwrap();
+    assert_eq!((moving.epoch, moving.owner.as_str()), (2, "r2"));
+    assert_eq!(moving.writer(), None);
+    // A second transfer waits for the first; a late copy of epoch 1 or
+    // the same epoch changes nothing.
+    let err = w.run(transfer("shop/ledger", "r3", None)).unwrap_err();
+    assert!(err.to_string().contains("has not confirmed yet"), "{err}");
+    let again = w
+        .run(Command::ReplicateWriter(Box::new(moving.clone())))
+        .unwrap();
+    assert_eq!(again.effect, Effect::Unchanged);
+
+    // r2's confirmation (its settled copy) comes back through the bridge.
+    let mut settled = moving.clone();
+    settled.settled = true;
+    settled.committed_in = label("r2");
+    let applied = w
+        .run(Command::ReplicateWriter(Box::new(settled.clone())))
+        .unwrap();
+    assert!(matches!(
+        applied.effect,
+        Effect::WriterChanged {
+            epoch: 2,
+            settled: true
+        }
+    ));
+    // r1 no longer owns the writes.
+    let err = w.run(transfer("shop/ledger", "r1", None)).unwrap_err();
+    assert!(err.to_string().contains("owned by region r2"), "{err}");
+
+    let snap = w.cat.export();
+    assert_eq!(snap.writers.len(), 1);
+    let decoded =
+        crate::codec::decode_catalog_snapshot(&crate::codec::encode_catalog_snapshot(&snap))
+            .unwrap();
+    assert_eq!(decoded, snap);
+    let back = Catalog::import(params(), decoded).unwrap();
+    assert_eq!(back.writer(&policy_key("shop/ledger")), Some(settled));
+}
+
+#[test]
+fn a_forced_transfer_is_committed_by_another_region_and_wins_when_the_owner_returns() {
+    // r2, the owner r1 cut off: forced.
+    let mut p = params();
+    p.region = label("r2");
+    let mut r2 = World::new();
+    r2.cat = Catalog::new(p);
+    let replicated = Box::new(RemotePolicy {
+        policy: single_writer("shop/ledger"),
+        home_revision: Revision(3),
+        home_set_at_ms: 5,
+    });
+    r2.run(Command::ReplicatePolicy(replicated)).unwrap();
+    let err = r2.run(transfer("shop/ledger", "r2", None)).unwrap_err();
+    assert!(err.to_string().contains("--force --reason"), "{err}");
+    r2.run(transfer("shop/ledger", "r2", Some("r1 cut off")))
+        .unwrap();
+    let forced = r2.cat.writer(&policy_key("shop/ledger")).unwrap();
+    assert_eq!((forced.epoch, forced.settled), (2, true));
+    let audit = crate::audit::AuditEntry::describe(
+        &Envelope {
+            at_ms: 9,
+            actor: forced.by.clone(),
+            command: transfer("shop/ledger", "r2", Some("r1 cut off")),
+        },
+        &Applied {
+            revision: Some(Revision(9)),
+            effect: Effect::WriterChanged {
+                epoch: 2,
+                settled: true,
+            },
+            services: Vec::new(),
+        },
+    )
+    .unwrap();
+    assert!(audit.detail.contains("FORCED"), "{}", audit.detail);
+
+    // r1 meanwhile moved the writes to r3 on its own (epoch 2, moving);
+    // when the bridges meet, the forced epoch wins in r1 and never goes
+    // back.
+    let mut r1 = World::new();
+    r1.run(Command::SetPolicy(Box::new(single_writer("shop/ledger"))))
+        .unwrap();
+    r1.run(transfer("shop/ledger", "r3", None)).unwrap();
+    r1.run(Command::ReplicateWriter(Box::new(forced.clone())))
+        .unwrap();
+    assert_eq!(
+        r1.cat.writer(&policy_key("shop/ledger")),
+        Some(forced.clone())
+    );
+    let own = r1.cat.writer(&policy_key("shop/ledger")).unwrap();
+    let mut stale = own.clone();
+    stale.epoch = 1;
+    let unchanged = r1.run(Command::ReplicateWriter(Box::new(stale))).unwrap();
+    assert_eq!(unchanged.effect, Effect::Unchanged);
+}

@@ -389,7 +389,7 @@ impl ReplicaState {
             let update = regions_update(self.dist.subscriptions(agent), cat, &self.remote, now);
             if self.regions.due(agent, &update, epoch, now) {
                 self.counters.regions_sent += 1;
-                self.send(agent, SessionDown::Regions(update), out);
+                self.send(agent, update.into_message(), out);
             }
         }
     }

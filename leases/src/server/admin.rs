@@ -25,6 +25,13 @@
 //! /v1/remote/{region}/heard` (that region confirmed the view at a version
 //! is current) and `GET /v1/remote` (every view with its age).
 //!
+//! Writer epochs (`admin/writers.rs`): `POST
+//! /v1/policies/{namespace}/{service}/transfer` (`rollcall policy
+//! transfer`), and for the bridge `GET /v1/writers` and `PUT /v1/writers`.
+//! Policy answers carry the service's `writer` (its epoch), `null` for a
+//! service with no single writer. A policy document naming
+//! `single_writer.transfer_to` (superseded by the transfer) is refused.
+//!
 //! An operator frees an instance id another node holds: `DELETE
 //! /v1/instances/{id}[?generation=N]` deregisters its record (audited as
 //! the operator's).
@@ -65,6 +72,7 @@ use crate::server::status::raft_json;
 
 mod instances;
 mod remote;
+mod writers;
 
 /// Most audit entries one call returns.
 const MAX_AUDIT_LIMIT: usize = 10_000;
@@ -144,6 +152,7 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/instances/{id}", delete(instances::free))
         .merge(remote::routes())
+        .merge(writers::routes())
         .with_state(state)
         .layer(axum::middleware::map_response(crate::http::json_errors))
 }
@@ -569,6 +578,20 @@ async fn put_policies(
             e.to_string(),
         )
     })?;
+    if let Some((i, p)) = file.policy.iter().enumerate().find(|(_, p)| {
+        p.single_writer
+            .as_ref()
+            .is_some_and(|w| w.transfer_to.is_some())
+    }) {
+        return Err(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_policy",
+            format!(
+                "policy[{i}].single_writer.transfer_to ({}) is superseded: remove it and move the writes with `rollcall policy transfer {} --to REGION` (nothing in this document was applied)",
+                p.service, p.service
+            ),
+        ));
+    }
     let here = state.applied.lock().params().region.clone();
     let mut policies = Vec::with_capacity(file.policy.len());
     for (i, document) in file.policy.into_iter().enumerate() {
@@ -664,6 +687,11 @@ async fn list_policies(
                 .map(|p| (p.remote.policy.key().clone(), replicated_json(p))),
         )
         .collect();
+    for (key, row) in &mut rows {
+        row["writer"] = cat
+            .writer(key)
+            .map_or(serde_json::Value::Null, |w| writers::writer_json(&w));
+    }
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     let body = serde_json::json!({
         "region": cat.params().region.to_string(),
@@ -685,7 +713,13 @@ async fn get_policy(
     let found = cat
         .policy(&key)
         .map(policy_json)
-        .or_else(|| cat.replicated_policy(&key).map(replicated_json));
+        .or_else(|| cat.replicated_policy(&key).map(replicated_json))
+        .map(|mut row| {
+            row["writer"] = cat
+                .writer(&key)
+                .map_or(serde_json::Value::Null, |w| writers::writer_json(&w));
+            row
+        });
     let answer = match found {
         Some(row) => Ok(Json(row).into_response()),
         None => Err(error(

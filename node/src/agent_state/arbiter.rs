@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use rand::Rng;
 use rollcall_config::AgentConfig;
 use rollcall_leases::protocol::{Request, SessionDown, SessionUp};
-use rollcall_leases::{CatalogId, LeaseId, NodeId, Revision};
+use rollcall_leases::{CatalogId, LeaseId, NodeId, RegionsUpdate, Revision};
 
 use super::{AgentState, Output, Purpose, RequestId, SessionId};
 use crate::link::{renew_after_ms, Backoff};
@@ -326,6 +326,18 @@ impl AgentState {
     }
 
     /// A message on the session stream.
+    /// A regions message: held, persisted when anything but the ages
+    /// changed, and published to the data plane.
+    fn regions(&mut self, update: RegionsUpdate, now_ms: u64, out: &mut Vec<Output>) {
+        if self.following.regions_update(&update, now_ms) {
+            out.push(Output::SaveRegions {
+                update,
+                received_at_ms: now_ms,
+            });
+        }
+        out.push(Output::PublishRegions(self.following.regions.clone()));
+    }
+
     pub(super) fn message<R: Rng + ?Sized>(
         &mut self,
         session: SessionId,
@@ -340,14 +352,10 @@ impl AgentState {
                 self.following
                     .update(items, Some(session), now_ms, rng, out)
             }
-            SessionDown::Regions(update) => {
-                if self.following.regions_update(&update, now_ms) {
-                    out.push(Output::SaveRegions {
-                        update,
-                        received_at_ms: now_ms,
-                    });
-                }
-                out.push(Output::PublishRegions(self.following.regions.clone()));
+            SessionDown::Regions(update) => self.regions(update, now_ms, out),
+            SessionDown::RegionsWithWriters(mut update, writers) => {
+                update.writers = writers;
+                self.regions(update, now_ms, out)
             }
             SessionDown::Refused { reason } => {
                 tracing::warn!(reason = %reason, "the arbiter refused the session");

@@ -87,6 +87,11 @@ pub struct EndpointsResponse {
     /// its traffic goes instead, or why it goes nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverJson>,
+    /// For a single-writer service: its writer epoch as this agent holds
+    /// it, the fencing token to hand the database (README, "Single
+    /// writer"); absent for other services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<WriterJson>,
     /// A fingerprint of what this answer routes to (its mode, region,
     /// failover, and each endpoint's instance, generation, state and
     /// address; not the weights, which slow start moves continuously):
@@ -112,6 +117,11 @@ impl EndpointsResponse {
                 put(i);
             }
         }
+        if let Some(w) = &self.writer {
+            put(&w.epoch.to_string());
+            put(w.owner.as_str());
+            put(if w.settled { "settled" } else { "moving" });
+        }
         for e in &self.endpoints {
             put(e.instance_id.as_str());
             put(&e.generation.to_string());
@@ -120,6 +130,46 @@ impl EndpointsResponse {
             put(&e.port.to_string());
         }
         format!("{:016x}", h.digest())
+    }
+}
+
+/// A single-writer service's writer epoch (R9, `rollcall_leases::writer`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterJson {
+    /// The epoch number: the fencing token. A database that refuses writes
+    /// stamped with an older epoch than it has seen refuses a late writer.
+    pub epoch: u64,
+    /// The region that owns the writes of this epoch.
+    pub owner: Label,
+    /// False while the writes are moving (the new owner has not
+    /// confirmed): no region takes them then.
+    pub settled: bool,
+    /// The owner before (`null` at epoch 1).
+    pub from: Option<Label>,
+    /// The region whose arbiter committed the epoch.
+    pub committed_in: Label,
+    /// When it was committed, ms since the Unix epoch (0 when only the
+    /// policy's first owner is known).
+    pub at_ms: u64,
+    /// Who asked for it.
+    pub by: String,
+    /// The operator's reason, when the transfer was forced past an
+    /// unreachable owner.
+    pub forced: Option<String>,
+}
+
+impl From<rollcall_leases::WriterEpoch> for WriterJson {
+    fn from(w: rollcall_leases::WriterEpoch) -> Self {
+        WriterJson {
+            epoch: w.epoch,
+            owner: w.owner,
+            settled: w.settled,
+            from: w.from,
+            committed_in: w.committed_in,
+            at_ms: w.at_ms,
+            by: w.by.to_string(),
+            forced: w.forced.map(|r| r.as_str().to_owned()),
+        }
     }
 }
 
@@ -452,6 +502,7 @@ mod tests {
             region: Label::new("r1").unwrap(),
             endpoints: Vec::new(),
             failover: None,
+            writer: None,
             index: "00000000000000ff".into(),
         };
         assert_eq!(
