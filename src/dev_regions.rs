@@ -77,6 +77,8 @@ pub struct DevRegion {
     pub agent: AgentHandle,
     /// Its bridge; `None` once stopped (`DevRegions::stop_bridge`).
     pub bridge: Option<Bridge>,
+    /// What its bridge was started with (`DevRegions::start_bridge`).
+    bridge_config: BridgeConfig,
     /// The agent's data directory (its token file is `agent.token` there).
     pub agent_dir: PathBuf,
 }
@@ -105,6 +107,26 @@ fn step(flag: &str, base: SocketAddr, k: u8, offset: u16) -> Result<SocketAddr, 
         .checked_add(10 * u16::from(k) + offset)
         .map(|p| SocketAddr::new(base.ip(), p))
         .ok_or_else(|| DevError::Options(format!("{flag} {base}: the ports of {} regions do not fit below 65536; pick a lower base port", k + 1)))
+}
+
+/// Region `k`'s bridge certificate, issued by its CA, and the other
+/// regions' CAs it trusts.
+fn bridge_tls(cas: &[Ca], k: usize) -> Result<BridgeTls, TlsError> {
+    let identity = Identity::new(
+        cas[k].region().clone(),
+        Role::Bridge,
+        PrincipalName::new(&format!("bridge-{}", cas[k].region()))
+            .expect("bridge-r<k> is a valid name"),
+    );
+    Ok(BridgeTls {
+        material: TlsMaterial::from_issued(&cas[k], &cas[k].issue(&identity, &[], &[])?),
+        peer_cas: cas
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != k)
+            .map(|(_, ca)| (ca.region().clone(), vec![ca.cert_der().clone()]))
+            .collect(),
+    })
 }
 
 impl DevRegions {
@@ -232,22 +254,10 @@ impl DevRegions {
                             },
                             tls: None,
                         };
-                        let tls = BridgeTls {
-                            material: issue(k, Role::Bridge, &format!("bridge-{name}"))?,
-                            peer_cas: names
-                                .iter()
-                                .enumerate()
-                                .filter(|(j, _)| *j != k)
-                                .map(|(j, peer)| {
-                                    (
-                                        Label::new(peer).expect("r<k> is a valid label"),
-                                        vec![cas[j].cert_der().clone()],
-                                    )
-                                })
-                                .collect(),
-                        };
-                        Bridge::start(bridge_config, tls)
+                        let tls = bridge_tls(&cas, k)?;
+                        Bridge::start(bridge_config.clone(), tls)
                             .await
+                            .map(|bridge| (bridge, bridge_config))
                             .map_err(|e| DevError::Options(format!("region {name}'s bridge: {e}")))
                     }
                     .await;
@@ -261,11 +271,12 @@ impl DevRegions {
                 }
                 .await;
                 match rest {
-                    Ok((agent, bridge)) => Ok(DevRegion {
+                    Ok((agent, (bridge, bridge_config))) => Ok(DevRegion {
                         name: name.clone(),
                         arbiter,
                         agent,
                         bridge: Some(bridge),
+                        bridge_config,
                         agent_dir: dir.join("agent"),
                     }),
                     Err(e) => {
@@ -402,6 +413,21 @@ impl DevRegions {
         if let Some(bridge) = self.regions.get_mut(k).and_then(|r| r.bridge.take()) {
             bridge.shutdown().await;
         }
+    }
+
+    /// Starts region `k`'s bridge again after `stop_bridge`, with the
+    /// same configuration and a new certificate from the region's CA: the
+    /// partition between bridges heals. Nothing happens while it runs.
+    pub async fn start_bridge(&mut self, k: usize) -> Result<(), DevError> {
+        let tls = bridge_tls(&self.cas, k)?;
+        let region = &mut self.regions[k];
+        if region.bridge.is_none() {
+            let bridge = Bridge::start(region.bridge_config.clone(), tls)
+                .await
+                .map_err(|e| DevError::Options(format!("region {}'s bridge: {e}", region.name)))?;
+            region.bridge = Some(bridge);
+        }
+        Ok(())
     }
 
     /// The addresses and token files the operator commands default to.

@@ -430,5 +430,31 @@ async fn failover_follows_the_policy_freshness_and_single_writer_rules() {
     ] {
         assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
     }
+
+    // r2, the owner cut off when the forced transfer committed, comes
+    // back: its arbiter moves to the newer epoch (never back), says so in
+    // its audit log, and its agent sends its writes to r1 from then on.
+    dev.start_bridge(1).await.unwrap();
+    eventually("r2 holding the forced epoch 3", || async {
+        let body = resolve(r2, "ledger", ConnTraffic::ReadWrite).await;
+        (body["writer"]["epoch"] == 3 && body["writer"]["owner"] == "r1").then_some(body)
+    })
+    .await;
+    let (_, audit) = admin(&dev, 1, reqwest::Method::GET, "/v1/audit?limit=200", None).await;
+    assert!(
+        audit
+            .to_string()
+            .contains("FORCED: r2 cut off in the drill"),
+        "{audit}"
+    );
+    let (status, body) = admin(
+        &dev,
+        1,
+        reqwest::Method::POST,
+        transfer_path,
+        Some(json!({"to": "r2"})),
+    )
+    .await;
+    assert_eq!(status, 409, "r2 no longer owns the writes: {body}");
     dev.shutdown().await;
 }

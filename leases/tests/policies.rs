@@ -85,7 +85,7 @@ fn checkout() -> Value {
         "max_snapshot_age_ms": 60000,
         "stale_behaviour": "refuse",
         "capacity_limits": {"r2": 0.3},
-        "single_writer": {"owner": "r1", "transfer_to": "r2"},
+        "single_writer": {"owner": "r1"},
     })
 }
 
@@ -112,9 +112,12 @@ async fn policies_commit_with_revisions_refuse_bad_input_and_survive_restarts() 
     assert_eq!(shown["set_by"], "operator:admin-token");
     assert_eq!(shown["policy"]["failover_order"], json!(["r2", "r3"]));
     assert_eq!(shown["policy"]["capacity_limits"], json!({"r2": 0.3}));
-    assert_eq!(shown["policy"]["single_writer"]["transfer_to"], "r2");
+    assert_eq!(shown["policy"]["single_writer"]["owner"], "r1");
+    assert_eq!(shown["writer"]["epoch"], 1, "{shown}");
+    assert_eq!(shown["writer"]["owner"], "r1", "{shown}");
     let (_, cart) = get(&server, "/v1/policies/shop/cart").await;
     assert_eq!(cart["policy"]["cross_region"], false, "defaults filled in");
+    assert_eq!(cart["writer"], Value::Null, "no single writer, no epoch");
 
     let (_, audit) = get(&server, "/v1/audit").await;
     let entry = audit
@@ -161,6 +164,16 @@ async fn policies_commit_with_revisions_refuse_bad_input_and_survive_restarts() 
     let detail = body["detail"].as_str().unwrap();
     assert!(
         detail.starts_with("policy[0].failover_order[1] = \"r4\" is in data_boundary"),
+        "{detail}"
+    );
+
+    let mut declared = checkout();
+    declared["single_writer"]["transfer_to"] = json!("r2");
+    let (status, body) = put(&server, json!({"policy": [declared]})).await;
+    assert_eq!(status, 422, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("transfer_to") && detail.contains("rollcall policy transfer shop/checkout"),
         "{detail}"
     );
 
@@ -213,8 +226,37 @@ async fn policies_commit_with_revisions_refuse_bad_input_and_survive_restarts() 
         .collect();
     assert_eq!(services, ["shop/checkout"]);
 
+    // The writes move: epoch 2, moving until r2 confirms; a transfer of
+    // a service without a single writer, or to a region the policy does
+    // not allow, is refused.
+    let transfer = |service: &str, to: &str| {
+        (
+            format!("/v1/policies/shop/{service}/transfer"),
+            json!({ "to": to }),
+        )
+    };
+    let (path, body) = transfer("checkout", "r4");
+    let (status, answer) = call(&server, reqwest::Method::POST, &path, Some(body)).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["detail"].as_str().unwrap().contains("data_boundary"),
+        "{answer}"
+    );
+    let (path, body) = transfer("checkout", "r2");
+    let (status, answer) = call(&server, reqwest::Method::POST, &path, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["writer"]["epoch"], 2, "{answer}");
+    assert_eq!(answer["writer"]["settled"], false, "{answer}");
+    let (_, writers) = get(&server, "/v1/writers").await;
+    assert_eq!(
+        writers["writers"].as_array().map(Vec::len),
+        Some(1),
+        "{writers}"
+    );
+
     // A restart replays the Raft log.
     let (_, expected) = get(&server, "/v1/policies").await;
+    assert_eq!(expected["policies"][0]["writer"]["epoch"], 2, "{expected}");
     server.shutdown().await;
     let server = arbiter(&ca, dir.path()).await;
     assert_eq!(get(&server, "/v1/policies").await.1, expected);

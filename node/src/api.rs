@@ -472,17 +472,31 @@ async fn metrics(State(agent): State<ApiContext>) -> Result<Response, ApiError> 
         .into_response())
 }
 
-/// The API form of a failover decision.
-fn failover_json(decision: Decision) -> FailoverJson {
+/// Why an answer leaves this region, or goes nowhere.
+#[derive(Clone, Copy)]
+enum Elsewhere {
+    /// The service has no usable endpoint here (failover, R9).
+    NoLocalEndpoint,
+    /// A write of a single-writer service whose writer is another region.
+    Writer,
+}
+
+/// The API form of a failover decision, or of where a write goes.
+fn failover_json(decision: Decision, why: Elsewhere) -> FailoverJson {
     match decision {
         Decision::Remote {
             region,
             ingress,
             ready,
         } => FailoverJson {
-            detail: format!(
-                "no usable endpoint in this region; traffic goes to region {region}'s ingress"
-            ),
+            detail: match why {
+                Elsewhere::NoLocalEndpoint => format!(
+                    "no usable endpoint in this region; traffic goes to region {region}'s ingress"
+                ),
+                Elsewhere::Writer => {
+                    format!("region {region} owns the service's writes; they go to its ingress")
+                }
+            },
             region: Some(region),
             ingress: ingress.iter().map(|i| i.to_string()).collect(),
             ready,
@@ -493,12 +507,50 @@ fn failover_json(decision: Decision) -> FailoverJson {
             ingress: Vec::new(),
             ready: 0,
             refused: Some(refusal.as_str().to_owned()),
-            detail: format!(
-                "no usable endpoint in this region and no failover: {}",
-                refusal.describe()
-            ),
+            detail: match why {
+                Elsewhere::NoLocalEndpoint => format!(
+                    "no usable endpoint in this region and no failover: {}",
+                    refusal.describe()
+                ),
+                Elsewhere::Writer => {
+                    format!("the service's writes go nowhere: {}", refusal.describe())
+                }
+            },
         },
     }
+}
+
+/// An answer with no local endpoint: `mode`, and where the traffic goes
+/// instead (the failover's region, else this agent's own).
+fn elsewhere_response(
+    agent: &ApiContext,
+    key: &ServiceKey,
+    mode: &str,
+    failover: FailoverJson,
+    writer: Option<WriterJson>,
+) -> EndpointsResponse {
+    let mut response = EndpointsResponse {
+        service: key.service.clone(),
+        namespace: key.namespace.clone(),
+        port_name: key.port_name.clone(),
+        shard: shard_of(key, SHARDS).0,
+        revision: 0,
+        age_ms: 0,
+        stale: false,
+        mode: mode.into(),
+        degraded: false,
+        degraded_reason: None,
+        region: failover
+            .region
+            .clone()
+            .unwrap_or_else(|| agent.region.clone()),
+        endpoints: Vec::new(),
+        failover: Some(failover),
+        writer,
+        index: String::new(),
+    };
+    response.index = response.fingerprint();
+    response
 }
 
 /// `GET /v1/endpoints/{service}`: answered from the local view only. The
@@ -514,41 +566,19 @@ async fn resolve(
     let views = &agent.views;
     let writer = views.writer(&key).map(WriterJson::from);
     if let Some(decision) = views.writes_elsewhere(&key, traffic, now_ms()) {
-        return Ok(writes_elsewhere(agent, key, decision, writer));
+        let failover = failover_json(decision, Elsewhere::Writer);
+        return Ok(elsewhere_response(agent, &key, "writer", failover, writer));
     }
     let answer = match views.lookup_wait(&key).await {
         Lookup::Serve(answer) => answer,
         Lookup::Unknown => {
             // The service may live only in another region.
-            if let Decision::Remote {
-                region,
-                ingress,
-                ready,
-            } = views.failover(&key, traffic, now_ms())
-            {
-                let mut response = EndpointsResponse {
-                    service: key.service.clone(),
-                    namespace: key.namespace.clone(),
-                    port_name: key.port_name.clone(),
-                    shard: shard_of(&key, SHARDS).0,
-                    revision: 0,
-                    age_ms: 0,
-                    stale: false,
-                    mode: "failover".into(),
-                    degraded: false,
-                    degraded_reason: None,
-                    region: region.clone(),
-                    endpoints: Vec::new(),
-                    failover: Some(failover_json(Decision::Remote {
-                        region,
-                        ingress,
-                        ready,
-                    })),
-                    writer,
-                    index: String::new(),
-                };
-                response.index = response.fingerprint();
-                return Ok(response);
+            let decision = views.failover(&key, traffic, now_ms());
+            if matches!(decision, Decision::Remote { .. }) {
+                let failover = failover_json(decision, Elsewhere::NoLocalEndpoint);
+                return Ok(elsewhere_response(
+                    agent, &key, "failover", failover, writer,
+                ));
             }
             return Err(ApiError::not_found(format!("service {key} does not exist")));
         }
@@ -584,8 +614,12 @@ async fn resolve(
     };
     // No READY endpoint here: a failover the policy allows comes first;
     // refused, the answer keeps what protection or panic holds.
-    let failover = (!answer.selection.holds_ready())
-        .then(|| failover_json(views.failover(&key, traffic, now_ms())));
+    let failover = (!answer.selection.holds_ready()).then(|| {
+        failover_json(
+            views.failover(&key, traffic, now_ms()),
+            Elsewhere::NoLocalEndpoint,
+        )
+    });
     let moved = failover.as_ref().is_some_and(|f| f.region.is_some());
     let endpoints = if moved && !all { Vec::new() } else { endpoints };
     let region = match &failover {
@@ -617,58 +651,4 @@ async fn resolve(
     };
     response.index = response.fingerprint();
     Ok(response)
-}
-
-/// The answer for a write of a single-writer service whose writer is not
-/// this region (`Views::writes_elsewhere`): no local endpoint, and the
-/// writer region's ingress or why the write goes nowhere. `mode` is
-/// "writer".
-fn writes_elsewhere(
-    agent: &ApiContext,
-    key: ServiceKey,
-    decision: Decision,
-    writer: Option<WriterJson>,
-) -> EndpointsResponse {
-    let failover = match decision {
-        Decision::Remote {
-            region,
-            ingress,
-            ready,
-        } => FailoverJson {
-            detail: format!("region {region} owns the service's writes; they go to its ingress"),
-            region: Some(region),
-            ingress: ingress.iter().map(|i| i.to_string()).collect(),
-            ready,
-            refused: None,
-        },
-        Decision::Refused(refusal) => FailoverJson {
-            region: None,
-            ingress: Vec::new(),
-            ready: 0,
-            refused: Some(refusal.as_str().to_owned()),
-            detail: format!("the service's writes go nowhere: {}", refusal.describe()),
-        },
-    };
-    let mut response = EndpointsResponse {
-        service: key.service.clone(),
-        namespace: key.namespace.clone(),
-        port_name: key.port_name.clone(),
-        shard: shard_of(&key, SHARDS).0,
-        revision: 0,
-        age_ms: 0,
-        stale: false,
-        mode: "writer".into(),
-        degraded: false,
-        degraded_reason: None,
-        region: failover
-            .region
-            .clone()
-            .unwrap_or_else(|| agent.region.clone()),
-        endpoints: Vec::new(),
-        failover: Some(failover),
-        writer,
-        index: String::new(),
-    };
-    response.index = response.fingerprint();
-    response
 }

@@ -905,11 +905,12 @@ fn policies_survive_a_snapshot_and_old_snapshots_still_decode() {
     );
 
     // A snapshot written before policies existed: frame kind 4, the same
-    // body without the trailing policy lists and identity (here two empty
-    // lists and no identity, one byte each); before replicated policies:
-    // kind 11, without the last two; before identities: kind 12, without
-    // the last.
-    for (kind, trailing) in [(4u8, 3), (11, 2), (12, 1)] {
+    // body without the trailing policy lists, identity and writer epochs
+    // (here two empty lists, no identity and no epoch, one byte each);
+    // before replicated policies: kind 11, without the last three; before
+    // identities: kind 12, without the last two; before writer epochs:
+    // kind 13, without the last.
+    for (kind, trailing) in [(4u8, 4), (11, 3), (12, 2), (13, 1)] {
         let mut old = without.clone();
         old[1] = kind;
         for _ in 0..trailing {
