@@ -40,8 +40,8 @@ const REPORT_KEYS: [&str; 29] = [
     "failures",
 ];
 
-/// The scenarios issues 7 and 18 ask for; each must have its file.
-const REQUIRED: [&str; 22] = [
+/// The scenarios issues 7, 18 and 36 ask for; each must have its file.
+const REQUIRED: [&str; 23] = [
     "pauses-2s",
     "backend-kill",
     "correlated-crash",
@@ -64,6 +64,7 @@ const REQUIRED: [&str; 22] = [
     "reconnect-storm",
     "bad-probe",
     "region-partition",
+    "writer-transfer",
 ];
 
 #[test]

@@ -437,7 +437,10 @@ fn marker(event: &Event) -> Option<(u64, String, RGBColor)> {
         Event::LeaveCommitted { t_ms, instance } => {
             Some((*t_ms, format!("leave {instance}"), LEAVE))
         }
-        Event::Ready { .. } | Event::BackendExit { .. } | Event::Restarted { .. } => None,
+        Event::Ready { .. }
+        | Event::BackendExit { .. }
+        | Event::Restarted { .. }
+        | Event::Writer { .. } => None,
     }
 }
 

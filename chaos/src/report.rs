@@ -109,6 +109,23 @@ pub struct RegionsFigures {
     pub regions: u32,
     /// One entry per `[[pass.routing]]` rule, in the scenario's order.
     pub routing: Vec<RoutingFigures>,
+    /// Every region's writer epoch at the run's last `read_writers` step
+    /// (none when the scenario has no such step).
+    #[serde(default)]
+    pub writers: Vec<WriterReading>,
+}
+
+/// One region's writer epoch of the service, as its arbiter reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WriterReading {
+    /// The region.
+    pub region: String,
+    /// The epoch number.
+    pub epoch: u64,
+    /// The region that owns the writes in it.
+    pub owner: String,
+    /// Whether it is settled.
+    pub settled: bool,
 }
 
 /// Where one phase's connections went (see [`Routing`]).
@@ -133,6 +150,11 @@ pub struct RoutingFigures {
     /// r1's resolve answers sampled once settled, by their failover
     /// refusal ("none" when they carry none).
     pub refusals: BTreeMap<String, u64>,
+    /// Answered connections of the phase (in the order they were opened)
+    /// whose region had already been followed by another one: writes
+    /// going back to a region after another took them.
+    #[serde(default)]
+    pub interleaved: u64,
 }
 
 /// A leader election as the traffic saw it.
@@ -1009,7 +1031,12 @@ fn regions(
                 settled_conns: 0,
                 settled_answered: BTreeMap::new(),
                 refusals: BTreeMap::new(),
+                interleaved: 0,
             };
+            // The regions' runs of answers, in opening order: one region's
+            // answers after another's took over are interleaved.
+            let mut closed: Vec<String> = Vec::new();
+            let mut current: Option<String> = None;
             for c in conns {
                 let region = c
                     .backend
@@ -1026,6 +1053,11 @@ fn regions(
                     figures.conns += 1;
                     if let Some(r) = &region {
                         *figures.answered.entry(r.clone()).or_default() += 1;
+                        if closed.contains(r) {
+                            figures.interleaved += 1;
+                        } else if current.as_ref() != Some(r) {
+                            closed.extend(current.replace(r.clone()));
+                        }
                     }
                 }
                 if within(c.t_ms, true) {
@@ -1046,10 +1078,71 @@ fn regions(
             figures
         })
         .collect();
+    let last_reading = events.iter().rev().find_map(|e| match e {
+        Event::Step { t_ms, action, .. } if action == "read-writers" => Some(*t_ms),
+        _ => None,
+    });
+    let writers = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Writer {
+                t_ms,
+                region,
+                epoch,
+                owner,
+                settled,
+            } if Some(*t_ms) == last_reading => Some(WriterReading {
+                region: region.clone(),
+                epoch: *epoch,
+                owner: owner.clone(),
+                settled: *settled,
+            }),
+            _ => None,
+        })
+        .collect();
     Some(RegionsFigures {
         regions: regions.len() as u32,
         routing,
+        writers,
     })
+}
+
+/// The failure, if any, of `[pass] writer_epoch`: every region of the run
+/// read at the last `read_writers` step, each at `epoch`.
+fn judge_writers(figures: &RegionsFigures, epoch: u64, failures: &mut Vec<String>) {
+    if figures.writers.is_empty() {
+        failures.push(format!(
+            "writer epoch: no region's epoch was read (a read_writers step): epoch {epoch} was not measured"
+        ));
+        return;
+    }
+    if (figures.writers.len() as u32) < figures.regions {
+        failures.push(format!(
+            "writer epoch: only {} of {} regions answered the last read_writers step",
+            figures.writers.len(),
+            figures.regions
+        ));
+    }
+    let other: Vec<String> = figures
+        .writers
+        .iter()
+        .filter(|w| w.epoch != epoch || !w.settled)
+        .map(|w| {
+            format!(
+                "{} holds epoch {} ({}{})",
+                w.region,
+                w.epoch,
+                w.owner,
+                if w.settled { "" } else { ", moving" }
+            )
+        })
+        .collect();
+    if !other.is_empty() {
+        failures.push(format!(
+            "writer epoch: every region must hold epoch {epoch}, settled; {}",
+            other.join(", ")
+        ));
+    }
 }
 
 /// The failures of a multi-region run's routing rules.
@@ -1101,6 +1194,12 @@ fn judge_routing(figures: &RegionsFigures, rules: &[Routing], failures: &mut Vec
                 f.settled_conns, share, rule.min_answered_share
             ));
         }
+        if rule.exclusive && f.interleaved > 0 {
+            failures.push(format!(
+                "routing in phase {phase}: {} connections were answered by a region after another region had taken over: the writes reached two regions back and forth",
+                f.interleaved
+            ));
+        }
         if let Some(refusal) = &rule.refusal {
             let sampled: u64 = f.refusals.values().sum();
             let other: Vec<String> = f
@@ -1128,7 +1227,10 @@ fn judge(report: &Report, pass: &Pass) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(figures) = &report.regions {
         judge_routing(figures, &pass.routing, &mut failures);
-    } else if !pass.routing.is_empty() {
+        if let Some(epoch) = pass.writer_epoch {
+            judge_writers(figures, epoch, &mut failures);
+        }
+    } else if !pass.routing.is_empty() || pass.writer_epoch.is_some() {
         failures.push(
             "the scenario has [[pass.routing]] rules but the run had one region: routing was not measured"
                 .to_owned(),
@@ -1504,6 +1606,36 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
                 counts(&r.refusals),
             );
         }
+        let interleaved: Vec<String> = regions
+            .routing
+            .iter()
+            .filter(|r| r.interleaved > 0)
+            .map(|r| format!("{} {}", r.phase, r.interleaved))
+            .collect();
+        if !interleaved.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nConnections answered by a region after another had taken over: {}.",
+                interleaved.join(", ")
+            );
+        }
+        if !regions.writers.is_empty() {
+            md.push_str("\nWriter epochs at the last reading: ");
+            let readings: Vec<String> = regions
+                .writers
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} epoch {} ({}, {})",
+                        w.region,
+                        w.epoch,
+                        w.owner,
+                        if w.settled { "settled" } else { "moving" }
+                    )
+                })
+                .collect();
+            let _ = writeln!(md, "{}.", readings.join("; "));
+        }
     }
     md.push_str("\n## Phases\n\n");
     if report.phases.is_empty() {
@@ -1624,6 +1756,7 @@ mod tests {
             settled_by: None,
             min_answered_share: 0.5,
             refusal: Some("stale".to_owned()),
+            exclusive: false,
         };
         let answer = |t_ms: u64, refused: Option<&str>| crate::timeline::RegionAnswer {
             t_ms,
@@ -1692,6 +1825,90 @@ mod tests {
         let r = compute(&input(), &one, &pass(vec![rule("one", &["r1"])]));
         assert!(r.regions.is_none());
         assert!(!r.pass);
+    }
+
+    #[test]
+    fn a_single_writer_handover_is_judged_exclusive_and_every_region_on_the_epoch() {
+        let rule = Routing {
+            phase: "moved".to_owned(),
+            answered_by: vec!["r1".to_owned(), "r2".to_owned()],
+            settle_s: 1.0,
+            settled_by: Some(vec!["r2".to_owned()]),
+            min_answered_share: 0.5,
+            refusal: None,
+            exclusive: true,
+        };
+        let writer = |t_ms: u64, region: &str, epoch: u64| Event::Writer {
+            t_ms,
+            region: region.to_owned(),
+            epoch,
+            owner: "r1".to_owned(),
+            settled: true,
+        };
+        let read = |t_ms: u64| Event::Step {
+            t_ms,
+            action: "read-writers".to_owned(),
+            target: String::new(),
+        };
+        let timeline = Timeline {
+            conns: vec![
+                ok(100, "a", "web-r1"),
+                fail(400, "a"),
+                ok(1_500, "a", "web-r2"),
+                ok(1_600, "a", "web-r2"),
+            ],
+            events: vec![
+                phase(0, "moved"),
+                writer(1_000, "r1", 2),
+                read(1_000),
+                writer(1_900, "r1", 3),
+                writer(1_900, "r2", 3),
+                read(1_900),
+            ],
+            backend_regions: [("web-r1", "r1"), ("web-r2", "r2")]
+                .iter()
+                .map(|(i, r)| (i.to_string(), r.to_string()))
+                .collect(),
+            duration_ms: 2_000,
+            ..Timeline::default()
+        };
+        let pass = |epoch| Pass {
+            routing: vec![rule.clone()],
+            writer_epoch: Some(epoch),
+            ..neither()
+        };
+        // r1, then r2, never back: exclusive; both regions read at epoch 3
+        // at the last reading (the earlier one does not count).
+        let r = compute(&input(), &timeline, &pass(3));
+        assert!(r.pass, "{:?}", r.failures);
+        assert_eq!(r.regions.as_ref().unwrap().writers.len(), 2);
+        let r = compute(&input(), &timeline, &pass(2));
+        assert!(
+            r.failures.iter().any(|f| f.contains("r1 holds epoch 3")),
+            "{:?}",
+            r.failures
+        );
+        // A write back at r1 after r2 took over: interleaved.
+        let mut back = timeline.clone();
+        back.conns.push(ok(1_700, "a", "web-r1"));
+        back.conns.push(ok(1_800, "a", "web-r2"));
+        let r = compute(&input(), &back, &pass(3));
+        let f = &r.regions.as_ref().unwrap().routing[0];
+        assert_eq!(f.interleaved, 1, "r1 once r2 had taken over");
+        assert!(
+            r.failures.iter().any(|f| f.contains("back and forth")),
+            "{:?}",
+            r.failures
+        );
+        // No reading at all: the epoch was not measured.
+        let mut unread = timeline.clone();
+        unread.events.retain(|e| !matches!(e, Event::Writer { .. }));
+        let r = compute(&input(), &unread, &pass(3));
+        assert!(
+            r.failures.iter().any(|f| f.contains("was not measured")),
+            "{:?}",
+            r.failures
+        );
     }
 
     fn run(conns: Vec<Conn>, events: Vec<Event>, duration_ms: u64) -> Report {

@@ -1591,6 +1591,18 @@ async fn step_once(
             regions::heal(cluster, target)?;
             events.push(step("heal-bridge"));
         }
+        Action::TransferWriter | Action::ForceWriter => {
+            regions::transfer_writer(cluster, target, spec.reason.as_deref()).await?;
+            events.push(step(if spec.reason.is_some() {
+                "force-writer"
+            } else {
+                "transfer-writer"
+            }));
+        }
+        Action::ReadWriters => {
+            events.extend(regions::read_writers(cluster, t_ms).await);
+            events.push(step("read-writers"));
+        }
         Action::CrashNodes => {
             let nodes = cluster.nodes_named(target)?;
             for i in nodes {

@@ -303,6 +303,10 @@ pub struct Step {
     /// next's).
     #[serde(default)]
     pub every_s: Option<f64>,
+    /// For `force_writer` (required): the operator's reason, written to
+    /// every region's audit log.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// What a step does. The names are the scenario file's, in snake_case.
@@ -390,11 +394,21 @@ pub enum Action {
     /// on the same address and with the same registration: its readiness
     /// probe passes and it is READY again.
     RestartBackends,
+    /// Move the single-writer service's writes to the target region
+    /// (`rollcall policy transfer`), at the arbiter of the region r1's
+    /// arbiter names as the owner.
+    TransferWriter,
+    /// Force the writes to the target region at that region's own arbiter
+    /// (`--force --reason`, the step's `reason`): the owner is cut off.
+    ForceWriter,
+    /// Read every region's writer epoch of the service from its arbiter
+    /// (what `[pass] writer_epoch` judges: the last reading).
+    ReadWriters,
 }
 
 impl Action {
     /// Every action, in the order the file format lists them.
-    pub const ALL: [Action; 32] = [
+    pub const ALL: [Action; 35] = [
         Action::Drain,
         Action::FailReadiness,
         Action::FreezeBackend,
@@ -427,6 +441,9 @@ impl Action {
         Action::HealBridge,
         Action::KillBackends,
         Action::RestartBackends,
+        Action::TransferWriter,
+        Action::ForceWriter,
+        Action::ReadWriters,
     ];
 
     /// The name used in scenario files.
@@ -464,6 +481,9 @@ impl Action {
             Action::HealBridge => "heal_bridge",
             Action::KillBackends => "kill_backends",
             Action::RestartBackends => "restart_backends",
+            Action::TransferWriter => "transfer_writer",
+            Action::ForceWriter => "force_writer",
+            Action::ReadWriters => "read_writers",
         }
     }
 
@@ -557,6 +577,10 @@ pub struct Pass {
     /// `[[pass.routing]]`: which regions may answer the connections of a
     /// phase (multi-region scenarios). Default none.
     pub routing: Vec<Routing>,
+    /// The writer epoch every region's arbiter must hold at the last
+    /// `read_writers` step (a forced transfer won everywhere); unset: not
+    /// judged. Set, a run without such a reading fails.
+    pub writer_epoch: Option<u64>,
 }
 
 /// One `[[pass.routing]]` rule: where the connections opened in `phase`
@@ -586,6 +610,12 @@ pub struct Routing {
     /// sampled at least one.
     #[serde(default)]
     pub refusal: Option<String>,
+    /// The single-writer property seen from the callers: once a
+    /// connection of the phase was answered by one region, none opened
+    /// later is answered by another (writes never reach two regions
+    /// back and forth). Default false.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 impl Routing {
@@ -616,6 +646,7 @@ impl Default for Pass {
             min_writes_checked: 1,
             max_failed_conns_in_election: None,
             routing: Vec::new(),
+            writer_epoch: None,
         }
     }
 }
@@ -801,8 +832,12 @@ impl Scenario {
             }
         }
         for (i, step) in self.steps.iter().enumerate() {
+            let writers = matches!(
+                step.action,
+                Action::TransferWriter | Action::ForceWriter | Action::ReadWriters
+            );
             let regional = matches!(step.action, Action::CutBridge | Action::HealBridge);
-            if regional && self.regions < 2 {
+            if (regional || writers) && self.regions < 2 {
                 return Err(ScenarioError::invalid(
                     format!("steps[{i}].action"),
                     format!("{:?}", step.action.as_str()),
@@ -820,6 +855,25 @@ impl Scenario {
                         "must be empty (every link of r1) or a region r2…r{}",
                         self.regions
                     ),
+                ));
+            }
+            let moves = matches!(step.action, Action::TransferWriter | Action::ForceWriter);
+            if moves && !known_region(&step.target) {
+                return Err(ScenarioError::invalid(
+                    format!("steps[{i}].target"),
+                    format!("{:?}", step.target),
+                    format!(
+                        "must name the region to take the writes, r1…r{}",
+                        self.regions
+                    ),
+                ));
+            }
+            let reason = step.reason.as_deref().is_some_and(|r| !r.trim().is_empty());
+            if (step.action == Action::ForceWriter) != reason {
+                return Err(ScenarioError::invalid(
+                    format!("steps[{i}].reason"),
+                    format!("{:?}", step.reason.as_deref().unwrap_or("")),
+                    "force_writer needs a reason, and only force_writer takes one",
                 ));
             }
         }
@@ -1201,6 +1255,7 @@ max_concurrent_snapshots = 16
                 min_writes_checked: 1,
                 max_failed_conns_in_election: None,
                 routing: Vec::new(),
+                writer_epoch: None,
             }
         );
     }
@@ -1233,11 +1288,20 @@ max_concurrent_snapshots = 16
             assert_eq!(Action::from_name(action.as_str()), Some(action));
             // The bridge links are named by region, in a run of several.
             let (regions, target) = match action {
-                Action::CutBridge | Action::HealBridge => ("regions = 3\n", "r2"),
+                Action::CutBridge
+                | Action::HealBridge
+                | Action::TransferWriter
+                | Action::ForceWriter
+                | Action::ReadWriters => ("regions = 3\n", "r2"),
                 _ => ("", "x"),
             };
+            let reason = if action == Action::ForceWriter {
+                "reason = \"drill\"\n"
+            } else {
+                ""
+            };
             let text =
-                format!("{regions}{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"{target}\"\ndelay_ms = 50\ncount = 2\nevery_s = 2\nduration_s = 0.5\n");
+                format!("{regions}{MINIMAL}[[steps]]\nat_s = 1\naction = \"{action}\"\ntarget = \"{target}\"\ndelay_ms = 50\ncount = 2\nevery_s = 2\nduration_s = 0.5\n{reason}");
             let s = Scenario::from_toml_str(&text).expect("valid scenario");
             assert_eq!(s.steps[0].action, action);
         }
@@ -1348,8 +1412,9 @@ max_concurrent_snapshots = 16
             "{message}"
         );
         assert!(
-            message
-                .ends_with("crash_nodes, cut_bridge, heal_bridge, kill_backends, restart_backends"),
+            message.ends_with(
+                "kill_backends, restart_backends, transfer_writer, force_writer, read_writers"
+            ),
             "{message}"
         );
     }

@@ -96,6 +96,20 @@ pub enum Event {
         /// The instance.
         instance: String,
     },
+    /// A region's writer epoch of the service, as its arbiter reported it
+    /// (`read_writers`).
+    Writer {
+        /// When it was read.
+        t_ms: u64,
+        /// The region.
+        region: String,
+        /// The epoch number.
+        epoch: u64,
+        /// The region that owns the writes in it.
+        owner: String,
+        /// Whether it is settled (else the writes are moving).
+        settled: bool,
+    },
 }
 
 impl Event {
@@ -108,7 +122,8 @@ impl Event {
             | Event::Step { t_ms, .. }
             | Event::Ready { t_ms, .. }
             | Event::BackendExit { t_ms, .. }
-            | Event::Restarted { t_ms, .. } => *t_ms,
+            | Event::Restarted { t_ms, .. }
+            | Event::Writer { t_ms, .. } => *t_ms,
         }
     }
 }

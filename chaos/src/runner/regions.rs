@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use super::{io, Cluster, RunError, HEALTH_PORT_OFFSET};
 use crate::scenario::Scenario;
+use crate::timeline::Event;
 
 /// The bridges' QUIC port (on each region's bridge address).
 const BRIDGE_PORT: u16 = 7444;
@@ -365,6 +366,110 @@ pub(super) fn heal(cluster: &mut Cluster, target: &str) -> Result<(), RunError> 
     Ok(())
 }
 
+/// The admin address and operator token of `region`'s arbiter.
+fn admin_of(cluster: &mut Cluster, region: &str) -> Result<(String, String), RunError> {
+    if region == "r1" {
+        let (admin, token) = super::running_admin(cluster)
+            .ok_or_else(|| RunError::Cluster("no r1 arbiter runs".into()))?;
+        return Ok((admin.to_string(), token));
+    }
+    let host = cluster
+        .regions
+        .iter()
+        .find(|r| r.name == region)
+        .ok_or_else(|| RunError::Cluster(format!("{region:?} is not a region of the run")))?
+        .host;
+    let token = std::fs::read_to_string(token_file(cluster, region))
+        .map_err(io("reading a region's admin token"))?;
+    Ok((
+        format!("{}:7071", cluster.node_ip(host)),
+        token.trim().to_owned(),
+    ))
+}
+
+/// The service's policy path on the admin API.
+fn policy_path(cluster: &Cluster) -> String {
+    format!("/v1/policies/default/{}", cluster.service)
+}
+
+/// Moves the service's writes to `to` (`rollcall policy transfer`): at the
+/// owner's arbiter as r1's arbiter names it, or, forced with `reason`, at
+/// `to`'s own arbiter. A refusal fails the run: the scenario asked for a
+/// transfer the system should take.
+pub(super) async fn transfer_writer(
+    cluster: &mut Cluster,
+    to: &str,
+    reason: Option<&str>,
+) -> Result<(), RunError> {
+    let path = policy_path(cluster);
+    let at = match reason {
+        Some(_) => to.to_owned(),
+        None => {
+            let (admin, token) = admin_of(cluster, "r1")?;
+            let body = get_with(&cluster.http, &format!("http://{admin}{path}"), &token)
+                .await
+                .ok_or_else(|| RunError::Cluster("r1's arbiter did not show the policy".into()))?;
+            body["writer"]["owner"]
+                .as_str()
+                .ok_or_else(|| RunError::Cluster(format!("the policy has no writer: {body}")))?
+                .to_owned()
+        }
+    };
+    let (admin, token) = admin_of(cluster, &at)?;
+    let mut request = serde_json::json!({ "to": to });
+    if let Some(reason) = reason {
+        request["force"] = true.into();
+        request["reason"] = reason.into();
+    }
+    let response = cluster
+        .http
+        .post(format!("http://{admin}{path}/transfer"))
+        .bearer_auth(token)
+        .json(&request)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| RunError::Cluster(format!("asking {at}'s arbiter for the transfer: {e}")))?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(RunError::Cluster(format!(
+            "{at}'s arbiter refused the transfer of the writes to {to} ({status}): {body}"
+        )));
+    }
+    Ok(())
+}
+
+/// Every region's writer epoch of the service, as its arbiter reports it
+/// now; a region that does not answer is left out (and the judge says so).
+pub(super) async fn read_writers(cluster: &mut Cluster, t_ms: u64) -> Vec<Event> {
+    let path = policy_path(cluster);
+    let names: Vec<String> = std::iter::once("r1".to_owned())
+        .chain(cluster.regions.iter().map(|r| r.name.clone()))
+        .collect();
+    let mut events = Vec::new();
+    for region in names {
+        let Ok((admin, token)) = admin_of(cluster, &region) else {
+            continue;
+        };
+        let Some(body) = get_with(&cluster.http, &format!("http://{admin}{path}"), &token).await
+        else {
+            continue;
+        };
+        let w = &body["writer"];
+        if let (Some(epoch), Some(owner)) = (w["epoch"].as_u64(), w["owner"].as_str()) {
+            events.push(Event::Writer {
+                t_ms,
+                region,
+                epoch,
+                owner: owner.to_owned(),
+                settled: w["settled"].as_bool().unwrap_or(false),
+            });
+        }
+    }
+    events
+}
+
 fn gateway(region: &str) -> String {
     format!("gw-{region}")
 }
@@ -395,6 +500,21 @@ async fn status(cluster: &Cluster, ip: Ipv4Addr) -> Option<serde_json::Value> {
         &format!("http://{ip}:{}/v1/status", super::HTTP_PORT),
     )
     .await
+}
+
+/// `url` with the operator token, as JSON; `None` on any failure.
+async fn get_with(http: &reqwest::Client, url: &str, token: &str) -> Option<serde_json::Value> {
+    let response = http
+        .get(url)
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    response.json().await.ok()
 }
 
 async fn get(http: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
