@@ -422,6 +422,9 @@ pub struct Catalog {
     /// Writer epochs past the first (R9, `writer`), committed here or
     /// replicated.
     writers: BTreeMap<PolicyKey, StoredWriter>,
+    /// The revision of the last change to a policy or a writer epoch
+    /// (what tells a replica its agents' regions messages changed).
+    policy_revision: Revision,
     /// The catalog's identity, once its group's first leader named it.
     identity: Option<CatalogId>,
     /// Reused buffer for encoding records to hash them.
@@ -451,6 +454,7 @@ impl Catalog {
             policies: BTreeMap::new(),
             replicated: BTreeMap::new(),
             writers: BTreeMap::new(),
+            policy_revision: Revision(0),
             identity: None,
             scratch: Vec::new(),
             batch: Batch::default(),
@@ -574,6 +578,9 @@ impl Catalog {
     }
 
     fn commit(&mut self, rev: Revision, mut batch: Batch, effect: Effect) -> Applied {
+        if matches!(effect, Effect::PolicyChanged | Effect::WriterChanged { .. }) {
+            self.policy_revision = rev;
+        }
         if effect == Effect::Unchanged {
             batch.changes.clear();
             batch.deleted.clear();
@@ -1459,6 +1466,12 @@ impl Catalog {
         }
     }
 
+    /// The revision of the last change to a policy or a writer epoch (the
+    /// snapshot's revision after an import).
+    pub fn policy_revision(&self) -> Revision {
+        self.policy_revision
+    }
+
     /// The policy of one service, if one is set.
     pub fn policy(&self, key: &PolicyKey) -> Option<&StoredPolicy> {
         self.policies.get(key)
@@ -1662,6 +1675,7 @@ impl Catalog {
             }
         }
         cat.import_writers(snap.writers)?;
+        cat.policy_revision = snap.revision;
         Ok(cat)
     }
 }

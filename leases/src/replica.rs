@@ -126,6 +126,10 @@ pub struct ReplicaState {
     wakes: BTreeMap<u64, Vec<AgentId>>,
     next_sweep_ms: u64,
     next_regions_ms: u64,
+    /// The catalog's policy revision the last regions messages were built
+    /// at: a newer one (a policy or writer epoch changed) sends them at
+    /// once rather than at the next interval.
+    regions_policy_revision: Revision,
     /// When this leader may next propose the catalog's identity (ms).
     identify_after_ms: u64,
     /// Since when (ms) the process is stopping.
@@ -185,6 +189,7 @@ impl ReplicaState {
             regions: RegionsFeed::new(),
             wakes: BTreeMap::new(),
             next_regions_ms: now_ms,
+            regions_policy_revision: Revision(0),
             identify_after_ms: 0,
             stopping_since: None,
             next_id: 1,
@@ -429,8 +434,9 @@ impl ReplicaState {
             self.refusals.flush(now, &mut lines);
             lines.iter().for_each(crate::refusals::AuditLine::log);
         }
-        if now >= self.next_regions_ms {
+        if now >= self.next_regions_ms || cat.policy_revision() > self.regions_policy_revision {
             self.next_regions_ms = now + REGIONS_INTERVAL_MS;
+            self.regions_policy_revision = cat.policy_revision();
             let mut agents: Vec<AgentId> = self.sessions.agents().collect();
             agents.sort_unstable();
             self.push_regions(&agents, now, cat, out);

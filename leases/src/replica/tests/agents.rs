@@ -219,3 +219,53 @@ fn an_identity_holds_at_most_propagation_waits_per_identity_open() {
         Some(&Response::Propagated { acked: 2, total: 2 })
     );
 }
+
+/// The writer epochs in the regions messages `out` sends `agent`.
+fn writer_epochs(out: &[Output], agent: AgentId) -> Vec<(u64, bool)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Send {
+                agent: a,
+                message: SessionDown::RegionsWithWriters(_, writers),
+                ..
+            } if *a == agent => Some(writers.iter().map(|w| (w.epoch, w.settled))),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn a_policy_or_writer_change_reaches_the_followers_at_once() {
+    let (mut s, _) = following(&[1]);
+    let mut doc = rollcall_config::ServicePolicy::new("default/web", "r1");
+    doc.cross_region = true;
+    doc.failover_traffic = rollcall_config::TrafficClass::All;
+    doc.failover_order = vec!["r2".into()];
+    doc.single_writer = Some(rollcall_config::SingleWriter {
+        owner: "r1".into(),
+        transfer_to: None,
+    });
+    let policy = crate::policy::Policy::new(doc).expect("valid");
+    let at = |at_ms, command| Envelope {
+        at_ms,
+        actor: operator(),
+        command,
+    };
+    s.wake(10, Vec::new());
+    s.replicate(&[at(20, Command::SetPolicy(Box::new(policy)))]);
+    // 20 ms in, far from the regions interval: sent with this wake-up.
+    let out = s.wake(20, Vec::new());
+    assert_eq!(writer_epochs(&out, 1), [(1, true)], "{out:?}");
+    let transfer = crate::writer::Transfer {
+        service: "default/web".parse().expect("valid"),
+        to: zone("r2"),
+        forced: None,
+    };
+    s.replicate(&[at(30, Command::TransferWriter(Box::new(transfer)))]);
+    let out = s.wake(30, Vec::new());
+    assert_eq!(writer_epochs(&out, 1), [(2, false)], "{out:?}");
+    // Nothing changed since: nothing more before the interval.
+    let out = s.wake(40, Vec::new());
+    assert!(writer_epochs(&out, 1).is_empty(), "{out:?}");
+}
