@@ -564,12 +564,15 @@ async fn resolve(
     traffic: ConnTraffic,
 ) -> Result<EndpointsResponse, ApiError> {
     let views = &agent.views;
+    // The first resolve follows the service and waits for it: its policy
+    // (and writer epoch) arrive with it.
+    let looked = views.lookup_wait(&key).await;
     let writer = views.writer(&key).map(WriterJson::from);
     if let Some(decision) = views.writes_elsewhere(&key, traffic, now_ms()) {
         let failover = failover_json(decision, Elsewhere::Writer);
         return Ok(elsewhere_response(agent, &key, "writer", failover, writer));
     }
-    let answer = match views.lookup_wait(&key).await {
+    let answer = match looked {
         Lookup::Serve(answer) => answer,
         Lookup::Unknown => {
             // The service may live only in another region.

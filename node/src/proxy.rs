@@ -195,6 +195,10 @@ impl Forward {
     /// another region's ingress (R9).
     async fn forward(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr) {
         let service = self.view.key();
+        let answer = match self.view.lookup(&self.views, now_ms()) {
+            Lookup::CannotKnow(_) => self.views.lookup_wait(service).await,
+            answer => answer,
+        };
         // A write of a single-writer service whose writer is another
         // region never uses this region's endpoints.
         if let Some(decision) = self.views.writes_elsewhere(service, self.traffic, now_ms()) {
@@ -212,10 +216,6 @@ impl Forward {
                 Decision::Refused(refusal) => self.no_backend(peer, refusal.describe()),
             };
         }
-        let answer = match self.view.lookup(&self.views, now_ms()) {
-            Lookup::CannotKnow(_) => self.views.lookup_wait(service).await,
-            answer => answer,
-        };
         let local_failure = match answer {
             // READY endpoints here: they come first.
             Lookup::Serve(answer) if answer.selection.holds_ready() => {
