@@ -12,6 +12,7 @@ use rollcall_leases::{
 };
 
 use super::*;
+use crate::failover::{Decision, Refusal};
 
 const MAX_AGE_MS: u64 = 10_000;
 /// When the copy was last confirmed.
