@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rollcall_config::{ConnTraffic, StaleBehaviour, TrafficClass};
 use rollcall_leases::{
     HeldPolicy, Ingress, Label, PolicyKey, Principal, PrincipalName, RegionEntry, RegionsUpdate,
-    Role, ServiceKey, WriterEpoch,
+    Role, ServiceKey, ServiceSummary, WriterEpoch,
 };
 
 /// How far back the demand estimate looks for the service's highest local
@@ -147,6 +147,15 @@ impl Held {
 
     fn fresh(&self, now_ms: u64) -> bool {
         self.age_ms(now_ms) <= self.entry.max_age_ms
+    }
+
+    /// Its summary of `service` when the service has READY capacity there.
+    fn ready_summary(&self, service: &ServiceKey) -> Option<&ServiceSummary> {
+        self.entry
+            .summaries
+            .iter()
+            .find(|s| &s.service == service)
+            .filter(|s| s.ready > 0 && s.weight > 0)
     }
 }
 
@@ -312,13 +321,7 @@ impl Regions {
         let Some(region) = self.regions.get(owner).filter(|r| r.fresh(now_ms)) else {
             return refused(Refusal::Stale);
         };
-        let Some(summary) = region
-            .entry
-            .summaries
-            .iter()
-            .find(|s| &s.service == service)
-            .filter(|s| s.ready > 0 && s.weight > 0)
-        else {
+        let Some(summary) = region.ready_summary(service) else {
             return refused(Refusal::NoCapacity);
         };
         if region.entry.ingress.is_empty() {
@@ -393,13 +396,7 @@ impl Regions {
                 if !region.fresh(now_ms) {
                     break 'region Refusal::Stale;
                 }
-                let Some(summary) = region
-                    .entry
-                    .summaries
-                    .iter()
-                    .find(|s| &s.service == service)
-                    .filter(|s| s.ready > 0 && s.weight > 0)
-                else {
+                let Some(summary) = region.ready_summary(service) else {
                     break 'region Refusal::NoCapacity;
                 };
                 if region.entry.ingress.is_empty() {

@@ -202,19 +202,10 @@ impl Forward {
         // A write of a single-writer service whose writer is another
         // region never uses this region's endpoints.
         if let Some(decision) = self.views.writes_elsewhere(service, self.traffic, now_ms()) {
-            return match decision {
-                Decision::Remote {
-                    region, ingress, ..
-                } => {
-                    if !self.remote(&mut client, peer, &region, &ingress).await {
-                        self.no_backend(
-                            peer,
-                            &format!("region {region} owns the writes; its ingress did not answer"),
-                        );
-                    }
-                }
-                Decision::Refused(refusal) => self.no_backend(peer, refusal.describe()),
-            };
+            let why = "the service's writes belong to another region";
+            return self
+                .elsewhere(&mut client, peer, decision, why, "they go nowhere")
+                .await;
         }
         let local_failure = match answer {
             // READY endpoints here: they come first.
@@ -247,21 +238,36 @@ impl Forward {
                 return;
             }
         };
-        match self.views.failover(service, self.traffic, now_ms()) {
+        let decision = self.views.failover(service, self.traffic, now_ms());
+        self.elsewhere(&mut client, peer, decision, &local_failure, "no failover")
+            .await;
+    }
+
+    /// Carries the connection where `decision` sends it, or closes it as
+    /// no backend; `why` says why it left this region's endpoints, and
+    /// `refused` introduces a refusal.
+    async fn elsewhere(
+        &self,
+        client: &mut TcpStream,
+        peer: SocketAddr,
+        decision: Decision,
+        why: &str,
+        refused: &str,
+    ) {
+        match decision {
             Decision::Remote {
                 region, ingress, ..
             } => {
-                if !self.remote(&mut client, peer, &region, &ingress).await {
+                if !self.remote(client, peer, &region, &ingress).await {
                     self.no_backend(
                         peer,
-                        &format!("{local_failure}; region {region}'s ingress did not answer"),
+                        &format!("{why}; region {region}'s ingress did not answer"),
                     );
                 }
             }
-            Decision::Refused(refusal) => self.no_backend(
-                peer,
-                &format!("{local_failure}; no failover: {}", refusal.describe()),
-            ),
+            Decision::Refused(refusal) => {
+                self.no_backend(peer, &format!("{why}; {refused}: {}", refusal.describe()))
+            }
         }
     }
 
