@@ -214,6 +214,9 @@ pub fn render_status(s: &StatusResponse) -> String {
         a.address.as_deref().unwrap_or("none yet"),
         a.catalog.as_deref().unwrap_or("not known yet"),
     );
+    if let Some(reason) = &a.last_end {
+        let _ = writeln!(text, "         last session ended: {reason}");
+    }
     let _ = writeln!(
         text,
         "lease    {}",
@@ -420,6 +423,7 @@ mod tests {
                 address: Some("127.0.0.1:7072".into()),
                 last_contact_ms: Some(2_500),
                 catalog: None,
+                last_end: Some("the arbiter closed the session".into()),
             },
             lease: None,
             subscriptions: Vec::new(),
@@ -434,6 +438,10 @@ mod tests {
         let text = render_status(&status(None));
         assert!(
             text.contains("NOT connected; last tried 127.0.0.1:7072 (last contact 2.5 s ago)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last session ended: the arbiter closed the session"),
             "{text}"
         );
         assert!(text.contains("gossip   off (no gossip.key_file)"), "{text}");

@@ -38,8 +38,9 @@ fn run(name: &str) -> SimReport {
 
 /// As `run`, without the check that no drained instance got a new
 /// connection: a replica that dies with its host leaves its agents
-/// without updates until the QUIC idle timeout, and a drain committed
-/// meanwhile can still be routed to by them (leader-change measures it).
+/// without updates until their next message gets nothing back within
+/// `agent.arbiter_silence_ms`, and a drain committed meanwhile can still
+/// be routed to by them (leader-change measures it).
 fn run_unchecked_drains(name: &str) -> SimReport {
     let scenario = short(name);
     let first = simulate_scenario(scenario.clone(), SEED, false).report;
@@ -152,6 +153,10 @@ fn every_short_simulation_is_deterministic_and_correct() {
     assert!(
         a.sessions_moved > 0,
         "leader-change: the dead leader's agents moved"
+    );
+    assert!(
+        a.silent_replicas_noticed > 0,
+        "leader-change: the dead leader's agents noticed its silence at their silence check"
     );
     assert!(
         a.batches_timed_out > 0,

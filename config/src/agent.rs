@@ -72,6 +72,17 @@ pub struct AgentConfig {
     /// it (the grant is a Raft write; the arbiter refuses the session
     /// itself if the write fails). Default 2000; 100 to 10000.
     pub connect_timeout_ms: u64,
+    /// How long the arbiter may leave a message of the agent's session
+    /// (a lease renewal, a subscription, a request) without a sign of
+    /// life, in ms: when not one QUIC datagram arrives from the replica
+    /// within this of a send (its acknowledgement is due within a round
+    /// trip and 25 ms), the agent ends the session and moves on to the
+    /// next replica. A replica whose host died silently is noticed by the
+    /// next renewal (every `ttl_ms / 3`) plus this, not at the 10 s QUIC
+    /// idle timeout. A check whose timer fired more than 250 ms late (the
+    /// agent was paused or starved) decides nothing. Default 1500; 200 to
+    /// 5000.
+    pub arbiter_silence_ms: u64,
     /// Services to follow from start, as `namespace/service/port_name`;
     /// others are followed from their first local resolve. Default none.
     pub services: Vec<String>,
@@ -162,6 +173,7 @@ impl Default for AgentConfig {
             arbiters: Vec::new(),
             keepalive_ms: 5_000,
             connect_timeout_ms: 2_000,
+            arbiter_silence_ms: 1_500,
             services: Vec::new(),
             advertise_addresses: Vec::new(),
             reconnect_min_ms: 100,
@@ -215,6 +227,12 @@ impl ConfigFile for AgentConfig {
             self.connect_timeout_ms,
             100,
             crate::QUIC_IDLE_TIMEOUT_MS,
+        )?;
+        rules::between(
+            "agent.arbiter_silence_ms",
+            self.arbiter_silence_ms,
+            200,
+            crate::QUIC_IDLE_TIMEOUT_MS / 2,
         )?;
         for (i, service) in self.services.iter().enumerate() {
             rules::service_key(&format!("agent.services[{i}]"), service)?;

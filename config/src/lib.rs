@@ -79,3 +79,8 @@ pub use security::{
 /// replicas' peer links take their own shorter one), ms: a connection
 /// nothing was heard on for this long is closed at both ends.
 pub const QUIC_IDLE_TIMEOUT_MS: u64 = 10_000;
+
+/// An agent's check for a silent arbiter (`agent.arbiter_silence_ms`)
+/// whose timer fired later than this, ms, decides nothing: the agent was
+/// paused or starved, and the replica's answer may be there unread.
+pub const SILENCE_CHECK_LATE_MS: u64 = 250;

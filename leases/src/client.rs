@@ -26,6 +26,14 @@ pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// failover would sit that long without a session.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long an arbiter may leave a message the agent sent without one
+/// datagram back unless [`ArbiterClient::with_arbiter_silence`] says
+/// otherwise: `agent.arbiter_silence_ms`'s default. A live replica
+/// acknowledges within a round trip and its ACK delay (25 ms); a replica
+/// whose host died says nothing, and without this bound its agents would
+/// hear of it only at the 10 s QUIC idle timeout.
+pub const DEFAULT_ARBITER_SILENCE: Duration = Duration::from_millis(1_500);
+
 /// Why talking to the arbiter failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -66,6 +74,7 @@ pub struct ArbiterClient {
     endpoint: quinn::Endpoint,
     tls: Arc<LiveTls>,
     connect_timeout: Duration,
+    silence: Duration,
 }
 
 impl ArbiterClient {
@@ -104,6 +113,7 @@ impl ArbiterClient {
             endpoint,
             tls,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            silence: DEFAULT_ARBITER_SILENCE,
         })
     }
 
@@ -124,6 +134,20 @@ impl ArbiterClient {
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// The same client telling its sessions to give up on an arbiter
+    /// that sends nothing back within `silence` of a message
+    /// (`agent.arbiter_silence_ms`) instead of [`DEFAULT_ARBITER_SILENCE`].
+    pub fn with_arbiter_silence(mut self, silence: Duration) -> Self {
+        self.silence = silence;
+        self
+    }
+
+    /// How long an arbiter may leave a message without a datagram back
+    /// (the session actor ends the session past it).
+    pub fn arbiter_silence(&self) -> Duration {
+        self.silence
     }
 
     /// The TLS material it presents (its `replace` takes effect at the next
@@ -245,6 +269,13 @@ impl ArbiterConn {
         let _ = send.finish();
         let bytes = codec::read_frame(&mut recv, MAX_RESPONSE_BYTES).await?;
         Ok(codec::decode_response(&bytes)?)
+    }
+
+    /// How many UDP datagrams have arrived from the arbiter on this
+    /// connection: any of them (an acknowledgement included) shows the
+    /// replica alive.
+    pub fn datagrams_heard(&self) -> u64 {
+        self.conn.stats().udp_rx.datagrams
     }
 
     /// Closes the connection.

@@ -295,6 +295,7 @@ impl AgentState {
             Input::SessionEnded { session, reason } => {
                 if self.link.session_id() == Some(session) {
                     tracing::warn!(arbiter = ?self.link.address(), error = %reason, "arbiter session ended");
+                    self.link.ended_because(reason);
                     self.disconnected(now_ms, rng, out);
                 }
             }

@@ -80,7 +80,8 @@ pub fn resend_health(wanted: State, in_catalog: Option<State>, pending: bool) ->
 /// holds down stays out of routing while the arbiter is unreachable (R7),
 /// and, with a session up, until the arbiter has answered its report in
 /// this session: right after an outage the catalog has not caught up
-/// with a crash gossip saw during it.
+/// with a crash gossip saw during it. A report the arbiter commits keeps
+/// the node out until gossip sees it again.
 #[derive(Clone, Debug, Default)]
 pub struct DownVerdicts {
     down: BTreeMap<NodeId, AgentEpoch>,
@@ -100,8 +101,10 @@ impl DownVerdicts {
         self.down.remove(node).is_some()
     }
 
-    /// The arbiter answered `node`'s down report (committed, or refused
-    /// because it still hears the node).
+    /// The arbiter refused `node`'s down report (it still hears the node:
+    /// a partition inside the zone): the catalog decides its routing
+    /// again. A committed verdict settles nothing: its delta may reach
+    /// the view after the answer.
     pub fn settled(&mut self, node: NodeId) {
         if self.down.contains_key(&node) {
             self.settled.insert(node);

@@ -301,11 +301,13 @@ pub async fn prepare(
     }
     let keep_alive = Duration::from_millis(config.keepalive_ms);
     let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+    let silence = Duration::from_millis(config.arbiter_silence_ms);
     let client = tls
         .map(|tls| {
             ArbiterClient::new(tls)
                 .and_then(|c| c.with_keep_alive(keep_alive))
                 .map(|c| c.with_connect_timeout(connect_timeout))
+                .map(|c| c.with_arbiter_silence(silence))
         })
         .transpose()?;
     let bound = bind(&config).await?;

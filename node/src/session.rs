@@ -4,6 +4,13 @@
 //! half-way), and sends each request on a stream of its own. Everything it
 //! hears goes to the agent's state machine as an `Input`; it decides
 //! nothing.
+//!
+//! It also watches for a replica that died silently: a message it sends
+//! must be followed, within `agent.arbiter_silence_ms`, by at least one
+//! datagram from the replica (a live one acknowledges within a round
+//! trip), or the session ends and the agent moves on to the next replica.
+
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rollcall_leases::client::{ArbiterClient, ArbiterConn, ClientError, SessionReader};
@@ -43,7 +50,21 @@ pub struct SessionActor {
     conn: Option<ArbiterConn>,
     up: Option<mpsc::UnboundedSender<SessionUp>>,
     ended: bool,
+    /// The earliest message sent and not yet followed by a datagram.
+    watch: Option<Watch>,
 }
+
+/// A sent message waiting for a sign of life from the replica.
+struct Watch {
+    /// Datagrams heard on the connection when it was sent.
+    heard: u64,
+    /// The timer that ends the session if none arrives.
+    timer: SpawnHandle,
+}
+
+/// A watch whose timer fired later than this decides nothing: the agent
+/// was paused or starved, and the replica's answer may be there unread.
+const LATE: Duration = Duration::from_millis(rollcall_config::SILENCE_CHECK_LATE_MS);
 
 impl SessionActor {
     /// Session `session` with the arbiter at `address`, opened with `hello`.
@@ -63,7 +84,46 @@ impl SessionActor {
             conn: None,
             up: None,
             ended: false,
+            watch: None,
         }
+    }
+
+    /// A message is being sent: unless an earlier one is still waiting for
+    /// a datagram, this one must see one within the client's
+    /// `arbiter_silence`.
+    fn watch(&mut self, ctx: &mut Context<Self>) {
+        let Some(conn) = &self.conn else {
+            return;
+        };
+        let heard = conn.datagrams_heard();
+        if let Some(watch) = self.watch.take() {
+            if watch.heard == heard {
+                // The earlier message waits still: its deadline is sooner.
+                self.watch = Some(watch);
+                return;
+            }
+            ctx.cancel_future(watch.timer);
+        }
+        let silence = self.client.arbiter_silence();
+        let due = Instant::now() + silence;
+        let timer = ctx.run_later(silence, move |act, ctx| {
+            let Some(watch) = act.watch.take() else {
+                return;
+            };
+            let heard = act.conn.as_ref().map(|c| c.datagrams_heard());
+            let late = Instant::now().saturating_duration_since(due) > LATE;
+            if heard != Some(watch.heard) || late {
+                return;
+            }
+            act.end(
+                format!(
+                    "the arbiter sent nothing back within agent.arbiter_silence_ms ({} ms) of a message: its host is presumed gone",
+                    silence.as_millis()
+                ),
+                ctx,
+            );
+        });
+        self.watch = Some(Watch { heard, timer });
     }
 }
 
@@ -181,9 +241,11 @@ impl SessionActor {
 impl Handler<SendUp> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, SendUp(message): SendUp, _: &mut Context<Self>) {
+    fn handle(&mut self, SendUp(message): SendUp, ctx: &mut Context<Self>) {
         if let Some(up) = &self.up {
-            let _ = up.send(message);
+            if up.send(message).is_ok() {
+                self.watch(ctx);
+            }
         }
     }
 }
@@ -191,7 +253,7 @@ impl Handler<SendUp> for SessionActor {
 impl Handler<Ask> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, Ask { request, body }: Ask, _: &mut Context<Self>) {
+    fn handle(&mut self, Ask { request, body }: Ask, ctx: &mut Context<Self>) {
         let agent = self.agent.clone();
         let Some(conn) = self.conn.clone() else {
             return agent.do_send(Input::Answer {
@@ -199,6 +261,7 @@ impl Handler<Ask> for SessionActor {
                 result: Err("the session is not up".into()),
             });
         };
+        self.watch(ctx);
         tokio::spawn(async move {
             let result = conn.request(&body).await.map_err(|e| e.to_string());
             agent.do_send(Input::Answer { request, result });

@@ -8,280 +8,18 @@
 //! benchmark `leases/benches/replication.rs` measures times).
 
 mod common;
+mod replicas;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{eventually, free_udp_port, Cluster, Http};
-use rollcall_config::{AgentConfig, ArbiterConfig, ReplicaEntry};
+use common::{eventually, Cluster, Http};
+use replicas::Group;
 use rollcall_leases::client::ArbiterClient;
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
-use rollcall_leases::server::ArbiterServer;
-use rollcall_leases::tls::{Ca, TlsMaterial};
 use rollcall_leases::{AgentEpoch, Label, NodeId, Role};
 use rollcall_node::process::{self, AgentHandle};
 use serde_json::Value;
-use tokio::net::UdpSocket;
-
-/// A UDP relay in front of one replica's QUIC port: peers dial the relay.
-/// `cut` drops everything; `blocked` drops packets from those source ports
-/// (a replica's outgoing peer socket), in both directions.
-struct Relay {
-    addr: SocketAddr,
-    cut: Arc<AtomicBool>,
-    blocked: Arc<Mutex<HashSet<u16>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    async fn start(upstream: SocketAddr) -> Relay {
-        let listen = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-        let addr = listen.local_addr().unwrap();
-        let cut = Arc::new(AtomicBool::new(false));
-        let blocked: Arc<Mutex<HashSet<u16>>> = Arc::default();
-        let (c, b) = (cut.clone(), blocked.clone());
-        let task = tokio::spawn(async move {
-            let mut routes: BTreeMap<SocketAddr, Arc<UdpSocket>> = BTreeMap::new();
-            let mut buf = vec![0u8; 65_536];
-            loop {
-                let Ok((n, from)) = listen.recv_from(&mut buf).await else {
-                    return;
-                };
-                let dropped = move |c: &AtomicBool, b: &Mutex<HashSet<u16>>| {
-                    c.load(Ordering::Relaxed) || b.lock().unwrap().contains(&from.port())
-                };
-                if dropped(&c, &b) {
-                    continue;
-                }
-                let out = match routes.get(&from) {
-                    Some(out) => out.clone(),
-                    None => {
-                        let out = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-                        out.connect(upstream).await.unwrap();
-                        routes.insert(from, out.clone());
-                        let (back, listen, c, b) =
-                            (out.clone(), listen.clone(), c.clone(), b.clone());
-                        tokio::spawn(async move {
-                            let mut buf = vec![0u8; 65_536];
-                            loop {
-                                // A connected UDP socket reports an ICMP
-                                // "port unreachable" (a replica not started
-                                // yet) as an error on the next receive.
-                                let Ok(n) = back.recv(&mut buf).await else {
-                                    continue;
-                                };
-                                if !dropped(&c, &b) {
-                                    let _ = listen.send_to(&buf[..n], from).await;
-                                }
-                            }
-                        });
-                        out
-                    }
-                };
-                let _ = out.send(&buf[..n]).await;
-            }
-        });
-        Relay {
-            addr,
-            cut,
-            blocked,
-            task,
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Three replicas of region r1, ids 1–3.
-struct Group {
-    ca: Ca,
-    dir: tempfile::TempDir,
-    configs: Vec<ArbiterConfig>,
-    tls: Vec<TlsMaterial>,
-    servers: Vec<Option<ArbiterServer>>,
-    relays: Vec<Relay>,
-}
-
-impl Group {
-    async fn start(tune: impl Fn(&mut ArbiterConfig)) -> Group {
-        // RUST_LOG=info shows the replicas' elections when a test fails.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-        let mut relays = Vec::new();
-        for port in &ports {
-            relays.push(Relay::start(SocketAddr::from(([127, 0, 0, 1], *port))).await);
-        }
-        let replicas: Vec<ReplicaEntry> = relays
-            .iter()
-            .enumerate()
-            .map(|(i, r)| ReplicaEntry {
-                id: i as u64 + 1,
-                addr: r.addr.to_string(),
-            })
-            .collect();
-        let mut configs = Vec::new();
-        let mut tls = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
-            let mut config = ArbiterConfig {
-                name: format!("arbiter-{}", i + 1),
-                listen: SocketAddr::from(([127, 0, 0, 1], *port)),
-                admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-                data_dir: dir.path().join(format!("arbiter-{}", i + 1)),
-                // Tests register addresses no node declared.
-                registration: rollcall_config::RegistrationConfig {
-                    addresses: rollcall_config::AddressRule::Any,
-                    ..Default::default()
-                },
-                ..ArbiterConfig::default()
-            };
-            config.raft.id = i as u64 + 1;
-            config.raft.replicas = replicas.clone();
-            config.raft.write_timeout_ms = 2_000;
-            tune(&mut config);
-            configs.push(config);
-            tls.push(Cluster::material(
-                &ca,
-                Role::Arbiter,
-                &format!("arbiter-{}", i + 1),
-            ));
-        }
-        let mut group = Group {
-            ca,
-            dir,
-            configs,
-            tls,
-            servers: vec![None, None, None],
-            relays,
-        };
-        for i in 0..3 {
-            group.start_replica(i).await;
-        }
-        group
-    }
-
-    async fn start_replica(&mut self, i: usize) {
-        let server = ArbiterServer::start(self.configs[i].clone(), &self.tls[i])
-            .await
-            .unwrap();
-        self.servers[i] = Some(server);
-    }
-
-    async fn stop_replica(&mut self, i: usize) {
-        if let Some(server) = self.servers[i].take() {
-            server.shutdown().await;
-        }
-    }
-
-    fn quic_addrs(&self) -> Vec<String> {
-        self.configs.iter().map(|c| c.listen.to_string()).collect()
-    }
-
-    /// The leader's index as replica `from` sees it, once it sees one.
-    async fn leader_seen_by(&self, from: usize) -> usize {
-        let raft = self.servers[from].as_ref().unwrap().raft().clone();
-        eventually("a leader is elected", || {
-            let raft = raft.clone();
-            async move {
-                raft.metrics()
-                    .borrow()
-                    .current_leader
-                    .map(|id| id as usize - 1)
-            }
-        })
-        .await
-    }
-
-    /// The leader, once every running replica agrees on one.
-    async fn leader(&self) -> usize {
-        eventually("the running replicas agree on a leader", || async {
-            let seen: BTreeSet<Option<u64>> = self
-                .servers
-                .iter()
-                .flatten()
-                .map(|s| s.raft().metrics().borrow().current_leader)
-                .collect();
-            match seen.into_iter().collect::<Vec<_>>()[..] {
-                [Some(id)] if self.servers[id as usize - 1].is_some() => Some(id as usize - 1),
-                _ => None,
-            }
-        })
-        .await
-    }
-
-    fn admin(&self, i: usize) -> common::Admin {
-        let server = self.servers[i].as_ref().expect("replica running");
-        common::Admin {
-            base: format!("http://{}", server.admin_addr),
-            token: std::fs::read_to_string(&server.token_file)
-                .unwrap()
-                .trim()
-                .to_owned(),
-            client: reqwest::Client::new(),
-        }
-    }
-
-    /// Every audit entry replica `i` holds, oldest first.
-    async fn audit(&self, i: usize) -> Vec<Value> {
-        let (status, body) = self.admin(i).get("/v1/audit?limit=10000").await;
-        assert_eq!(status, 200, "{body}");
-        body.as_array().unwrap().clone()
-    }
-
-    /// Cuts replica `i` off from the other replicas, both directions.
-    fn isolate(&self, i: usize) {
-        self.relays[i].cut.store(true, Ordering::Relaxed);
-        let port = self.servers[i].as_ref().unwrap().peer_port();
-        for (j, relay) in self.relays.iter().enumerate() {
-            if j != i {
-                relay.blocked.lock().unwrap().insert(port);
-            }
-        }
-    }
-
-    fn heal(&self) {
-        for relay in &self.relays {
-            relay.cut.store(false, Ordering::Relaxed);
-            relay.blocked.lock().unwrap().clear();
-        }
-    }
-
-    fn agent_config(&self, node: &str, arbiters: Vec<String>) -> AgentConfig {
-        AgentConfig {
-            node_id: node.into(),
-            region: "r1".into(),
-            data_dir: self.dir.path().join("agents").join(node),
-            http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            dns_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            arbiters,
-            reconnect_min_ms: 50,
-            reconnect_max_ms: 500,
-            ..AgentConfig::default()
-        }
-    }
-
-    async fn agent(&self, node: &str) -> AgentHandle {
-        self.agent_on(node, self.quic_addrs()).await
-    }
-
-    async fn agent_on(&self, node: &str, arbiters: Vec<String>) -> AgentHandle {
-        let tls = Cluster::material(&self.ca, Role::Agent, node);
-        process::start(self.agent_config(node, arbiters), Some(&tls))
-            .await
-            .unwrap()
-    }
-}
 
 /// The order of `addrs` that makes an agent for `node` start on `first`
 /// (agents start at a place fixed by their node id, then move on).
@@ -515,6 +253,58 @@ async fn a_wiped_follower_rejoins_from_a_snapshot() {
         "it knows the group"
     );
     writer.shutdown().await;
+}
+
+/// Issue 34: a replica whose host dies says nothing (no CONNECTION_CLOSE,
+/// no ICMP). An agent on it notices when a message it sends (its next
+/// renewal) gets nothing back within `agent.arbiter_silence_ms`, not at
+/// the 10 s QUIC idle timeout, says so in `/v1/status`, and resumes on
+/// another replica.
+#[actix_rt::test(system = "crate::common::AgentSystem")]
+async fn an_agent_whose_replica_goes_silent_ends_the_session_at_its_silence_check_and_moves_on() {
+    let mut group = Group::start(|c| c.lease.ttl_ms = 3_000).await;
+    let leader = group.leader().await;
+    let silent = (leader + 1) % 3;
+    let relays = group.relay_addrs();
+    let watcher = group
+        .agent_on("watcher", starting_at("watcher", &relays, silent))
+        .await;
+    let writer = group
+        .agent_on("writer", starting_at("writer", &relays, leader))
+        .await;
+    let (v, w) = (Http::of(&watcher), Http::of(&writer));
+    v.wait_connected().await;
+    w.wait_connected().await;
+    assert_eq!(v.status().await["arbiter"]["address"], relays[silent]);
+    let (status, body) = w.register("web", "web-0", 9000).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the watcher sees web-0", || async {
+        v.ready_ids("web").await.filter(|ids| ids.len() == 1)
+    })
+    .await;
+    assert_eq!(v.status().await["arbiter"]["last_end"], Value::Null);
+
+    // The watcher's replica goes silent; the two others keep a quorum.
+    group.isolate(silent);
+    let (status, body) = w.register("web", "web-1", 9001).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the watcher, on another replica, sees web-1", || async {
+        v.ready_ids("web").await.filter(|ids| ids.len() == 2)
+    })
+    .await;
+    let status = v.status().await;
+    assert_ne!(status["arbiter"]["address"], relays[silent], "{status}");
+    let ended = status["arbiter"]["last_end"].as_str().unwrap_or_default();
+    assert!(
+        ended.contains("sent nothing back within agent.arbiter_silence_ms (1500 ms)"),
+        "the session ended at the silence check, not the idle timeout: {status}"
+    );
+    writer.shutdown().await;
+    watcher.shutdown().await;
+    group.heal();
+    for i in 0..3 {
+        group.stop_replica(i).await;
+    }
 }
 
 /// Opens a session as node `reporter` on replica `on` and reports `node`

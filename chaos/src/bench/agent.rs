@@ -552,8 +552,12 @@ impl Handler<Input> for FleetAgent {
                     }
                 }
             }
-            Input::SessionEnded { session, .. } => {
+            Input::SessionEnded { session, reason } => {
                 self.session.ended(*session);
+                // Why sessions end (a replica's silence, a lost
+                // connection, the storm's cut) is in the report's errors.
+                self.shared
+                    .record(|r| r.error(format!("session ended: {reason}")));
                 if let Some(back) = &mut self.back {
                     if back.connected_us == 0 {
                         back.failed += 1;

@@ -838,7 +838,10 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
         );
     }
     if !report.errors.is_empty() {
-        let _ = writeln!(out, "\n## Errors answered to the bench's calls\n");
+        let _ = writeln!(
+            out,
+            "\n## Errors answered to the bench's calls, and why sessions ended\n"
+        );
         for (e, n) in &report.errors {
             let _ = writeln!(out, "- {n} × {e}");
         }

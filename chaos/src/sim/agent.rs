@@ -95,6 +95,9 @@ impl World {
         let Some(g) = self.global_session(a, session) else {
             return;
         };
+        if !self.link_up(a) {
+            self.watch_silence(a, g);
+        }
         if let SessionUp::Ack { service, revision } = &message {
             // The agent applied this revision: what leave and crash times
             // are measured by.
@@ -488,12 +491,52 @@ impl World {
         }
     }
 
+    /// A partition's idle timeout: the replica's end of session `g`
+    /// closes, and the agent's too if it still held it (an agent that
+    /// gave up on it at its silence check closed its end before).
     pub(super) fn idle_check(&mut self, a: u32, g: u64) {
-        if self.agents[a as usize].session.is_none_or(|(_, x)| x != g) || !self.cut(a) {
+        let held = self.agents[a as usize].session.is_some_and(|(_, x)| x == g);
+        if held && !self.cut(a) {
+            // Healed in time: the session lives on.
             return;
         }
-        // Neither end heard the other for the idle timeout.
         self.drop_session(g);
+        if held {
+            self.closed(a, g);
+        }
+    }
+
+    /// Agent `a` sent on session `g` while nothing gets through: unless a
+    /// check is pending, it ends the session if nothing comes back within
+    /// `agent.arbiter_silence_ms` (the shipped session actor's watch).
+    fn watch_silence(&mut self, a: u32, g: u64) {
+        if self.agents[a as usize].silence_watch == Some(g) {
+            return;
+        }
+        self.agents[a as usize].silence_watch = Some(g);
+        let due = self.now + self.agent_config.arbiter_silence_ms * 1_000;
+        self.at(
+            due,
+            Ev::ArbiterSilent {
+                agent: a,
+                session: g,
+                due,
+            },
+        );
+    }
+
+    /// Agent `a`'s silence check of session `g` is due: the session ends
+    /// unless something got through meanwhile (the path healed, so the
+    /// replica's acknowledgement arrived) or the check ran late.
+    pub(super) fn arbiter_silent(&mut self, a: u32, g: u64, due: Time) {
+        let agent = &mut self.agents[a as usize];
+        if agent.silence_watch == Some(g) {
+            agent.silence_watch = None;
+        }
+        if self.now > due + SILENCE_CHECK_LATE_MS * 1_000 || self.link_up(a) {
+            return;
+        }
+        self.counters.silent_arbiters += 1;
         self.closed(a, g);
     }
 

@@ -120,11 +120,21 @@ pub(super) enum Ev {
     PeerTimeout {
         call: u64,
     },
-    /// A killed replica's session: the agent notices nothing for the idle
-    /// timeout.
+    /// A killed replica's session at the QUIC idle timeout (the bound: an
+    /// agent that sends anything notices sooner, at its silence check).
     SessionLost {
         agent: u32,
         session: u64,
+    },
+    /// A message agent `agent` sent on session `session` got nothing back
+    /// within `agent.arbiter_silence_ms` (its replica is dead, or the agent
+    /// is cut off): the agent ends the session, unless the check ran late
+    /// (`due` passed by more than the shipped 250 ms: the agent was
+    /// paused).
+    ArbiterSilent {
+        agent: u32,
+        session: u64,
+        due: Time,
     },
     /// Replica `replica` starts again after `kill_leader` or
     /// `lose_quorum`.
@@ -171,7 +181,8 @@ impl Ev {
             | Ev::Message { agent: a, .. }
             | Ev::Answer { agent: a, .. }
             | Ev::Closed { agent: a, .. }
-            | Ev::SessionLost { agent: a, .. } => Some(*a),
+            | Ev::SessionLost { agent: a, .. }
+            | Ev::ArbiterSilent { agent: a, .. } => Some(*a),
             _ => None,
         }
     }

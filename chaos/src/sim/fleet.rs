@@ -121,6 +121,7 @@ impl World {
                 reconnected_after_outage: false,
                 down_last: 0,
                 up_last: 0,
+                silence_watch: None,
             });
         }
         // Services, sized by a Zipf-like law; instances spread at random.

@@ -79,13 +79,14 @@ pub fn markdown(r: &SimReport, plots: &[String]) -> String {
             format!("{} , {}", f.arbiter.cpu_percent, f.arbiter.cpu_max_wait_ms),
         ),
         (
-            "arbiter replicas / leader changes / sessions moved / batches timed out",
+            "arbiter replicas / leader changes / sessions moved / batches timed out / silent replicas noticed",
             format!(
-                "{} / {} / {} / {}",
+                "{} / {} / {} / {} / {}",
                 f.arbiter.replicas,
                 f.arbiter.leader_changes,
                 f.arbiter.sessions_moved,
-                f.arbiter.batches_timed_out
+                f.arbiter.batches_timed_out,
+                f.arbiter.silent_replicas_noticed
             ),
         ),
         (

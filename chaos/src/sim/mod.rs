@@ -194,6 +194,11 @@ pub struct ArbiterFigures {
     /// `raft.write_timeout_ms`; their agents keep the writes pending).
     #[serde(default)]
     pub batches_timed_out: u64,
+    /// Sessions an agent ended because nothing came back from its
+    /// replica within `agent.arbiter_silence_ms` of a message (a replica
+    /// killed with its host, or a cut).
+    #[serde(default)]
+    pub silent_replicas_noticed: u64,
 }
 
 /// Gossip load.
@@ -422,6 +427,7 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
             leader_changes: world.group.term.saturating_sub(1),
             sessions_moved: c.sessions_moved,
             batches_timed_out: c.batches_timed_out,
+            silent_replicas_noticed: c.silent_arbiters,
         },
         gossip: GossipFigures {
             packets_per_node_per_s: round2(world.gossip_packets as f64 / nodes / duration_s),

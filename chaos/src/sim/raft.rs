@@ -19,9 +19,9 @@
 //! - quorum contact: while fewer than a majority run, the leader's view
 //!   says how long ago its quorum last answered (`quorum_ack_ms_ago`);
 //! - peer calls between the replicas (`peers`);
-//! - a replica's death: `silent` (the host is gone: its agents notice at
-//!   the QUIC idle timeout, a connect to it fails at the agent's connect
-//!   timeout) or, for the whole group's outage, refusing (every session
+//! - a replica's death: `silent` (the host is gone: its agents notice when
+//!   a message they send gets nothing back within `agent.arbiter_silence_ms`,
+//!   a connect to it fails at the agent's connect timeout) or, for the whole group's outage, refusing (every session
 //!   closed, every connect refused).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -381,8 +381,9 @@ impl World {
     // ----- replicas stopping and starting -----
 
     /// Replica `r` dies with its host: its memory and uncommitted work are
-    /// gone, and nothing answers for it. Its agents notice at the QUIC
-    /// idle timeout.
+    /// gone, and nothing answers for it. Its agents notice when a message
+    /// they send gets nothing back within `agent.arbiter_silence_ms`
+    /// (`World::watch_silence`), at the latest at the QUIC idle timeout.
     pub(super) fn kill_replica(&mut self, r: usize) {
         if !self.arbs[r].up {
             return;

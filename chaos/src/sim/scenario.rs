@@ -236,8 +236,9 @@ pub enum Action {
     /// Like `deploy` without the drain wait: replacements made while the
     /// arbiter may be down are kept pending by their agents.
     Churn,
-    /// Kill the leader replica with its host (silent: its agents notice at
-    /// the QUIC idle timeout); it starts again after `over_s`. Needs
+    /// Kill the leader replica with its host (silent: its agents notice
+    /// at their silence check, `agent.arbiter_silence_ms` after their next
+    /// message); it starts again after `over_s`. Needs
     /// `[arbiter] replicas` of 3 or more.
     KillLeader,
     /// Kill every replica but the leader (silent) for `over_s`: the

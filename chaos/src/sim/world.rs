@@ -57,6 +57,10 @@ use super::scenario::{Action, SimScenario, Step};
 pub(super) const TICK_MS: u64 = 100;
 /// QUIC idle timeout of an agent's session, ms (the shipped value).
 pub(super) const IDLE_TIMEOUT_MS: u64 = rollcall_config::QUIC_IDLE_TIMEOUT_MS;
+
+/// A silence check that runs later than this decides nothing (the
+/// shipped session actor's bound), ms.
+pub(super) const SILENCE_CHECK_LATE_MS: u64 = rollcall_config::SILENCE_CHECK_LATE_MS;
 /// How often convergence is checked after the last recovery, ms.
 pub(super) const CONVERGE_CHECK_MS: u64 = 500;
 /// How often a QUIC handshake's packets are sent again while lost, ms.
@@ -164,6 +168,9 @@ pub(super) struct Agent {
     /// (µs): the stream is ordered.
     pub(super) down_last: Time,
     pub(super) up_last: Time,
+    /// The session whose silence check is pending (one at a time, as the
+    /// shipped session actor watches its earliest unanswered message).
+    pub(super) silence_watch: Option<u64>,
 }
 
 /// A change whose arrival at every subscribed agent is being timed.
@@ -214,6 +221,7 @@ pub struct Counters {
     pub reconnects: u64,
     pub sessions_moved: u64,
     pub batches_timed_out: u64,
+    pub silent_arbiters: u64,
     pub snapshots_applied: u64,
     pub events: u64,
 }
@@ -511,6 +519,11 @@ impl World {
             }
             Ev::PeerTimeout { call } => self.peer_timeout(call),
             Ev::SessionLost { agent, session } => self.session_lost(agent, session),
+            Ev::ArbiterSilent {
+                agent,
+                session,
+                due,
+            } => self.arbiter_silent(agent, session, due),
             Ev::ReplicaStart { replica } => self.start_replica(replica),
             Ev::ArbiterWake { replica, at_ms } => self.arbiter_woken(replica, at_ms),
             Ev::ArbiterSample => self.arbiter_sample(),
@@ -607,7 +620,8 @@ impl World {
             Action::PartitionZone => {
                 let zone = step.zone.unwrap_or(1) - 1;
                 self.cut_zones.insert(zone);
-                // Both ends notice after the idle timeout.
+                // The replica's end closes at the idle timeout; an agent
+                // that sends meanwhile closes its own at its silence check.
                 let members = self.zone_members[zone as usize].clone();
                 for a in members {
                     if let Some((_, session)) = self.agents[a as usize].session {

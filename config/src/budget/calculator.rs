@@ -32,6 +32,13 @@ use crate::{AgentConfig, ArbiterConfig};
 ///   ttl/3] (expected ttl − ttl/6, worst ttl) + sweep (half expected) +
 ///   C + P. 15 s.
 /// - (d) deliberate leave: P. 3 s.
+/// - (e) deliberate leave at an agent whose replica died silently: its
+///   next message, a renewal U[0, ttl/3] away (expected ttl/6, worst
+///   ttl/3), then `arbiter_silence_ms` with nothing back, the reconnect
+///   backoff U[0, `reconnect_min_ms`], the handshake and Welcome at the
+///   next replica (two round trips and the lease grant's commit), then
+///   the resumed delta, P. No SLO: shown so the cost of a replica's silent
+///   death is visible.
 ///
 /// Every expected/worst pair is summed term by term.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +54,7 @@ impl Budget {
             inputs.process_crash_session(),
             inputs.silent_node_crash(),
             inputs.leave(),
+            inputs.leave_replica_lost(),
         ];
         let mut warnings = Vec::new();
         if agent.keepalive_ms < QUIET_KEEPALIVE_MS {
@@ -259,5 +267,62 @@ impl Inputs<'_> {
 
     fn leave(&self) -> BudgetRow {
         self.single(Case::Leave, LEAVE_SLO_MS, self.propagation())
+    }
+
+    fn leave_replica_lost(&self) -> BudgetRow {
+        let (a, b) = (self.agent, &self.agent.budget);
+        let ttl = self.arbiter.lease.ttl_ms;
+        let renew = ms(ttl) / ms(crate::RENEWALS_PER_TTL);
+        let mut terms = vec![
+            Term::new(
+                "the agent's next message, a renewal: U[0, ttl/3]",
+                Phase::Detection,
+                renew / 2.0,
+                renew,
+                Some(Setting::new(
+                    "arbiter.lease.ttl_ms",
+                    ttl,
+                    "lower it: renewals are what an agent sends on a quiet session",
+                )),
+            ),
+            Term::new(
+                "nothing back from the replica within the silence bound",
+                Phase::Detection,
+                ms(a.arbiter_silence_ms),
+                ms(a.arbiter_silence_ms),
+                Some(Setting::new(
+                    "agent.arbiter_silence_ms",
+                    a.arbiter_silence_ms,
+                    "lower it, staying well above a loaded arbiter's acknowledgement delay",
+                )),
+            ),
+            Term::new(
+                "reconnect backoff: U[0, reconnect_min_ms]",
+                Phase::Detection,
+                ms(a.reconnect_min_ms) / 2.0,
+                ms(a.reconnect_min_ms),
+                Some(Setting::new(
+                    "agent.reconnect_min_ms",
+                    a.reconnect_min_ms,
+                    "lower it",
+                )),
+            ),
+            Term::new(
+                "handshake and Welcome at the next replica: 2 round trips + the grant's commit",
+                Phase::Detection,
+                4.0 * ms(b.network_ms) + ms(b.commit_ms),
+                4.0 * ms(b.network_worst_ms) + ms(b.commit_worst_ms),
+                Some(Setting::new(
+                    "agent.budget.network_worst_ms",
+                    b.network_worst_ms,
+                    "an estimate: measure the agent–arbiter latency and correct it",
+                )),
+            ),
+        ];
+        terms.extend(self.propagation());
+        BudgetRow {
+            slo_ms: None,
+            ..self.single(Case::LeaveReplicaLost, LEAVE_SLO_MS, terms)
+        }
     }
 }

@@ -19,6 +19,11 @@ pub enum Case {
     SilentNodeCrash,
     /// (d) Deliberate leave: the clock starts at the drain's commit (R5).
     Leave,
+    /// (e) A deliberate leave seen by an agent whose arbiter replica died
+    /// silently: it notices at its next message plus
+    /// `agent.arbiter_silence_ms`, reconnects and resumes. No SLO: the
+    /// 3 s leave promise does not hold for these agents.
+    LeaveReplicaLost,
 }
 
 impl Case {
@@ -30,6 +35,7 @@ impl Case {
             Self::ProcessCrashSession => "process crash (session held)",
             Self::SilentNodeCrash => "silent node crash",
             Self::Leave => "deliberate leave (drain)",
+            Self::LeaveReplicaLost => "leave, the agent's replica died silently",
         }
     }
 }

@@ -163,6 +163,24 @@ fn default_rows_follow_the_formulas() {
     let leave = row(&report, Case::Leave);
     assert_ms(leave.expected_ms(), p, "(d) expected");
     assert_ms(leave.worst_ms(), pw, "(d) worst");
+
+    // (e) The next renewal, the silence bound, the backoff, the handshake
+    // and Welcome, then the resumed delta; no SLO.
+    let silence = agent.arbiter_silence_ms as f64;
+    let backoff = agent.reconnect_min_ms as f64;
+    let lost = row(&report, Case::LeaveReplicaLost);
+    let (n, nw) = (b.network_ms as f64, b.network_worst_ms as f64);
+    assert_ms(
+        lost.expected_ms(),
+        ttl / 6.0 + silence + backoff / 2.0 + 4.0 * n + c + p,
+        "(e) expected",
+    );
+    assert_ms(
+        lost.worst_ms(),
+        ttl / 3.0 + silence + backoff + 4.0 * nw + cw + pw,
+        "(e) worst",
+    );
+    assert_eq!(lost.slo_ms, None, "(e) is shown, not held to the leave SLO");
 }
 
 #[test]
@@ -249,7 +267,7 @@ fn wide_coalescing_and_dns_ttl_break_the_leave_slo() {
 #[test]
 fn raising_a_setting_never_lowers_a_row() {
     type Knob = fn(&mut AgentConfig, &mut ArbiterConfig);
-    let knobs: [(&str, Knob); 13] = [
+    let knobs: [(&str, Knob); 15] = [
         ("readiness interval", |a, _| {
             a.checks.readiness.interval_ms += 700
         }),
@@ -277,6 +295,8 @@ fn raising_a_setting_never_lowers_a_row() {
         ("coalesce window", |_, r| {
             r.distribution.coalesce_window_ms += 25
         }),
+        ("arbiter silence", |a, _| a.arbiter_silence_ms += 250),
+        ("reconnect min", |a, _| a.reconnect_min_ms += 50),
     ];
     for (name, raise) in knobs {
         let mut agent = gossiping();

@@ -54,6 +54,8 @@ pub(super) struct ArbiterLink {
     last_contact_ms: Option<u64>,
     /// The replica of the current (or last) session.
     address: Option<String>,
+    /// Why the last session (or handshake) ended.
+    last_end: Option<String>,
     next_request: RequestId,
     in_flight: BTreeMap<RequestId, (SessionId, Purpose)>,
 }
@@ -74,6 +76,7 @@ impl ArbiterLink {
             sessions: 0,
             last_contact_ms: None,
             address: None,
+            last_end: None,
             next_request: 0,
             in_flight: BTreeMap::new(),
         }
@@ -191,6 +194,16 @@ impl ArbiterLink {
                 .filter_map(|id| self.in_flight.remove(&id).map(|(_, p)| p))
                 .collect(),
         )
+    }
+
+    /// Records why the session (or its handshake) ended, for `/v1/status`.
+    pub(super) fn ended_because(&mut self, reason: String) {
+        self.last_end = Some(reason);
+    }
+
+    /// Why the last session (or handshake) ended, if one did.
+    pub(super) fn last_end(&self) -> Option<&str> {
+        self.last_end.as_deref()
     }
 
     /// Sends a request on the session; false when none is up.

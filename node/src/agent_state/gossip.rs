@@ -122,7 +122,12 @@ impl AgentState {
     pub(super) fn report_answered(&mut self, node: NodeId, verdict: Verdict) -> bool {
         match verdict {
             Verdict::Committed { .. } => {
+                // The verdict reaches this agent's view in the catalog's
+                // next delta, which may come after this answer (another
+                // stream): the node stays out while gossip holds it down,
+                // or it would be routed to again in between.
                 tracing::info!(node = %node, "down verdict committed");
+                return true;
             }
             Verdict::Refused(_, message) => {
                 tracing::info!(node = %node, reason = %message, "down report not acted on");

@@ -35,6 +35,7 @@ impl AgentState {
                     }
                 }),
                 catalog: self.following.sync.catalog().map(|c| c.to_string()),
+                last_end: self.link.last_end().map(str::to_owned),
             },
             lease: self.link.lease().map(|(lease, ttl_ms)| LeaseStatus {
                 id: lease.get(),

@@ -373,6 +373,11 @@ pub struct ArbiterStatus {
     /// it yet.
     #[serde(default)]
     pub catalog: Option<String>,
+    /// Why the last session (or connect) ended, as the agent's log says
+    /// it: a replica gone silent, a refusal, a closed connection; `null`
+    /// before any ended.
+    #[serde(default)]
+    pub last_end: Option<String>,
 }
 
 /// The node lease.
@@ -532,6 +537,7 @@ mod tests {
                 address: Some("10.0.0.9:7443".into()),
                 last_contact_ms: Some(40),
                 catalog: Some("0123456789abcdef".into()),
+                last_end: None,
             },
             lease: Some(LeaseStatus {
                 id: 2,
@@ -577,7 +583,7 @@ mod tests {
         assert_eq!(value["lease"], json!({"id": 2, "ttl_ms": 10_000}));
         assert_eq!(
             value["arbiter"],
-            json!({"connected": true, "address": "10.0.0.9:7443", "last_contact_ms": 40, "catalog": "0123456789abcdef"})
+            json!({"connected": true, "address": "10.0.0.9:7443", "last_contact_ms": 40, "catalog": "0123456789abcdef", "last_end": null})
         );
         let back: StatusResponse = serde_json::from_value(value).unwrap();
         assert_eq!(back, status);

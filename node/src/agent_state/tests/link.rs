@@ -139,7 +139,14 @@ fn a_gossip_down_node_stays_out_until_the_arbiter_answers() {
     let out = h.answer(plan, Ok(Response::Instances(Vec::new())));
     let (request, body) = only_request(&out);
     assert!(matches!(body, Request::ReportDown { .. }));
+    // Committed: the verdict reaches the view in the catalog's next delta,
+    // which may come after this answer; until gossip sees n2 again it
+    // stays out (routing it in between was a crash's late return).
     h.answer(request, Ok(committed(None)));
+    assert!(down_published(&h.log).contains(&n2));
+    h.tick_at(h.now + 5_000);
+    assert!(down_published(&h.log).contains(&n2));
+    h.feed(Input::PeerUp { node: n2.clone() });
     assert!(!down_published(&h.log).contains(&n2));
 }
 
