@@ -58,8 +58,9 @@ pub struct AgentConfig {
     /// to the arbiter while nothing else is sent, in ms. Only the agent
     /// sends them; the arbiter sends none and never times a session by
     /// them (it probes a node's session when it needs to know, R4). They
-    /// keep NAT bindings open and let the agent notice a dead arbiter
-    /// within the QUIC idle timeout (10 s). Default 5000; 100 to 5000 (at
+    /// keep NAT bindings open and bound how long a dead arbiter goes
+    /// unnoticed to the QUIC idle timeout (10 s); the agent's silence
+    /// check (`arbiter_silence_ms`) notices one sooner. Default 5000; 100 to 5000 (at
     /// most half the idle timeout, so one lost PING never closes a live
     /// connection).
     pub keepalive_ms: u64,
