@@ -66,6 +66,10 @@ struct Watch {
 /// was paused or starved, and the replica's answer may be there unread.
 const LATE: Duration = Duration::from_millis(rollcall_config::SILENCE_CHECK_LATE_MS);
 
+/// How long a check that found nothing waits before it decides, so that
+/// a datagram already in the socket is read first.
+const CONFIRM: Duration = Duration::from_millis(50);
+
 impl SessionActor {
     /// Session `session` with the arbiter at `address`, opened with `hello`.
     pub fn new(
@@ -110,20 +114,34 @@ impl SessionActor {
             let Some(watch) = act.watch.take() else {
                 return;
             };
-            let heard = act.conn.as_ref().map(|c| c.datagrams_heard());
             let late = Instant::now().saturating_duration_since(due) > LATE;
-            if heard != Some(watch.heard) || late {
+            if act.heard_since(watch.heard) || late {
                 return;
             }
-            act.end(
-                format!(
-                    "the arbiter sent nothing back within agent.arbiter_silence_ms ({} ms) of a message: its host is presumed gone",
-                    silence.as_millis()
-                ),
-                ctx,
-            );
+            // A datagram that arrived in the same wake-up as this timer
+            // (the agent resuming from a pause) may not be read yet: look
+            // once more after the endpoint's driver had its turn.
+            ctx.run_later(CONFIRM, move |act, ctx| {
+                if act.heard_since(watch.heard) {
+                    return;
+                }
+                act.end(
+                    format!(
+                        "the arbiter sent nothing back within agent.arbiter_silence_ms ({} ms) of a message: its host is presumed gone",
+                        silence.as_millis()
+                    ),
+                    ctx,
+                );
+            });
         });
         self.watch = Some(Watch { heard, timer });
+    }
+
+    /// Whether a datagram arrived since the count was `heard`.
+    fn heard_since(&self, heard: u64) -> bool {
+        self.conn
+            .as_ref()
+            .is_none_or(|c| c.datagrams_heard() != heard)
     }
 }
 

@@ -508,7 +508,9 @@ impl World {
 
     /// Agent `a` sent on session `g` while nothing gets through: unless a
     /// check is pending, it ends the session if nothing comes back within
-    /// `agent.arbiter_silence_ms` (the shipped session actor's watch).
+    /// `agent.arbiter_silence_ms` (the shipped session actor's watch; the
+    /// actor's 50 ms second look before it decides, for a datagram not
+    /// read yet, is not modelled: nothing here arrives unread).
     fn watch_silence(&mut self, a: u32, g: u64) {
         if self.agents[a as usize].silence_watch == Some(g) {
             return;
