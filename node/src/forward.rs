@@ -15,6 +15,7 @@ use rollcall_leases::{EndpointRecord, InstanceId, State};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+use crate::endpoints::Candidate;
 use crate::shutdown::Shutdown;
 use crate::view::{ActiveGuard, Answer, ServiceView, Views, DEGRADED_RETRIES};
 
@@ -136,9 +137,99 @@ pub(crate) async fn connect_local(
         drop(guard);
         tracing::debug!(service = %service, instance = %instance, address = %target, error = %failure, "proxy connect failed");
         view.connect_failed(views, instance, now_ms());
-        tried.insert(instance.clone());
+        rule_out(candidates, i, &mut tried);
     }
     None
+}
+
+/// After a failed connect to `candidates[failed]`, what this connection
+/// does not try again: that instance and, while an instance of another
+/// node is still untried, every instance of its node. A refused or
+/// unanswered connect most often means the node is gone (crashed, cut
+/// off), its other instances with it; a retry spent on one of them is a
+/// connection failed that another node would have served. Only this
+/// connection's choice changes: the node's other instances are not
+/// marked as failed.
+fn rule_out(candidates: &[Candidate], failed: usize, tried: &mut BTreeSet<InstanceId>) {
+    let node = &candidates[failed].record.node_id;
+    tried.insert(candidates[failed].record.instance_id.clone());
+    let elsewhere = candidates
+        .iter()
+        .any(|c| c.record.node_id != *node && !tried.contains(&c.record.instance_id));
+    if elsewhere {
+        for c in candidates.iter().filter(|c| c.record.node_id == *node) {
+            tried.insert(c.record.instance_id.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use rollcall_leases::{
+        AgentEpoch, Generation, Label, LeaseId, Liveness, NodeId, Principal, PrincipalName, Reason,
+        Revision, Role, Version, Weight,
+    };
+
+    use super::*;
+
+    fn candidate(instance: &str, node: &str) -> Candidate {
+        let record = EndpointRecord {
+            instance_id: InstanceId::new(instance).unwrap(),
+            generation: Generation(1),
+            node_id: NodeId::new(node).unwrap(),
+            epoch: AgentEpoch(1),
+            lease: LeaseId(1),
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 8000,
+            region: Label::new("r1").unwrap(),
+            zone: Label::new("z1").unwrap(),
+            version: Version::new("v1").unwrap(),
+            weight: Weight::new(100).unwrap(),
+            labels: Vec::new(),
+            state: State::Ready,
+            reason: Reason::new("t").unwrap(),
+            origin: Principal {
+                role: Role::Agent,
+                name: PrincipalName::new(node).unwrap(),
+            },
+            liveness: Liveness::Unknown,
+            revision: Revision(1),
+            changed_at_ms: 0,
+        };
+        Candidate {
+            record: Arc::new(record),
+            weight: 1.0,
+        }
+    }
+
+    fn ids(tried: &BTreeSet<InstanceId>) -> Vec<&str> {
+        tried.iter().map(|i| i.as_str()).collect()
+    }
+
+    #[test]
+    fn a_failed_connect_rules_out_its_nodes_other_instances_while_another_node_is_left() {
+        let candidates = [
+            candidate("a-1", "node-a"),
+            candidate("a-2", "node-a"),
+            candidate("b-1", "node-b"),
+        ];
+        let mut tried = BTreeSet::new();
+        rule_out(&candidates, 0, &mut tried);
+        assert_eq!(ids(&tried), ["a-1", "a-2"]);
+        // node-b failed too: nothing else is left, so only b-1 is added.
+        rule_out(&candidates, 2, &mut tried);
+        assert_eq!(ids(&tried), ["a-1", "a-2", "b-1"]);
+    }
+
+    #[test]
+    fn with_one_node_left_its_other_instances_stay_tryable() {
+        let candidates = [candidate("a-1", "node-a"), candidate("a-2", "node-a")];
+        let mut tried = BTreeSet::new();
+        rule_out(&candidates, 0, &mut tried);
+        assert_eq!(ids(&tried), ["a-1"]);
+    }
 }
 
 /// Carries bytes both ways until both sides ended (`relay`: a copy for
