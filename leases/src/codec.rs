@@ -402,9 +402,13 @@ pub fn decode_session_up(bytes: &[u8]) -> Result<SessionUp, CodecError> {
     unframe(bytes, FrameKind::SessionUp, MAX_SMALL_MESSAGE_BYTES)
 }
 
-/// Encodes an arbiter's session message.
+/// Encodes an arbiter's session message (an update's deltas each encoded
+/// once, whatever number of sessions they go to: `update.rs`).
 pub fn encode_session_down(m: &SessionDown) -> Vec<u8> {
-    frame(FrameKind::SessionDown, m)
+    match m {
+        SessionDown::Update(updates) => update::encode_update(updates),
+        other => frame(FrameKind::SessionDown, other),
+    }
 }
 
 /// Decodes an arbiter's session message.
@@ -832,6 +836,8 @@ impl Tables {
         })
     }
 }
+
+mod update;
 
 #[cfg(test)]
 mod tests {

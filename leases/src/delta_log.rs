@@ -54,6 +54,33 @@ pub struct ServiceDelta {
     pub digest: Digest,
     /// False when this delta deletes the service (it becomes unknown).
     pub exists: bool,
+    /// Its encoding, made the first time a session message carries it and
+    /// shared by every message after (a change to a popular service goes
+    /// to thousands of sessions). Not part of the value: never sent,
+    /// never compared.
+    #[serde(skip)]
+    pub(crate) encoded: EncodedOnce,
+}
+
+/// A value's encoding, made once ([`ServiceDelta::encoded`]).
+#[derive(Clone, Default)]
+pub(crate) struct EncodedOnce(pub(crate) OnceLock<Box<[u8]>>);
+
+impl PartialEq for EncodedOnce {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for EncodedOnce {}
+
+impl std::fmt::Debug for EncodedOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.get() {
+            Some(bytes) => write!(f, "EncodedOnce({} bytes)", bytes.len()),
+            None => f.write_str("EncodedOnce(not yet)"),
+        }
+    }
 }
 
 /// What the log can say about "changes to S after revision r".
@@ -133,6 +160,7 @@ impl Entry {
                         .collect(),
                     digest: self.head.digest,
                     exists: self.head.exists,
+                    encoded: EncodedOnce::default(),
                 })
             })
             .clone()

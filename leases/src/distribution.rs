@@ -657,5 +657,6 @@ impl Distributor {
     }
 }
 
+mod memory;
 #[cfg(test)]
 mod tests;

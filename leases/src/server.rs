@@ -137,8 +137,32 @@ impl ArbiterServer {
         server_config.transport_config(crate::transport::config(crate::transport::Link::Arbiter {
             send_window: config.distribution.max_queued_bytes_per_agent,
         }));
-        let endpoint = quinn::Endpoint::server(server_config, config.listen)
+        let asked = (config.udp_recv_buffer_bytes > 0)
+            .then(|| usize::try_from(config.udp_recv_buffer_bytes).unwrap_or(usize::MAX));
+        let (socket, granted) = crate::transport::bind_udp(config.listen, asked)
             .map_err(io(format!("binding QUIC listener {}", config.listen)))?;
+        // Linux reports twice what it keeps; less than asked means it was
+        // capped at net.core.rmem_max.
+        if let Some(asked) = asked.filter(|asked| granted < *asked) {
+            tracing::warn!(
+                asked,
+                granted,
+                "the kernel capped the QUIC socket's receive buffer below arbiter.udp_recv_buffer_bytes: \
+                 bursts from many agents will be dropped; raise it with `sysctl -w net.core.rmem_max={asked}`"
+            );
+        } else {
+            tracing::debug!(?asked, granted, "QUIC socket receive buffer");
+        }
+        let runtime = quinn::default_runtime().ok_or_else(|| {
+            io("starting the QUIC listener")(std::io::Error::other("no tokio runtime"))
+        })?;
+        let endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server_config),
+            socket,
+            runtime,
+        )
+        .map_err(io(format!("binding QUIC listener {}", config.listen)))?;
         let quic_addr = endpoint
             .local_addr()
             .map_err(io("reading the QUIC listener address"))?;

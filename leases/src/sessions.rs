@@ -171,6 +171,22 @@ impl Sessions {
         }
     }
 
+    /// Bytes of session state, counted from the table (at its capacity)
+    /// and each session's address lists: a lower bound (names are shared
+    /// `Arc<str>`, allocator overhead is not counted).
+    pub fn state_bytes(&self) -> usize {
+        let table = self.sessions.capacity()
+            * (std::mem::size_of::<AgentId>() + std::mem::size_of::<Session>() + 1);
+        let addresses: usize = self
+            .sessions
+            .values()
+            .map(|s| {
+                (s.certified.capacity() + s.declared.capacity()) * std::mem::size_of::<IpAddr>()
+            })
+            .sum();
+        table + addresses
+    }
+
     /// The rules.
     pub fn rules(&self) -> &Rules {
         &self.rules

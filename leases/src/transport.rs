@@ -14,6 +14,7 @@
 //! Windows are credit, not memory: quinn buffers only what arrives. They
 //! bound what one connection may have in flight.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,6 +116,26 @@ pub fn config(link: Link) -> Arc<TransportConfig> {
     Arc::new(t)
 }
 
+/// A UDP socket bound to `addr` for a QUIC endpoint, asking the kernel
+/// for `recv_buffer` bytes of receive buffer (`SO_RCVBUF`; `None` keeps
+/// the kernel's default), and the size the kernel granted. Linux caps the
+/// request at `net.core.rmem_max` and reports twice what it keeps (its
+/// bookkeeping overhead); the caller compares the grant with the request.
+pub fn bind_udp(
+    addr: SocketAddr,
+    recv_buffer: Option<usize>,
+) -> std::io::Result<(std::net::UdpSocket, usize)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if let Some(bytes) = recv_buffer {
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.set_nonblocking(true)?;
+    let granted = socket.recv_buffer_size()?;
+    Ok((socket.into(), granted))
+}
+
 fn idle_timeout(d: Duration) -> IdleTimeout {
     IdleTimeout::from(VarInt::from_u32(
         u32::try_from(d.as_millis()).expect("an idle timeout of seconds fits a VarInt"),
@@ -136,5 +157,18 @@ mod tests {
         assert!(agent.contains("keep_alive_interval: Some(5s)"), "{agent}");
         assert!(arbiter.contains("keep_alive_interval: None"), "{arbiter}");
         assert!(shown(Link::Peer).contains("keep_alive_interval: Some(500ms)"));
+    }
+
+    #[test]
+    fn a_bound_socket_gets_the_receive_buffer_it_asks_for_up_to_the_kernels_cap() {
+        let small = bind_udp(([127, 0, 0, 1], 0).into(), Some(64 * 1024)).unwrap();
+        let large = bind_udp(([127, 0, 0, 1], 0).into(), Some(1024 * 1024)).unwrap();
+        let default = bind_udp(([127, 0, 0, 1], 0).into(), None).unwrap();
+        assert!(default.1 > 0);
+        assert!(small.0.local_addr().unwrap().port() > 0);
+        // Whatever the cap, asking for more never grants less, and the
+        // smaller request is granted at least what it asked for.
+        assert!(small.1 >= 64 * 1024, "granted {}", small.1);
+        assert!(large.1 >= small.1, "{} < {}", large.1, small.1);
     }
 }

@@ -223,31 +223,50 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// The pid of the process on this machine bound to UDP `port` on
-/// loopback or any address, found through `/proc/net/udp{,6}` and the
-/// processes' socket links; `None` when not found (another machine, or
-/// another user's process).
-pub fn pid_of_udp_port(port: u16) -> Option<u32> {
-    let mut inodes = Vec::new();
+/// The sockets bound to UDP `port` on this machine (loopback or any
+/// address), from `/proc/net/udp{,6}`: each one's inode and the
+/// datagrams the kernel dropped at it since it was bound (its receive
+/// buffer was full).
+fn udp_sockets(port: u16) -> Vec<(String, u64)> {
+    let mut found = Vec::new();
     for table in ["/proc/net/udp", "/proc/net/udp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
         };
         for line in text.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let Some(local) = fields.get(1) else {
+            let Some((_, hex_port)) = fields.get(1).and_then(|l| l.rsplit_once(':')) else {
                 continue;
             };
-            let Some((_, hex_port)) = local.rsplit_once(':') else {
+            if u16::from_str_radix(hex_port, 16).ok() != Some(port) {
                 continue;
-            };
-            if u16::from_str_radix(hex_port, 16).ok() == Some(port) {
-                if let Some(inode) = fields.get(9) {
-                    inodes.push(format!("socket:[{inode}]"));
-                }
+            }
+            if let Some(inode) = fields.get(9) {
+                let drops = fields.get(12).and_then(|d| d.parse().ok()).unwrap_or(0);
+                found.push(((*inode).to_owned(), drops));
             }
         }
     }
+    found
+}
+
+/// Datagrams the kernel dropped at the sockets bound to UDP `port` on
+/// this machine since they were bound; `None` when none is found
+/// (another machine).
+pub fn udp_drops(port: u16) -> Option<u64> {
+    let sockets = udp_sockets(port);
+    (!sockets.is_empty()).then(|| sockets.iter().map(|(_, d)| d).sum())
+}
+
+/// The pid of the process on this machine bound to UDP `port` on
+/// loopback or any address, found through `/proc/net/udp{,6}` and the
+/// processes' socket links; `None` when not found (another machine, or
+/// another user's process).
+pub fn pid_of_udp_port(port: u16) -> Option<u32> {
+    let inodes: Vec<String> = udp_sockets(port)
+        .into_iter()
+        .map(|(inode, _)| format!("socket:[{inode}]"))
+        .collect();
     if inodes.is_empty() {
         return None;
     }

@@ -348,6 +348,9 @@ fn counters(text: &str) -> ArbiterCounters {
         held_leases: m("held_leases"),
         commit_mean_ms: mean("commit_latency_seconds").map(|s| s * 1e3),
         batch_mean: mean("batch_size"),
+        session_state_bytes: m("session_state_bytes"),
+        subscription_state_bytes: m("subscription_state_bytes"),
+        udp_drops: None,
     }
 }
 
@@ -448,16 +451,31 @@ pub async fn run(args: &FleetArgs) -> Result<Report, BenchError> {
         .enumerate()
         .filter_map(|(k, r)| Some((format!("arbiter-{}", k + 1), r.admin?)))
         .collect();
+    // Each replica's QUIC port, for the drops at its socket.
+    let quic_ports: HashMap<String, u16> = replicas
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| {
+            let port = r.quic.parse::<SocketAddr>().ok()?.port();
+            Some((format!("arbiter-{}", k + 1), port))
+        })
+        .collect();
     // Every replica's counters at a phase's end.
     let scrape = |phase: &str| {
         let (http, admins, phase) = (http.clone(), admins.clone(), phase.to_owned());
+        let quic_ports = quic_ports.clone();
         async move {
             let mut out = Vec::new();
             for (name, admin) in admins {
                 let text = arbiters::metrics_text(&http, admin)
                     .await
                     .unwrap_or_default();
-                out.push((phase.clone(), name, counters(&text)));
+                let mut c = counters(&text);
+                c.udp_drops = quic_ports
+                    .get(&name)
+                    .and_then(|p| arbiters::udp_drops(*p))
+                    .map(|d| d as f64);
+                out.push((phase.clone(), name, c));
             }
             out
         }
@@ -709,6 +727,29 @@ fn compute(args: &FleetArgs, plan: &Plan, c: Computed) -> (Report, plot::Series)
         setup.rss_per_session_kib = per(idle, after(connect), connect.done);
         setup.rss_per_endpoint_kib = per(after(connect), after(register), register.done);
         setup.rss_per_subscription_kib = per(after(register), after(follow), follow.done);
+        // The first replica's own count of its state at a setup phase's end.
+        let counted = |phase: &str, pick: fn(&ArbiterCounters) -> Option<f64>| {
+            c.scraped
+                .iter()
+                .find(|(p, name, _)| p == phase && name == first)
+                .and_then(|(_, _, k)| pick(k))
+                .map(|bytes| bytes / 1024.0)
+        };
+        let sessions = counted("connect", |k| k.session_state_bytes);
+        setup.session_state_per_session_kib = per(Some(0.0), sessions, connect.done);
+        setup.connection_per_session_kib = match (
+            setup.rss_per_session_kib,
+            setup.session_state_per_session_kib,
+        ) {
+            (Some(all), Some(state)) => Some(((all - state) * 100.0).round() / 100.0),
+            _ => None,
+        };
+        let subscriptions = |phase| counted(phase, |k| k.subscription_state_bytes);
+        setup.subscription_state_per_subscription_kib = per(
+            subscriptions("register"),
+            subscriptions("follow"),
+            follow.done,
+        );
     }
     let steady = span("steady").map(|s| report::Steady {
         seconds: s.seconds(),

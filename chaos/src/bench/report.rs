@@ -119,6 +119,16 @@ pub struct ArbiterCounters {
     pub commit_mean_ms: Option<f64>,
     /// Mean commands per Raft entry (group commit size).
     pub batch_mean: Option<f64>,
+    /// The arbiter's own count of the heap its sessions' state holds
+    /// (sessions and their delivery state, not their subscriptions), bytes.
+    pub session_state_bytes: Option<f64>,
+    /// Its count of the heap its subscriptions hold (per agent and per
+    /// service), bytes.
+    pub subscription_state_bytes: Option<f64>,
+    /// Datagrams the kernel dropped at the replica's QUIC socket since it
+    /// was bound (its receive buffer was full); `None` when the replica
+    /// runs on another machine.
+    pub udp_drops: Option<f64>,
 }
 
 /// Setup: the fleet coming up, and what it costs the arbiter's memory.
@@ -146,6 +156,16 @@ pub struct Setup {
     pub rss_per_endpoint_kib: Option<f64>,
     /// Its growth per subscription (after `follow`), KiB.
     pub rss_per_subscription_kib: Option<f64>,
+    /// Of `rss_per_session_kib`: the session state the arbiter counts in
+    /// its own tables (sessions and delivery state), KiB per session.
+    pub session_state_per_session_kib: Option<f64>,
+    /// Of `rss_per_session_kib`: the rest, which is the QUIC connection
+    /// (its buffers and crypto state), the connection's actor and tasks,
+    /// and allocator overhead, KiB per session.
+    pub connection_per_session_kib: Option<f64>,
+    /// Of `rss_per_subscription_kib`: the subscription state the arbiter
+    /// counts in its own tables, KiB per subscription.
+    pub subscription_state_per_subscription_kib: Option<f64>,
 }
 
 /// `steady`: keep-alives and renewals only.

@@ -259,6 +259,23 @@ fn resend_after_outside_its_range_is_rejected() {
 }
 
 #[test]
+fn udp_receive_buffer_is_the_kernels_or_within_its_range() {
+    for value in [1, 65_535, 268_435_457] {
+        let err = ArbiterConfig::from_toml_str(&format!("udp_recv_buffer_bytes = {value}\n"))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("arbiter.udp_recv_buffer_bytes = {value} must be 0 (the kernel's default) or from 65536 to 268435456")
+        );
+    }
+    for value in [0, 65_536, 4_194_304, 268_435_456] {
+        let config = ArbiterConfig::from_toml_str(&format!("udp_recv_buffer_bytes = {value}\n"))
+            .expect("0 or within the range");
+        assert_eq!(config.udp_recv_buffer_bytes, value);
+    }
+}
+
+#[test]
 fn bad_values_name_their_fields() {
     type Breaks = fn(&mut ArbiterConfig);
     let cases: [(&str, Breaks); 10] = [

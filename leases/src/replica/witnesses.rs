@@ -119,10 +119,10 @@ impl ReplicaState {
         self.witnesses
             .open
             .retain(|(_, at)| now.saturating_sub(*at) < keep);
-        for ask in asks {
-            self.ask_witnesses(&ask, now, cat, out);
-            self.witnesses.open.push((ask, now));
-        }
+        self.ask_witnesses(&asks, now, cat, out);
+        self.witnesses
+            .open
+            .extend(asks.into_iter().map(|ask| (ask, now)));
     }
 
     /// A follower carries the leader's open witness asks to its own
@@ -138,14 +138,16 @@ impl ReplicaState {
         self.witnesses
             .carried
             .retain(|_, at| now.saturating_sub(*at) < keep);
+        let mut fresh = Vec::new();
         for ask in asks {
             let key = (ask.node.clone(), ask.epoch);
             if self.witnesses.carried.contains_key(&key) {
                 continue;
             }
             self.witnesses.carried.insert(key, now);
-            self.ask_witnesses(&ask, now, cat, out);
+            fresh.push(ask);
         }
+        self.ask_witnesses(&fresh, now, cat, out);
     }
 
     /// The leader probes `node`'s sessions here and keeps the probe open
@@ -217,37 +219,62 @@ impl ReplicaState {
         !agents.is_empty()
     }
 
-    /// Asks this replica's witnesses about a silent lease
+    /// Asks this replica's witnesses about silent leases
     /// (`witness::choose` among the sessions it heard within a TTL: live
-    /// agents renew every third of one), and probes the node's own
-    /// session here, if it has one.
-    fn ask_witnesses(&mut self, ask: &WitnessAsk, now: u64, cat: &Catalog, out: &mut Vec<Output>) {
-        self.probe(&ask.node, now, out);
+    /// agents renew every third of one), and probes each node's own
+    /// session here, if it has one. The sessions are read once for the
+    /// whole batch: a region's agents cut off together open thousands of
+    /// asks at once.
+    fn ask_witnesses(
+        &mut self,
+        asks: &[WitnessAsk],
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
+        if asks.is_empty() {
+            return;
+        }
         let silence = self.config.lease.ttl_ms;
-        let candidates: Vec<(AgentId, NodeId, crate::name::Label)> = self
-            .sessions
-            .agents()
-            .filter_map(|agent| {
-                let (node, _) = self.sessions.live(agent)?;
-                let heard = self.leader.last_heard(node)?;
-                if now.saturating_sub(heard) > silence {
-                    return None;
-                }
-                let zone = cat.leases().get(node)?.zone.clone();
-                Some((agent, node.clone(), zone))
-            })
-            .collect();
-        let chosen = witness::choose(ask, candidates.iter().map(|(a, n, z)| (*a, n, z)));
-        for agent in chosen {
-            self.send(
-                agent,
-                SessionDown::Witness {
+        let mut by_node: HashMap<NodeId, Vec<AgentId>> = HashMap::default();
+        let mut heard: Vec<(AgentId, NodeId, crate::name::Label)> = Vec::new();
+        for agent in self.sessions.agents() {
+            let Some((node, _)) = self.sessions.live(agent) else {
+                continue;
+            };
+            by_node.entry(node.clone()).or_default().push(agent);
+            let Some(at) = self.leader.last_heard(node) else {
+                continue;
+            };
+            if now.saturating_sub(at) > silence {
+                continue;
+            }
+            if let Some(lease) = cat.leases().get(node) {
+                heard.push((agent, node.clone(), lease.zone.clone()));
+            }
+        }
+        let candidates = witness::Candidates::new(heard.iter().map(|(a, n, z)| (*a, n, z)));
+        let mut sends = Vec::new();
+        for ask in asks {
+            // As `probe` does, from the index.
+            let mut own = by_node.get(&ask.node).cloned().unwrap_or_default();
+            own.sort_unstable();
+            for agent in own.into_iter().filter(|a| self.sessions.probes(*a)) {
+                self.counters.probes_sent += 1;
+                sends.push((agent, SessionDown::Probe { nonce: now }));
+            }
+            for agent in candidates.choose(ask) {
+                let message = SessionDown::Witness {
                     node: ask.node.clone(),
                     epoch: ask.epoch,
                     addresses: ask.addresses.clone(),
-                },
-                out,
-            );
+                };
+                sends.push((agent, message));
+            }
+        }
+        drop(candidates);
+        for (agent, message) in sends {
+            self.send(agent, message, out);
         }
     }
 

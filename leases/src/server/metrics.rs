@@ -109,6 +109,10 @@ pub struct Metrics {
     pub snapshots_in_flight_max: Gauge,
     /// Agents connected now.
     pub connected_agents: Gauge,
+    /// Heap of the sessions' state (a lower bound), bytes.
+    pub session_state_bytes: Gauge,
+    /// Heap of the subscriptions' state (a lower bound), bytes.
+    pub subscription_state_bytes: Gauge,
     /// Leases whose expiry the mass-expiry guard holds (alert when above 0).
     pub held_leases: Gauge,
     /// Leases past their deadline whose witnesses see the node alive.
@@ -186,6 +190,8 @@ impl Metrics {
             snapshots_in_flight: Gauge::default(),
             snapshots_in_flight_max: Gauge::default(),
             connected_agents: Gauge::default(),
+            session_state_bytes: Gauge::default(),
+            subscription_state_bytes: Gauge::default(),
             held_leases: Gauge::default(),
             leases_held_by_witnesses: Gauge::default(),
             leases: Gauge::default(),
@@ -271,6 +277,16 @@ impl Metrics {
             "connected_agents",
             "Agent sessions connected",
             m.connected_agents.clone(),
+        );
+        registry.register(
+            "session_state_bytes",
+            "Heap the agents' sessions and their delivery state hold, counted from the arbiter's tables (a lower bound: no allocator overhead; QUIC connections not included)",
+            m.session_state_bytes.clone(),
+        );
+        registry.register(
+            "subscription_state_bytes",
+            "Heap the agents' subscriptions hold, counted from the arbiter's tables (a lower bound)",
+            m.subscription_state_bytes.clone(),
         );
         registry.register(
             "held_leases",

@@ -88,6 +88,12 @@ impl Reader<'_> {
                 .filter(|a| self.machine.sessions().held(*a).is_some())
                 .count() as i64,
         );
+        let distributor = self.machine.distributor();
+        m.session_state_bytes.set(
+            (self.machine.sessions().state_bytes() + distributor.session_state_bytes()) as i64,
+        );
+        m.subscription_state_bytes
+            .set(distributor.subscription_state_bytes() as i64);
         m.held_leases.set(cat.leases().held() as i64);
         m.leases_held_by_witnesses
             .set(self.machine.held_alive() as i64);

@@ -103,6 +103,17 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
         show(s.rss_per_endpoint_kib, " KiB"),
         show(s.rss_per_subscription_kib, " KiB")
     );
+    let _ = writeln!(
+        out,
+        "| per session: counted session state / the rest (QUIC connection, its tasks, allocator) | {} / {} |",
+        show(s.session_state_per_session_kib, " KiB"),
+        show(s.connection_per_session_kib, " KiB")
+    );
+    let _ = writeln!(
+        out,
+        "| per subscription: counted subscription state | {} |",
+        show(s.subscription_state_per_subscription_kib, " KiB")
+    );
     if let Some(st) = &report.steady {
         let _ = writeln!(
             out,
@@ -218,12 +229,12 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
     if !report.counters.is_empty() {
         let _ = writeln!(
             out,
-            "\n## Arbiter counters at each phase's end\n\n| phase | replica | commits | agents | snapshots sent / refused / most in flight | held leases | commit mean ms | commands per entry |\n|---|---|---|---|---|---|---|---|"
+            "\n## Arbiter counters at each phase's end\n\n| phase | replica | commits | agents | snapshots sent / refused / most in flight | held leases | commit mean ms | commands per entry | session / subscription state MiB | UDP datagrams dropped at its socket |\n|---|---|---|---|---|---|---|---|---|---|"
         );
         for (phase, replica, k) in &report.counters {
             let _ = writeln!(
                 out,
-                "| {phase} | {replica} | {} | {} | {} / {} / {} | {} | {} | {} |",
+                "| {phase} | {replica} | {} | {} | {} / {} / {} | {} | {} | {} | {} / {} | {} |",
                 show(k.commits, ""),
                 show(k.connected_agents, ""),
                 show(k.snapshots_sent, ""),
@@ -231,7 +242,10 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
                 show(k.snapshots_in_flight_max, ""),
                 show(k.held_leases, ""),
                 show(k.commit_mean_ms, ""),
-                show(k.batch_mean, "")
+                show(k.batch_mean, ""),
+                show(mib(k.session_state_bytes), ""),
+                show(mib(k.subscription_state_bytes), ""),
+                show(k.udp_drops, "")
             );
         }
     }
@@ -287,4 +301,9 @@ pub fn write(dir: &Path, report: &Report, plots: &[String]) -> std::io::Result<(
     let json = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     std::fs::write(dir.join("report.json"), json)?;
     std::fs::write(dir.join("report.md"), markdown(report, plots))
+}
+
+/// Bytes as MiB with one decimal.
+fn mib(bytes: Option<f64>) -> Option<f64> {
+    bytes.map(|b| (b / 104_857.6).round() / 10.0)
 }
