@@ -163,6 +163,18 @@ fn rule_out(candidates: &[Candidate], failed: usize, tried: &mut BTreeSet<Instan
     }
 }
 
+/// Carries bytes both ways until both sides ended (`relay`: a copy for
+/// small exchanges, splice for bulk on Linux). From here on bytes flow:
+/// whatever happens, no retry.
+pub(crate) async fn pipe(
+    client: &mut TcpStream,
+    backend: &mut TcpStream,
+) -> std::io::Result<(u64, u64)> {
+    let _ = client.set_nodelay(true);
+    let _ = backend.set_nodelay(true);
+    crate::relay::relay(client, backend).await
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
@@ -230,16 +242,4 @@ mod tests {
         rule_out(&candidates, 0, &mut tried);
         assert_eq!(ids(&tried), ["a-1"]);
     }
-}
-
-/// Carries bytes both ways until both sides ended (`relay`: a copy for
-/// small exchanges, splice for bulk on Linux). From here on bytes flow:
-/// whatever happens, no retry.
-pub(crate) async fn pipe(
-    client: &mut TcpStream,
-    backend: &mut TcpStream,
-) -> std::io::Result<(u64, u64)> {
-    let _ = client.set_nodelay(true);
-    let _ = backend.set_nodelay(true);
-    crate::relay::relay(client, backend).await
 }
