@@ -203,11 +203,22 @@ impl ReplicaState {
     /// there was one. Its answer (`SessionUp::Alive`), as any message of
     /// the session, counts the node heard.
     pub(super) fn probe(&mut self, node: &NodeId, now: u64, out: &mut Vec<Output>) -> bool {
-        let mut agents: Vec<AgentId> = self
+        let agents: Vec<AgentId> = self
             .sessions
             .agents()
             .filter(|a| self.sessions.live(*a).is_some_and(|(n, _)| n == node))
             .collect();
+        self.probe_sessions(agents, now, out)
+    }
+
+    /// Sends a probe down each of `agents`' sessions (one node's), in
+    /// agent order; whether there was one.
+    fn probe_sessions(
+        &mut self,
+        mut agents: Vec<AgentId>,
+        now: u64,
+        out: &mut Vec<Output>,
+    ) -> bool {
         agents.sort_unstable();
         for &agent in &agents {
             // An agent from before probes keeps its session alive itself.
@@ -254,27 +265,17 @@ impl ReplicaState {
             }
         }
         let candidates = witness::Candidates::new(heard.iter().map(|(a, n, z)| (*a, n, z)));
-        let mut sends = Vec::new();
         for ask in asks {
-            // As `probe` does, from the index.
-            let mut own = by_node.get(&ask.node).cloned().unwrap_or_default();
-            own.sort_unstable();
-            for agent in own.into_iter().filter(|a| self.sessions.probes(*a)) {
-                self.counters.probes_sent += 1;
-                sends.push((agent, SessionDown::Probe { nonce: now }));
-            }
+            let own = by_node.get(&ask.node).cloned().unwrap_or_default();
+            self.probe_sessions(own, now, out);
             for agent in candidates.choose(ask) {
                 let message = SessionDown::Witness {
                     node: ask.node.clone(),
                     epoch: ask.epoch,
                     addresses: ask.addresses.clone(),
                 };
-                sends.push((agent, message));
+                self.send(agent, message, out);
             }
-        }
-        drop(candidates);
-        for (agent, message) in sends {
-            self.send(agent, message, out);
         }
     }
 
