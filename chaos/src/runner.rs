@@ -430,6 +430,13 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         )));
     }
     let work = options.dir.join("work");
+    // A run into the same report directory starts from nothing: an
+    // earlier run's arbiter store would hand this one its catalog (its
+    // records then counted as lost writes of this run).
+    if work.exists() {
+        std::fs::remove_dir_all(&work)
+            .map_err(io(format!("removing the earlier run's {}", work.display())))?;
+    }
     std::fs::create_dir_all(&work).map_err(io(format!("creating {}", work.display())))?;
     let nodes: Vec<String> = (0..scenario.agents).map(|i| format!("node-{i}")).collect();
     // The other regions' hosts come after the nodes.

@@ -333,6 +333,10 @@ impl Catalog {
                     "node down, silent to the arbiter (reported by {})",
                     names.join(", ")
                 ));
+                // Counted in the mass-expiry guard's window like any
+                // expiry, never held by it: two signals agree (R4), and
+                // a zone that died must leave at once (ARCHITECTURE R10).
+                self.guard.record(&lease.zone, env.at_ms);
                 let marked = self.end_lease(&mut batch, env, rev, lease, State::Unhealthy, reason);
                 Effect::LeaseEnded { marked }
             }

@@ -13,9 +13,11 @@
 //! node alive (its gossip holds it alive, or its endpoints accept a
 //! connection) holds the expiry for at most `max_hold_ms`; at least
 //! [`MIN_GONE_WITNESSES`] that all see it gone confirm it down at once (a
-//! `NodeDown` naming them, which the mass-expiry guard does not hold: the
-//! zone may be dead, not cut off); no answer within `witness_wait_ms`
-//! falls back to the expiry, which the guard may hold.
+//! `NodeDown` naming them, which the mass-expiry guard counts but does not
+//! hold: the zone may be dead, not cut off); no answer within
+//! `witness_wait_ms` falls back to the expiry, which the guard may hold.
+//! Gossip down reports are held for the arbiter's own signal, and a single
+//! reporter's for one more (`downs.rs`).
 //!
 //! The replica machine (`replica::ReplicaState`) owns it and drives it
 //! with the time and openraft's view of who leads; the fleet simulation
@@ -36,6 +38,10 @@ use crate::endpoint::{Principal, Role};
 use crate::ids::AgentEpoch;
 use crate::lease::{Deadlines, LeaseTable, RenewError};
 use crate::name::{Label, NodeId, PrincipalName};
+
+mod downs;
+
+pub use downs::{Corroboration, HeldDown, Verdict};
 
 /// The settings the leader's memory works with, from `[lease]`,
 /// `[guard]` and `[store]`.
@@ -139,51 +145,6 @@ impl From<&ArbiterConfig> for LeaderParams {
     }
 }
 
-/// A gossip down report waiting for the arbiter's own signal: the node's
-/// answer to a probe of its session.
-#[derive(Debug)]
-pub struct HeldDown<W> {
-    /// The epoch gossip saw go down.
-    pub epoch: AgentEpoch,
-    /// The nodes that reported it (at most `MAX_REPORTERS`).
-    pub reporters: Vec<NodeId>,
-    /// When the first report arrived, ms.
-    pub reported_at_ms: u64,
-    /// When the node's silence is taken as the second signal unless its
-    /// session was heard since the report, ms: the report plus
-    /// `probe_timeout_ms`, or the report itself when no replica can hold
-    /// its session.
-    pub answer_by_ms: u64,
-    /// Who the verdict is proposed as: the first reporter.
-    pub actor: Principal,
-    /// Whoever waits for the answer.
-    pub waiting: Vec<W>,
-}
-
-/// How a held down report was settled.
-#[derive(Debug)]
-pub enum Verdict<W> {
-    /// The node's own session was heard after the report: a partition
-    /// inside the zone; nothing is removed.
-    Partition {
-        /// The node reported down.
-        node: NodeId,
-        /// Who reported it.
-        reporters: Vec<NodeId>,
-        /// How long ago its session was last heard, ms.
-        heard_ago_ms: u64,
-        /// Whoever waits for the answer.
-        waiting: Vec<W>,
-    },
-    /// Both signals agree: propose this `NodeDown`.
-    Down {
-        /// The proposal.
-        envelope: Envelope,
-        /// Whoever waits for the answer.
-        waiting: Vec<W>,
-    },
-}
-
 /// What one sweep proposes.
 #[derive(Debug)]
 pub struct Sweep<W> {
@@ -210,6 +171,8 @@ pub struct LeaderMemory<W> {
     since: Option<u64>,
     last_heard: HashMap<NodeId, u64>,
     downs: BTreeMap<NodeId, HeldDown<W>>,
+    /// Single reporters' verdicts whose witnesses are to be asked.
+    down_asks: Vec<(NodeId, AgentEpoch)>,
     /// Expiries proposed and not yet settled, with when.
     expiring: HashMap<NodeId, u64>,
     /// Silent leases whose witnesses were asked.
@@ -228,6 +191,7 @@ impl<W> LeaderMemory<W> {
             since: None,
             last_heard: HashMap::default(),
             downs: BTreeMap::new(),
+            down_asks: Vec::new(),
             expiring: HashMap::default(),
             witnessing: BTreeMap::new(),
             deadlines: Deadlines::default(),
@@ -281,6 +245,7 @@ impl<W> LeaderMemory<W> {
         self.since = None;
         self.expiring.clear();
         self.witnessing.clear();
+        self.down_asks.clear();
         std::mem::take(&mut self.downs).into_values().collect()
     }
 
@@ -303,14 +268,24 @@ impl<W> LeaderMemory<W> {
         }
     }
 
-    /// A witness's answer about `node`'s silent lease of `epoch`; ignored
-    /// unless witnesses were asked about that lease.
-    pub fn witnessed(&mut self, witness: NodeId, node: &NodeId, epoch: AgentEpoch, seen: Seen) {
+    /// A witness's answer about `node`'s silent lease of `epoch`, or about
+    /// a single reporter's verdict on it; ignored unless witnesses were
+    /// asked about that one. Whether a held down report took it (the
+    /// caller decides the held reports again, `decide_downs`).
+    pub fn witnessed(
+        &mut self,
+        witness: NodeId,
+        node: &NodeId,
+        epoch: AgentEpoch,
+        seen: Seen,
+    ) -> bool {
+        let down = self.corroborate(&witness, node, epoch, seen);
         if let Some(w) = self.witnessing.get_mut(node) {
             if w.epoch == epoch && witness != *node {
                 w.answers.insert(witness, seen);
             }
         }
+        down
     }
 
     /// How many silent leases witnesses hold alive now.
@@ -336,130 +311,16 @@ impl<W> LeaderMemory<W> {
         self.last_heard.get(node).copied()
     }
 
-    /// How many down reports wait for the second signal.
-    pub fn held_downs(&self) -> usize {
-        self.downs.len()
-    }
-
-    /// When the earliest held down report's probe deadline falls, ms: the
-    /// driver decides it then, not at the next sweep.
-    pub fn next_down_deadline(&self) -> Option<u64> {
-        self.downs.values().map(|h| h.answer_by_ms).min()
-    }
-
-    /// A gossip down report (the leader's to hold): kept until the node's
-    /// session answers the probe the caller sends it (heard after the
-    /// report: a partition), or until `probe_timeout_ms` passed without
-    /// (both signals agree); with `sessionless`, no replica can hold the
-    /// node's session, so its silence is known at once (once this leader
-    /// has led for half a TTL: before that, agents may still be
-    /// reconnecting to it). Returns what that settles now.
-    #[allow(clippy::too_many_arguments)]
-    pub fn report_down(
-        &mut self,
-        reporter: NodeId,
-        actor: Principal,
-        node: NodeId,
-        epoch: AgentEpoch,
-        now_ms: u64,
-        sessionless: bool,
-        waiting: Option<W>,
-    ) -> Vec<Verdict<W>> {
-        let answer_by_ms = if sessionless && self.settled_in(now_ms) {
-            now_ms
-        } else {
-            now_ms.saturating_add(self.params.probe_timeout_ms)
-        };
-        let held = self.downs.entry(node).or_insert_with(|| HeldDown {
-            epoch,
-            reporters: Vec::new(),
-            reported_at_ms: now_ms,
-            answer_by_ms,
-            actor,
-            waiting: Vec::new(),
-        });
-        held.answer_by_ms = held.answer_by_ms.min(answer_by_ms);
-        if !held.reporters.contains(&reporter) && held.reporters.len() < MAX_REPORTERS {
-            held.reporters.push(reporter);
-        }
-        held.waiting.extend(waiting);
-        self.decide_downs(now_ms)
-    }
-
-    /// Whether this leader has led for half a TTL at `now_ms`: before
-    /// that, agents may still be reconnecting to it, so a node without a
-    /// session here is not yet known silent.
-    fn settled_in(&self, now_ms: u64) -> bool {
-        self.since
-            .is_some_and(|since| now_ms.saturating_sub(since) >= self.params.ttl_ms / 2)
-    }
-
-    /// `node`'s session closed and no replica holds another: a down report
-    /// held for it need not wait for its probe (as `report_down` with
-    /// `sessionless`). Returns what that settles now.
-    pub fn session_closed(&mut self, node: &NodeId, now_ms: u64) -> Vec<Verdict<W>> {
-        let settled_in = self.settled_in(now_ms);
-        match self.downs.get_mut(node) {
-            Some(held) if settled_in => held.answer_by_ms = held.answer_by_ms.min(now_ms),
-            _ => return Vec::new(),
-        }
-        self.decide_downs(now_ms)
-    }
-
-    /// Settles held down reports (R4): heard directly since the report
-    /// (the probe answered, or any other message of its session) → a
-    /// partition, nothing removed; no answer by the report's
-    /// `answer_by_ms` → both signals agree and the verdict is proposed. A
-    /// follower settles nothing.
-    pub fn decide_downs(&mut self, now_ms: u64) -> Vec<Verdict<W>> {
-        if !self.leads() {
-            return Vec::new();
-        }
-        let mut settled = Vec::new();
-        let nodes: Vec<NodeId> = self.downs.keys().cloned().collect();
-        for node in nodes {
-            let heard = self.heard_at(&node);
-            let reported_at = self.downs[&node].reported_at_ms;
-            // Heard in the report's own millisecond counts: a probe's answer
-            // on loopback can come back within it.
-            let heard_directly = self.last_heard(&node).is_some_and(|t| t >= reported_at);
-            if heard_directly {
-                let held = self.downs.remove(&node).expect("listed above");
-                settled.push(Verdict::Partition {
-                    heard_ago_ms: now_ms.saturating_sub(heard.unwrap_or(now_ms)),
-                    node,
-                    reporters: held.reporters,
-                    waiting: held.waiting,
-                });
-            } else if now_ms >= self.downs[&node].answer_by_ms {
-                let held = self.downs.remove(&node).expect("listed above");
-                let envelope = Envelope {
-                    at_ms: now_ms,
-                    actor: held.actor,
-                    command: Command::NodeDown {
-                        node,
-                        epoch: held.epoch,
-                        reporters: held.reporters,
-                    },
-                };
-                settled.push(Verdict::Down {
-                    envelope,
-                    waiting: held.waiting,
-                });
-            }
-        }
-        settled
-    }
-
     /// The leader's periodic pass over `leases`: held down reports, lease
     /// deadlines (one `ExpireLease` per lease until it settles or a TTL
     /// passes, each with its zone's silent count for the guard), and
     /// purges. A follower proposes nothing.
     pub fn sweep(&mut self, now_ms: u64, leases: &LeaseTable) -> Sweep<W> {
+        let verdicts = self.decide_downs(now_ms);
         let mut sweep = Sweep {
-            verdicts: self.decide_downs(now_ms),
+            verdicts,
             proposals: Vec::new(),
-            asks: Vec::new(),
+            asks: self.take_down_asks(),
             held: Vec::new(),
         };
         if !self.leads() {
@@ -525,6 +386,10 @@ impl<W> LeaderMemory<W> {
                 });
             }
         }
+        // A single reporter's verdict and a silent lease may ask about
+        // the same node in one sweep: asked once.
+        let mut asked = std::collections::BTreeSet::new();
+        sweep.asks.retain(|(node, _)| asked.insert(node.clone()));
         if now_ms >= self.next_purge_ms {
             self.next_purge_ms = now_ms.saturating_add(self.params.purge_interval_ms);
             sweep.proposals.push(Envelope {

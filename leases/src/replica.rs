@@ -237,7 +237,7 @@ impl ReplicaState {
                             .any(|a| self.sessions.held(a).is_some_and(|(n, _)| *n == node));
                     if self.leads() && !elsewhere {
                         let verdicts = self.leader.session_closed(&node, now_ms);
-                        self.verdicts(verdicts, out);
+                        self.verdicts(verdicts, now_ms, cat, out);
                     }
                 }
             }
@@ -448,7 +448,7 @@ impl ReplicaState {
         // next sweep (up to `lease.sweep_interval_ms` later).
         if self.down_deadline().is_some_and(|deadline| now >= deadline) {
             let verdicts = self.leader.decide_downs(now);
-            self.verdicts(verdicts, out);
+            self.verdicts(verdicts, now, cat, out);
         }
         self.fire_wakes(now, cat, out);
         self.expire_waiters(now, out);

@@ -530,7 +530,8 @@ pub enum DownOutcome<R> {
 
 /// What a leader-memory verdict on a down report answers (R4): a node the
 /// arbiter still hears is a partition inside the zone and nothing is
-/// removed; a node silent to both signals is proposed down.
+/// removed; a single reporter's verdict a witness sees alive removes
+/// nothing either; a node silent to both signals is proposed down.
 pub fn down_outcome<R>(verdict: Verdict<R>) -> DownOutcome<R> {
     match verdict {
         Verdict::Partition {
@@ -545,6 +546,21 @@ pub fn down_outcome<R>(verdict: Verdict<R>) -> DownOutcome<R> {
                 message: format!("node {node}'s session with this arbiter is alive (heard {heard_ago_ms} ms ago): treated as a partition inside the zone; nothing removed"),
             },
         },
+        Verdict::Uncorroborated {
+            node,
+            reporter,
+            alive,
+            waiting,
+        } => {
+            let names: Vec<&str> = alive.iter().map(NodeId::as_str).collect();
+            DownOutcome::Answer {
+                waiting,
+                answer: Response::Rejected {
+                    kind: RejectKind::Invalid,
+                    message: format!("node {node} was reported down by {reporter} alone and witnesses {} see it alive: nothing removed (if the node is dead, its lease runs out)", names.join(", ")),
+                },
+            }
+        }
         Verdict::Down { envelope, waiting } => {
             let mut waiting = waiting.into_iter();
             DownOutcome::Propose {

@@ -316,7 +316,9 @@ async fn report_down(group: &Group, on: usize, node: &str, epoch: AgentEpoch) ->
     let hello = SessionUp::Hello {
         node: NodeId::new(reporter).unwrap(),
         epoch: AgentEpoch(1),
-        zone: Label::new("default").unwrap(),
+        // The agents' zone (the default, z1): only a node of the
+        // reported node's zone may report it down.
+        zone: Label::new("z1").unwrap(),
         addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (_writer, mut reader) = conn.open_session(&hello).await.unwrap();

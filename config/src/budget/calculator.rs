@@ -28,7 +28,8 @@ use crate::{AgentConfig, ArbiterConfig};
 ///   first probe (e/(e−1) periods expected, ln(100) at p99) + 1 period for
 ///   the probe to fail + `suspect_to_down_ms`, and the arbiter's probe of
 ///   the node's session unanswered for `probe_timeout_ms` (decided at that
-///   deadline); lease = ttl − U[0,
+///   deadline), and at worst `witness_wait_ms` for a lone reporter's
+///   witnesses; lease = ttl − U[0,
 ///   ttl/3] (expected ttl − ttl/6, worst ttl) + sweep (half expected) +
 ///   C + P. 15 s.
 /// - (d) deliberate leave: P. 3 s.

@@ -34,7 +34,9 @@ impl Inputs<'_> {
 
     /// SWIM declares the node down; the arbiter accepts once its probe of
     /// the node's own session went unanswered for `probe_timeout_ms` too
-    /// (R4).
+    /// (R4), and, when one node alone reported it, once its witnesses had
+    /// `witness_wait_ms` to object (R10; expected 0: a crash is reported by
+    /// every gossip peer of the zone).
     fn gossip_path(&self) -> BudgetPath {
         let gossip = &self.agent.gossip;
         let swim = gossip.effective();
@@ -82,6 +84,17 @@ impl Inputs<'_> {
                 "lower it, keeping it above the longest pause an agent process may take after gossip reports it",
             )),
         );
+        let lone = Term::new(
+            "a lone reporter's verdict waits for its witnesses: 0 (every peer reports) | witness_wait",
+            Phase::Detection,
+            0.0,
+            ms(lease.witness_wait_ms),
+            Some(Setting::new(
+                "arbiter.lease.witness_wait_ms",
+                lease.witness_wait_ms,
+                "worst case only (one node left in the zone to report): lower it, keeping a connect's round trip to the witnesses",
+            )),
+        );
         let b = &self.agent.budget;
         let report = Term::new(
             "down report to the arbiter: network",
@@ -102,6 +115,7 @@ impl Inputs<'_> {
                 suspicion,
                 report,
                 probe_wait,
+                lone,
             ]),
         }
     }

@@ -142,11 +142,12 @@ fn default_rows_follow_the_formulas() {
     let sweep = arbiter.lease.sweep_interval_ms as f64;
     let swim_e = period * std::f64::consts::LN_2 + period + suspect;
     let swim_w = period * 100f64.ln() + period + suspect;
+    let wait = arbiter.lease.witness_wait_ms as f64;
     let gossip_e = swim_e + b.network_ms as f64 + probe + c + p;
-    let gossip_w = swim_w + b.network_worst_ms as f64 + probe + cw + pw;
+    // At worst, one node left in the zone reports it: its witnesses wait.
+    let gossip_w = swim_w + b.network_worst_ms as f64 + probe + wait + cw + pw;
     // Witnesses: one connect timeout and a round trip (capped at the
     // wait) and half a sweep | the wait and a sweep.
-    let wait = arbiter.lease.witness_wait_ms as f64;
     let witnesses_e =
         (WITNESS_CONNECT_MS as f64 + 2.0 * b.network_ms as f64).min(wait) + sweep / 2.0;
     let witnesses_w = wait + sweep;

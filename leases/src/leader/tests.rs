@@ -20,10 +20,8 @@ fn params() -> LeaderParams {
 
 const WAIT: u64 = 1_500;
 
-/// A leader asking witnesses, with `a` silent since office at 0 and
-/// past its deadline at `TTL`: the first sweep there asks.
-fn witnessing() -> (Catalog, LeaderMemory<u32>) {
-    let cat = catalog(&["a", "b", "c", "d"]);
+/// A leader of `cat` in office since 0, asking witnesses for `WAIT`.
+fn witnessing_leader(cat: &Catalog) -> LeaderMemory<u32> {
     let mut m = LeaderMemory::new(
         LeaderParams {
             witness_wait_ms: WAIT,
@@ -33,6 +31,14 @@ fn witnessing() -> (Catalog, LeaderMemory<u32>) {
         0,
     );
     m.take_office(0, cat.leases());
+    m
+}
+
+/// A leader asking witnesses, with `a` silent since office at 0 and
+/// past its deadline at `TTL`: the first sweep there asks.
+fn witnessing() -> (Catalog, LeaderMemory<u32>) {
+    let cat = catalog(&["a", "b", "c", "d"]);
+    let mut m = witnessing_leader(&cat);
     for n in ["b", "c", "d"] {
         let renew = m.renew(
             cat.leases(),
@@ -379,4 +385,146 @@ fn purges_come_at_their_interval() {
     let p = m.sweep(30_000, cat.leases()).proposals;
     assert!(matches!(p.as_slice(), [e] if e.command == Command::Purge));
     assert!(m.sweep(31_000, cat.leases()).proposals.is_empty());
+}
+
+/// A leader with witnesses on (`witness_wait_ms` = `WAIT`), `a` reported
+/// down at 2 s by `reporter` alone and silent past its probe: its
+/// witnesses are asked, once, and nothing is proposed yet.
+fn single_report() -> LeaderMemory<u32> {
+    let cat = catalog(&["a", "b", "c"]);
+    let mut m = witnessing_leader(&cat);
+    assert!(report(&mut m, "a", 2_000, 7).is_empty());
+    assert!(m.decide_downs(2_000 + PROBE).is_empty(), "one more wanted");
+    assert_eq!(m.take_down_asks(), [(node("a"), AgentEpoch(1))]);
+    assert!(m.decide_downs(2_000 + PROBE + 1).is_empty());
+    assert!(m.take_down_asks().is_empty(), "asked once");
+    assert_eq!(m.next_down_deadline(), Some(2_000 + PROBE + WAIT));
+    m
+}
+
+#[test]
+fn a_single_reporters_verdict_is_proposed_once_a_witness_sees_the_node_gone() {
+    let mut m = single_report();
+    // The reporter itself is no second opinion, nor the node.
+    assert!(m.witnessed(
+        node("reporter"),
+        &node("a"),
+        AgentEpoch(1),
+        seen(Some(false), None)
+    ));
+    m.witnessed(
+        node("a"),
+        &node("a"),
+        AgentEpoch(1),
+        seen(Some(false), None),
+    );
+    // An answer about another run of the node is not this one's.
+    assert!(!m.witnessed(
+        node("b"),
+        &node("a"),
+        AgentEpoch(2),
+        seen(Some(false), None)
+    ));
+    assert!(m.decide_downs(3_100).is_empty());
+    assert!(m.witnessed(
+        node("b"),
+        &node("a"),
+        AgentEpoch(1),
+        seen(None, Some(false))
+    ));
+    match m.decide_downs(3_100).as_slice() {
+        [Verdict::Down { envelope, waiting }] => {
+            match &envelope.command {
+                Command::NodeDown { reporters, .. } => {
+                    assert_eq!(reporters, &[node("reporter"), node("b")]);
+                }
+                other => panic!("expected NodeDown, got {other:?}"),
+            }
+            assert_eq!(waiting, &[7]);
+        }
+        other => panic!("expected the verdict, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_single_reporters_verdict_that_a_witness_sees_alive_removes_nothing() {
+    let mut m = single_report();
+    m.witnessed(
+        node("b"),
+        &node("a"),
+        AgentEpoch(1),
+        seen(None, Some(false)),
+    );
+    m.witnessed(node("c"), &node("a"), AgentEpoch(1), seen(None, Some(true)));
+    match m.decide_downs(3_100).as_slice() {
+        [Verdict::Uncorroborated {
+            reporter, alive, ..
+        }] => {
+            assert_eq!(reporter, &node("reporter"));
+            assert_eq!(alive, &[node("c")]);
+        }
+        other => panic!("expected no verdict, got {other:?}"),
+    }
+    assert_eq!(m.held_downs(), 0);
+}
+
+/// Nobody left to ask (most of a zone died together: the survivor is
+/// the one reporter and the only witness) is no veto.
+#[test]
+fn a_single_reporters_verdict_nobody_answers_is_acted_on_after_the_wait() {
+    let mut m = single_report();
+    // The reporter's own answer is no veto either way.
+    m.witnessed(
+        node("reporter"),
+        &node("a"),
+        AgentEpoch(1),
+        seen(Some(true), None),
+    );
+    assert!(m.decide_downs(2_000 + PROBE + WAIT - 1).is_empty());
+    match m.decide_downs(2_000 + PROBE + WAIT).as_slice() {
+        [Verdict::Down { envelope, waiting }] => {
+            assert!(
+                matches!(&envelope.command, Command::NodeDown { reporters, .. } if reporters == &[node("reporter")])
+            );
+            assert_eq!(waiting, &[7]);
+        }
+        other => panic!("expected the verdict, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_reporter_settles_a_verdict_waiting_for_witnesses() {
+    let mut m = single_report();
+    let verdicts = m.report_down(
+        node("b"),
+        agent_principal(&node("b")),
+        node("a"),
+        AgentEpoch(1),
+        3_050,
+        false,
+        Some(8),
+    );
+    match verdicts.as_slice() {
+        [Verdict::Down { waiting, .. }] => assert_eq!(waiting, &[7, 8]),
+        other => panic!("expected the verdict at once, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_sweep_asks_about_a_node_once_for_its_single_report_and_its_silent_lease() {
+    let cat = catalog(&["a", "b"]);
+    let mut m = witnessing_leader(&cat);
+    let renew = m.renew(
+        cat.leases(),
+        &node("b"),
+        AgentEpoch(1),
+        TTL - 1,
+        &agent_principal(&node("b")),
+    );
+    assert!(renew.is_ok());
+    // `a`'s report passes its probe as its lease passes its deadline.
+    assert!(report(&mut m, "a", TTL - PROBE, 1).is_empty());
+    let sweep = m.sweep(TTL, cat.leases());
+    assert_eq!(sweep.asks, [(node("a"), AgentEpoch(1))], "asked once");
+    assert!(sweep.verdicts.is_empty() && sweep.proposals.is_empty());
 }

@@ -37,7 +37,13 @@ impl ReplicaState {
 
     /// A refusal of `kind` (`request`, `hello`, `watch`) to `agent`'s
     /// identity: counted, and written to the audit log (repeats folded).
-    fn audit_refusal(&mut self, agent: AgentId, kind: &'static str, reason: &str, now: u64) {
+    pub(super) fn audit_refusal(
+        &mut self,
+        agent: AgentId,
+        kind: &'static str,
+        reason: &str,
+        now: u64,
+    ) {
         self.counters.refused(match kind {
             "request" => RejectKind::Forbidden.as_str(),
             other => other,
@@ -138,7 +144,7 @@ impl ReplicaState {
                 node,
                 epoch,
                 seen,
-            } => self.witnessed(witness, node, epoch, seen),
+            } => self.witnessed(agent, witness, node, epoch, seen, now, cat, out),
             Step::Alive => {
                 self.counters.probes_answered += 1;
                 // A follower tells the leader at once: a down report

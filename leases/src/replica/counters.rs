@@ -17,6 +17,10 @@ pub struct Counters {
     pub refusals: BTreeMap<&'static str, u64>,
     /// Down reports settled as a partition.
     pub down_reports_ignored: u64,
+    /// Single reporters' down reports no witness agreed with.
+    pub down_reports_uncorroborated: u64,
+    /// Witness answers from sessions that were not asked.
+    pub witness_answers_unasked: u64,
     /// Probes sent down this replica's sessions (R4).
     pub probes_sent: u64,
     /// Probes answered on this replica's sessions.

@@ -146,7 +146,7 @@ impl ReplicaState {
             .iter()
             .filter_map(|(node, epoch)| witness::ask(cat, node, *epoch))
             .collect();
-        self.verdicts(sweep.verdicts, out);
+        self.verdicts(sweep.verdicts, now, cat, out);
         self.writes
             .wake_up
             .extend(sweep.proposals.into_iter().map(|e| (e, Then::Nothing)));
@@ -227,20 +227,38 @@ impl ReplicaState {
         let verdicts =
             self.leader
                 .report_down(reporter, actor, node, epoch, now, sessionless, Some(reply));
-        self.verdicts(verdicts, out);
+        self.verdicts(verdicts, now, cat, out);
     }
 
-    /// Carries settled down reports: a partition answers its reporters,
-    /// a verdict is proposed (answering the first reporter when committed,
-    /// the others at once).
-    pub(super) fn verdicts(&mut self, verdicts: Vec<Verdict<Reply>>, out: &mut Vec<Output>) {
+    /// Carries settled down reports: a partition or an uncorroborated
+    /// report answers its reporters, a verdict is proposed (answering the
+    /// first reporter when committed, the others at once); a single
+    /// reporter's verdict past its probe has its witnesses asked.
+    pub(super) fn verdicts(
+        &mut self,
+        verdicts: Vec<Verdict<Reply>>,
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
+    ) {
         for verdict in verdicts {
-            if let Verdict::Partition {
-                node, reporters, ..
-            } = &verdict
-            {
-                self.counters.down_reports_ignored += 1;
-                tracing::warn!(node = %node, reporters = ?reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+            match &verdict {
+                Verdict::Partition {
+                    node, reporters, ..
+                } => {
+                    self.counters.down_reports_ignored += 1;
+                    tracing::warn!(node = %node, reporters = ?reporters, "gossip says down but the arbiter still hears the node: a partition inside the zone; nothing removed");
+                }
+                Verdict::Uncorroborated {
+                    node,
+                    reporter,
+                    alive,
+                    ..
+                } => {
+                    self.counters.down_reports_uncorroborated += 1;
+                    tracing::warn!(target: "rollcall::audit", node = %node, reporter = %reporter, alive = ?alive, "a down report by one node alone that no witness agreed with; nothing removed");
+                }
+                Verdict::Down { .. } => {}
             }
             match down_outcome(verdict) {
                 DownOutcome::Answer { waiting, answer } => {
@@ -261,6 +279,15 @@ impl ReplicaState {
                     }
                 }
             }
+        }
+        let asks: Vec<WitnessAsk> = self
+            .leader
+            .take_down_asks()
+            .iter()
+            .filter_map(|(node, epoch)| witness::ask(cat, node, *epoch))
+            .collect();
+        if !asks.is_empty() {
+            self.open_asks(asks, now, cat, out);
         }
     }
 

@@ -85,13 +85,20 @@ impl ReplicaState {
                 out.push(Output::AnswerPeer { reply, response });
             }
             PeerRequest::Witnessed(answers) => {
+                // The follower took only answers its sessions were asked
+                // for (`ReplicaState::witnessed`).
                 if self.leads() {
+                    let mut downs = false;
                     for a in answers {
                         let seen = Seen {
                             gossip: a.gossip,
                             reachable: a.reachable,
                         };
-                        self.leader.witnessed(a.witness, &a.node, a.epoch, seen);
+                        downs |= self.leader.witnessed(a.witness, &a.node, a.epoch, seen);
+                    }
+                    if downs {
+                        let verdicts = self.leader.decide_downs(now);
+                        self.verdicts(verdicts, now, cat, out);
                     }
                 }
                 out.push(Output::AnswerPeer {

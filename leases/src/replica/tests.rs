@@ -267,6 +267,18 @@ fn unavailable(response: Option<&Response>) -> String {
     }
 }
 
+/// Agent `reporter` reports `n` (run 1) down, answered as `reply`.
+fn report_down(reporter: AgentId, n: &str, reply: ReplyId) -> Input {
+    Input::Request {
+        agent: reporter,
+        request: Request::ReportDown {
+            node: node(n),
+            epoch: AgentEpoch(1),
+        },
+        reply,
+    }
+}
+
 fn witness_asked(out: &[Output]) -> Vec<AgentId> {
     out.iter()
         .filter_map(|o| match o {

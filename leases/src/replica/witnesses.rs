@@ -28,6 +28,10 @@ pub(super) struct Witnesses {
     carried: HashMap<(NodeId, AgentEpoch), u64>,
     /// Follower: witnesses' answers to hand to the leader.
     answers: Vec<WitnessAnswer>,
+    /// Every replica: the sessions asked about a node's run, with when.
+    /// An answer counts only from a session asked (its authenticated
+    /// session is the ask's nonce), once, within a TTL (issue 38).
+    asked: HashMap<(AgentId, NodeId, AgentEpoch), u64>,
     /// Follower: sessions heard since the last report.
     heard: HashMap<NodeId, HeardNote>,
     /// Leader: the nodes being probed, with when, handed to the followers
@@ -82,17 +86,40 @@ impl ReplicaState {
         }
     }
 
-    /// A witness's answer on one of this replica's sessions: the leader's
-    /// memory takes it, a follower hands it to the leader.
+    /// A witness's answer on `agent`'s session: the leader's memory takes
+    /// it (and decides the down reports it may settle), a follower hands
+    /// it to the leader. An answer the session was not asked for (or gave
+    /// already) is refused: counted and audited, nothing changed.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn witnessed(
         &mut self,
+        agent: AgentId,
         witness: NodeId,
         node: NodeId,
         epoch: AgentEpoch,
         seen: Seen,
+        now: u64,
+        cat: &Catalog,
+        out: &mut Vec<Output>,
     ) {
+        let asked = self
+            .witnesses
+            .asked
+            .remove(&(agent, node.clone(), epoch))
+            .is_some_and(|at| now.saturating_sub(at) <= self.config.lease.ttl_ms);
+        if !asked {
+            self.counters.witness_answers_unasked += 1;
+            let reason = format!(
+                "a witness answer about node {node} (run {epoch}) that this session was not asked for, or gave already; not counted"
+            );
+            self.audit_refusal(agent, "witness", &reason, now);
+            return;
+        }
         if self.leads() {
-            self.leader.witnessed(witness, &node, epoch, seen);
+            if self.leader.witnessed(witness, &node, epoch, seen) {
+                let verdicts = self.leader.decide_downs(now);
+                self.verdicts(verdicts, now, cat, out);
+            }
         } else {
             self.witnesses.answers.push(WitnessAnswer {
                 witness,
@@ -119,6 +146,7 @@ impl ReplicaState {
         self.witnesses
             .open
             .retain(|(_, at)| now.saturating_sub(*at) < keep);
+        self.forget_asked(now);
         self.ask_witnesses(&asks, now, cat, out);
         self.witnesses
             .open
@@ -147,7 +175,18 @@ impl ReplicaState {
             self.witnesses.carried.insert(key, now);
             fresh.push(ask);
         }
+        self.forget_asked(now);
         self.ask_witnesses(&fresh, now, cat, out);
+    }
+
+    /// Forgets the sessions asked more than a TTL ago: a witness that
+    /// has not answered by then is not waited for (a held lease is asked
+    /// about again every TTL).
+    fn forget_asked(&mut self, now: u64) {
+        let ttl = self.config.lease.ttl_ms;
+        self.witnesses
+            .asked
+            .retain(|_, at| now.saturating_sub(*at) <= ttl);
     }
 
     /// The leader probes `node`'s sessions here and keeps the probe open
@@ -269,6 +308,9 @@ impl ReplicaState {
             let own = by_node.get(&ask.node).cloned().unwrap_or_default();
             self.probe_sessions(own, now, out);
             for agent in candidates.choose(ask) {
+                self.witnesses
+                    .asked
+                    .insert((agent, ask.node.clone(), ask.epoch), now);
                 let message = SessionDown::Witness {
                     node: ask.node.clone(),
                     epoch: ask.epoch,

@@ -469,6 +469,8 @@ impl Core {
         m.rejections.inc_by(now.rejections - was.rejections);
         m.down_reports_ignored
             .inc_by(now.down_reports_ignored - was.down_reports_ignored);
+        m.down_reports_uncorroborated
+            .inc_by(now.down_reports_uncorroborated - was.down_reports_uncorroborated);
         m.probes_sent.inc_by(now.probes_sent - was.probes_sent);
         m.probes_answered
             .inc_by(now.probes_answered - was.probes_answered);

@@ -129,6 +129,8 @@ pub struct Metrics {
     /// Gossip down reports about nodes whose session was still alive (a
     /// partition inside a zone): nothing was removed.
     pub down_reports_ignored: Counter,
+    /// Single reporters' down reports no witness agreed with.
+    pub down_reports_uncorroborated: Counter,
     /// Probes sent down this replica's sessions (R4).
     pub probes_sent: Counter,
     /// Probes answered on this replica's sessions.
@@ -199,6 +201,7 @@ impl Metrics {
             stalled_agents: Gauge::default(),
             resends: Family::default(),
             down_reports_ignored: Counter::default(),
+            down_reports_uncorroborated: Counter::default(),
             probes_sent: Counter::default(),
             probes_answered: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
@@ -318,6 +321,11 @@ impl Metrics {
             "down_reports_ignored",
             "Gossip down reports about nodes whose arbiter session was alive (partition inside a zone)",
             m.down_reports_ignored.clone(),
+        );
+        registry.register(
+            "down_reports_uncorroborated",
+            "Gossip down reports made by one node alone that no witness agreed with (a witness saw the node alive, or none answered): nothing removed",
+            m.down_reports_uncorroborated.clone(),
         );
         registry.register(
             "probes_sent",

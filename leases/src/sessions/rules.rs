@@ -126,6 +126,23 @@ pub(super) fn forbidden(message: String) -> Response {
     }
 }
 
+/// Whether `reporter` may report `node` down: only a node of its zone
+/// (gossip runs inside a zone, so nothing else can have seen it go), by
+/// the zones their leases were granted in, which `[[node_zones]]` binds
+/// (R10). A node without a lease is left to the catalog to refuse.
+fn may_report(catalog: &Catalog, reporter: &NodeId, node: &NodeId) -> Result<(), Response> {
+    let zone = |n: &NodeId| catalog.leases().get(n).map(|l| l.zone.clone());
+    let (Some(theirs), Some(mine)) = (zone(node), zone(reporter)) else {
+        return Ok(());
+    };
+    if theirs == mine {
+        return Ok(());
+    }
+    Err(forbidden(format!(
+        "node {reporter} is in zone {mine} and may not report node {node} of zone {theirs} down: only a node of its own zone may (gossip runs inside a zone)"
+    )))
+}
+
 impl Rules {
     /// Whether `identity` may hold `node`'s lease (a `Hello`).
     pub fn may_hold_lease(&self, identity: &Identity, node: &NodeId) -> Result<(), String> {
@@ -372,11 +389,14 @@ impl Rules {
                 None => Err(forbidden("only an agent with a session can leave".into())),
             },
             Request::ReportDown { node, epoch } => match agent_session() {
-                Some(reporter) => Ok(Authorized::Down {
-                    reporter,
-                    node,
-                    epoch,
-                }),
+                Some(reporter) => {
+                    may_report(catalog, &reporter, &node)?;
+                    Ok(Authorized::Down {
+                        reporter,
+                        node,
+                        epoch,
+                    })
+                }
                 None => Err(forbidden(
                     "only an agent with a session can report a down verdict".into(),
                 )),

@@ -388,9 +388,11 @@ fn a_down_report_needs_the_arbiters_own_silence_too() {
         false,
         Some(2),
     );
+    // A second node's report: a single reporter would wait for a witness.
+    let n3 = NodeId::new("n3").unwrap();
     leader.report_down(
-        n2.clone(),
-        agent_principal(&n2),
+        n3.clone(),
+        agent_principal(&n3),
         n1.clone(),
         AgentEpoch(1),
         2_100,

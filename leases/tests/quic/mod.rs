@@ -1,5 +1,6 @@
-//! Helpers of the arbiter's QUIC tests (`arbiter.rs`, `limits.rs`): an
-//! arbiter on loopback, certificates, sessions, the admin API and metrics.
+//! Helpers of the arbiter's QUIC tests (`arbiter.rs`, `limits.rs`,
+//! `hostile.rs`): an arbiter on loopback, certificates, sessions, the
+//! admin API and metrics.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -142,19 +143,32 @@ pub async fn limited(
     (ca, dir, server)
 }
 
-/// A welcomed session of node `node`, with the certificate `material`.
+/// A welcomed session of node `node` in zone z1, with the certificate
+/// `material`.
 pub async fn session_of(
     material: &TlsMaterial,
     server: &ArbiterServer,
     node: &str,
     epoch: u64,
 ) -> (ArbiterConn, SessionWriter, SessionReader) {
+    session_in_zone(material, server, node, epoch, "z1").await
+}
+
+/// A welcomed session of node `node` in `zone`, with the certificate
+/// `material`.
+pub async fn session_in_zone(
+    material: &TlsMaterial,
+    server: &ArbiterServer,
+    node: &str,
+    epoch: u64,
+    zone: &str,
+) -> (ArbiterConn, SessionWriter, SessionReader) {
     let client = ArbiterClient::new(material).unwrap();
     let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
     let hello = SessionUp::Hello {
         node: NodeId::new(node).unwrap(),
         epoch: AgentEpoch(epoch),
-        zone: Label::new("z1").unwrap(),
+        zone: Label::new(zone).unwrap(),
         addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
     };
     let (w, mut r) = conn.open_session(&hello).await.unwrap();

@@ -23,17 +23,6 @@ fn probed(out: &[Output]) -> Vec<AgentId> {
         .collect()
 }
 
-fn report_down(reporter: AgentId, n: &str, reply: ReplyId) -> Input {
-    Input::Request {
-        agent: reporter,
-        request: Request::ReportDown {
-            node: node(n),
-            epoch: AgentEpoch(1),
-        },
-        reply,
-    }
-}
-
 fn alive(agent: AgentId) -> Input {
     Input::Session {
         agent,

@@ -92,3 +92,108 @@ fn a_follower_carries_the_leaders_asks_once_and_hands_its_witnesses_answers_over
         .iter()
         .any(|o| matches!(o, Output::ReportHeard { heard, .. } if heard.len() == 1)));
 }
+
+fn witnessed(agent: AgentId, n: &str, reachable: bool) -> Input {
+    Input::Session {
+        agent,
+        msg: SessionUp::Witnessed {
+            node: node(n),
+            epoch: AgentEpoch(1),
+            gossip: None,
+            reachable: Some(reachable),
+        },
+    }
+}
+
+/// A leader of one replica with witnesses on, in office since 0, with
+/// sessions for n1 (1) and n2 (2) of z1 and n3 (3) of z2.
+fn leader() -> Step {
+    let mut s = Step::new(1_500);
+    let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
+    let (batch, envelopes) = proposed(&out).remove(0);
+    s.commit(batch, &envelopes);
+    s.session(1, "n1", "z1");
+    s.session(2, "n2", "z1");
+    s.session(3, "n3", "z2");
+    s
+}
+
+#[test]
+fn a_witness_answer_nobody_asked_for_is_refused_counted_and_changes_nothing() {
+    let mut s = leader();
+    // n1 goes silent; n2 alone reports it, its witnesses are asked.
+    let at = TTL / 2;
+    s.wake(at, vec![report_down(2, "n1", 9)]);
+    let out = sweeps(&mut s, at + SWEEP, at + PROBE);
+    let mut asked = witness_asked(&out);
+    asked.sort_unstable();
+    assert_eq!(asked, [2, 3], "both sides, n1 itself never");
+    // n3 answers twice: the second answer was not asked for. n1 answers
+    // about itself unasked.
+    // n3's first answer (alive) stands, at once: nothing is removed.
+    let answered = s.wake(at + PROBE + 10, vec![witnessed(3, "n1", true)]);
+    let mut out = s.wake(
+        at + PROBE + 20,
+        vec![witnessed(3, "n1", false), witnessed(1, "n1", false)],
+    );
+    assert_eq!(s.m.counters().witness_answers_unasked, 2);
+    assert_eq!(s.m.counters().refusals.get("witness"), Some(&2));
+    out.extend(sweeps(
+        &mut s,
+        at + PROBE + SWEEP,
+        at + PROBE + 1_500 + SWEEP,
+    ));
+    assert!(!commands(&out).contains(&"node-down"), "{out:?}");
+    match answer(&answered, 9) {
+        Some(Response::Rejected { message, .. }) => {
+            assert!(
+                message.contains("alone") && message.contains("n3"),
+                "{message}"
+            )
+        }
+        other => panic!("expected the uncorroborated answer, got {other:?}"),
+    }
+    assert_eq!(s.m.counters().down_reports_uncorroborated, 1);
+}
+
+#[test]
+fn a_single_report_is_acted_on_once_an_asked_witness_sees_the_node_gone() {
+    let mut s = leader();
+    let at = TTL / 2;
+    s.wake(at, vec![report_down(2, "n1", 9)]);
+    let out = sweeps(&mut s, at + SWEEP, at + PROBE);
+    assert!(!commands(&out).contains(&"node-down"), "one more wanted");
+    assert!(!witness_asked(&out).is_empty());
+    // The reporter's own answer is no second opinion.
+    let out = s.wake(at + PROBE + 10, vec![witnessed(2, "n1", false)]);
+    assert!(!commands(&out).contains(&"node-down"), "{out:?}");
+    let out = s.wake(at + PROBE + 20, vec![witnessed(3, "n1", false)]);
+    assert_eq!(commands(&out), ["node-down"], "decided at the answer");
+}
+
+#[test]
+fn a_down_report_about_a_node_of_another_zone_is_forbidden() {
+    let mut s = leader();
+    let out = s.wake(TTL / 2, vec![report_down(3, "n1", 9)]);
+    match answer(&out, 9) {
+        Some(Response::Rejected {
+            kind: RejectKind::Forbidden,
+            message,
+        }) => assert!(
+            message.contains("zone z2") && message.contains("zone z1"),
+            "{message}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        !out.iter().any(|o| matches!(
+            o,
+            Output::Send {
+                message: SessionDown::Probe { .. },
+                ..
+            }
+        )),
+        "nothing probed: {out:?}"
+    );
+    assert_eq!(s.m.counters().refusals.get("forbidden"), Some(&1));
+}
