@@ -17,7 +17,7 @@ pub struct Counters {
     pub refusals: BTreeMap<&'static str, u64>,
     /// Down reports settled as a partition.
     pub down_reports_ignored: u64,
-    /// Single reporters' down reports no witness agreed with.
+    /// Single reporters' down reports an asked witness saw alive (vetoed).
     pub down_reports_uncorroborated: u64,
     /// Witness answers from sessions that were not asked.
     pub witness_answers_unasked: u64,

@@ -256,7 +256,7 @@ impl ReplicaState {
                     ..
                 } => {
                     self.counters.down_reports_uncorroborated += 1;
-                    tracing::warn!(target: "rollcall::audit", node = %node, reporter = %reporter, alive = ?alive, "a down report by one node alone that no witness agreed with; nothing removed");
+                    tracing::warn!(target: "rollcall::audit", node = %node, reporter = %reporter, alive = ?alive, "a down report by one node alone, vetoed by witnesses that see the node alive; nothing removed");
                 }
                 Verdict::Down { .. } => {}
             }

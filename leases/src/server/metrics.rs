@@ -129,7 +129,7 @@ pub struct Metrics {
     /// Gossip down reports about nodes whose session was still alive (a
     /// partition inside a zone): nothing was removed.
     pub down_reports_ignored: Counter,
-    /// Single reporters' down reports no witness agreed with.
+    /// Single reporters' down reports an asked witness saw alive (vetoed).
     pub down_reports_uncorroborated: Counter,
     /// Probes sent down this replica's sessions (R4).
     pub probes_sent: Counter,
@@ -324,7 +324,7 @@ impl Metrics {
         );
         registry.register(
             "down_reports_uncorroborated",
-            "Gossip down reports made by one node alone that no witness agreed with (a witness saw the node alive, or none answered): nothing removed",
+            "Gossip down reports made by one node alone that a witness the arbiter asked saw alive: nothing removed",
             m.down_reports_uncorroborated.clone(),
         );
         registry.register(
