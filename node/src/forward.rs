@@ -177,41 +177,12 @@ pub(crate) async fn pipe(
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-
-    use rollcall_leases::{
-        AgentEpoch, Generation, Label, LeaseId, Liveness, NodeId, Principal, PrincipalName, Reason,
-        Revision, Role, Version, Weight,
-    };
-
     use super::*;
 
+    /// A READY candidate of weight 1 (the view's tests' record).
     fn candidate(instance: &str, node: &str) -> Candidate {
-        let record = EndpointRecord {
-            instance_id: InstanceId::new(instance).unwrap(),
-            generation: Generation(1),
-            node_id: NodeId::new(node).unwrap(),
-            epoch: AgentEpoch(1),
-            lease: LeaseId(1),
-            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 8000,
-            region: Label::new("r1").unwrap(),
-            zone: Label::new("z1").unwrap(),
-            version: Version::new("v1").unwrap(),
-            weight: Weight::new(100).unwrap(),
-            labels: Vec::new(),
-            state: State::Ready,
-            reason: Reason::new("t").unwrap(),
-            origin: Principal {
-                role: Role::Agent,
-                name: PrincipalName::new(node).unwrap(),
-            },
-            liveness: Liveness::Unknown,
-            revision: Revision(1),
-            changed_at_ms: 0,
-        };
         Candidate {
-            record: Arc::new(record),
+            record: crate::view::tests::record(instance, node),
             weight: 1.0,
         }
     }

@@ -57,7 +57,7 @@ mod answer;
 mod degrade;
 mod regions;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// One service as `Views::held` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]

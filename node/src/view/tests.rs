@@ -24,7 +24,7 @@ fn svc() -> ServiceKey {
     ServiceKey::new("default", "web", "default").unwrap()
 }
 
-fn record(id: &str, node: &str) -> Arc<EndpointRecord> {
+pub(crate) fn record(id: &str, node: &str) -> Arc<EndpointRecord> {
     Arc::new(EndpointRecord {
         instance_id: InstanceId::new(id).unwrap(),
         generation: Generation(1),
