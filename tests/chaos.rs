@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-const REPORT_KEYS: [&str; 29] = [
+const REPORT_KEYS: [&str; 30] = [
     "scenario",
     "git_commit",
     "git_dirty",
@@ -36,12 +36,13 @@ const REPORT_KEYS: [&str; 29] = [
     "cache_corruption",
     "degraded",
     "regions",
+    "rogue",
     "pass",
     "failures",
 ];
 
-/// The scenarios issues 7, 18 and 36 ask for; each must have its file.
-const REQUIRED: [&str; 23] = [
+/// The scenarios issues 7, 18, 36 and 38 ask for; each must have its file.
+const REQUIRED: [&str; 24] = [
     "pauses-2s",
     "backend-kill",
     "correlated-crash",
@@ -65,6 +66,7 @@ const REQUIRED: [&str; 23] = [
     "bad-probe",
     "region-partition",
     "writer-transfer",
+    "rogue-agent",
 ];
 
 #[test]

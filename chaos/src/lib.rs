@@ -28,6 +28,7 @@ pub mod netns;
 pub mod plot;
 pub mod relay;
 pub mod report;
+pub mod rogue;
 pub mod runner;
 pub mod scenario;
 pub mod shape;
@@ -122,6 +123,7 @@ pub async fn run(args: &RunArgs) -> Result<(report::Report, PathBuf), ChaosError
         connect_timeout_ms: scenario.connect_timeout_ms,
         build: args.build.clone(),
         history: result.history,
+        rogue: result.rogue,
         crash_commit_ms: result.crash_commit_ms,
         election: result.election,
         cache_corruption: result.cache_corruption,

@@ -69,6 +69,8 @@ pub struct ReportInput {
     /// The history check (`history::check`); `None` when the audit log
     /// could not be read.
     pub history: Option<HistoryFigures>,
+    /// What a `rogue` step tried and what came of it.
+    pub rogue: Option<crate::rogue::RogueFigures>,
     /// Per hard-failed node, fault → the arbiter's commit that took its
     /// records out (node-down or lease expiry), ms.
     pub crash_commit_ms: Vec<u64>,
@@ -259,6 +261,9 @@ pub struct Report {
     /// Where the connections went by region, per `[[pass.routing]]` rule;
     /// `null` in a one-region run.
     pub regions: Option<RegionsFigures>,
+    /// A `rogue` step's attacks and what came of each; `null` without one.
+    #[serde(default)]
+    pub rogue: Option<crate::rogue::RogueFigures>,
     /// Whether every figure is within the scenario's pass bounds.
     pub pass: bool,
     /// One sentence per bound exceeded, naming the measured value and the
@@ -486,6 +491,7 @@ pub fn compute(input: &ReportInput, timeline: &Timeline, pass: &Pass) -> Report 
         cache_corruption: input.cache_corruption.clone(),
         degraded: input.degraded.clone(),
         regions: regions(timeline, &conns, &events, &pass.routing),
+        rogue: input.rogue.clone(),
         pass: false,
         failures: Vec::new(),
     };

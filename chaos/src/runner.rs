@@ -36,6 +36,7 @@ use crate::timeline::{Event, RegionAnswer, Route, Timeline};
 use crate::traffic::{Target, Traffic, TrafficConfig};
 
 mod regions;
+mod rogue;
 
 /// Why a run could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +246,10 @@ struct Cluster {
     /// Backends killed by `kill_backend` or `kill_backends` and not yet
     /// started again: (node, instance, port).
     killed: Vec<(usize, String, u16)>,
+    /// The rogue's host address, when the scenario has a `rogue` step.
+    rogue_ip: Option<Ipv4Addr>,
+    /// The running `rogue` step.
+    rogue: Option<tokio::task::JoinHandle<crate::rogue::RogueFigures>>,
 }
 
 const ECHO_PORT: u16 = 9000;
@@ -405,6 +410,8 @@ pub struct RunResult {
     /// Whether stale copies were served degraded exactly while past their
     /// maximum age; `None` unless the scenario checks it.
     pub degraded: Option<DegradedFigures>,
+    /// What a `rogue` step tried and what came of it.
+    pub rogue: Option<crate::rogue::RogueFigures>,
     /// The arbiter outage, `[start, end)` in run ms, if the scenario had one
     /// (an outage still running at the end ends there).
     pub outage: Option<(u64, u64)>,
@@ -510,7 +517,12 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<RunResult,
         bridge_host,
         regions: region_hosts,
         killed: Vec::new(),
+        rogue_ip: None,
+        rogue: None,
     };
+    if scenario.steps.iter().any(|s| s.action == Action::Rogue) {
+        cluster.rogue_ip = Some(cluster.topology.add_host_ip(rogue::HOST)?);
+    }
     if cluster.arbiters.len() > 1
         && scenario
             .steps
@@ -569,6 +581,9 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     for (i, node) in cluster.nodes.iter().enumerate() {
         args.extend(["--agent".into(), format!("{node}={}", cluster.node_ip(i))]);
     }
+    if let Some(ip) = cluster.rogue_ip {
+        args.extend(rogue::cert_args(ip));
+    }
     for relay in &cluster.relays {
         args.extend(["--ip".into(), relay.addr.ip().to_string()]);
     }
@@ -587,6 +602,9 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
         .map_err(io("rollcall certs"))?;
     if !status.success() {
         return Err(RunError::Cluster("rollcall certs failed".into()));
+    }
+    if cluster.rogue_ip.is_some() {
+        rogue::revoke(cluster, &certs)?;
     }
     let key = Command::new(&cluster.binary)
         .args(["gossip-key", "--id", "1"])
@@ -620,6 +638,9 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
             toml.push('\n');
             toml.push_str(extra);
             toml.push('\n');
+        }
+        if cluster.rogue_ip.is_some() {
+            toml.push_str(&rogue::node_zones(cluster));
         }
         let path = work.join(format!("arbiter-{}.toml", k + 1));
         std::fs::write(&path, toml).map_err(io(format!("writing {}", path.display())))?;
@@ -1064,6 +1085,10 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         }
     }
     tokio::time::sleep_until((t0 + duration).into()).await;
+    let mut rogue = match cluster.rogue.take() {
+        Some(attacks) => attacks.await.ok(),
+        None => None,
+    };
     ticker.abort();
     bar.finish_and_clear();
     let duration_ms = t0.elapsed().as_millis() as u64;
@@ -1129,6 +1154,9 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
             .max()
             .unwrap_or(0);
         let entries: Vec<history::AuditEntry> = audit.into_iter().map(|e| e.entry).collect();
+        if let Some(rogue) = &mut rogue {
+            rogue.foreign_changes = rogue::foreign_changes(&entries);
+        }
         let final_catalog = final_catalog(cluster, last_revision).await;
         let nodes: std::collections::BTreeMap<String, Vec<String>> = cluster
             .nodes
@@ -1221,6 +1249,7 @@ async fn drive(cluster: &mut Cluster, scenario: &Scenario) -> Result<RunResult, 
         },
         false_removals,
         history: history_figures,
+        rogue,
         crash_commit_ms,
         election: cluster.election,
         cache_corruption: cluster.corruption.clone(),
@@ -1516,6 +1545,11 @@ async fn step_once(
             t_ms,
             name: target.to_owned(),
         }),
+        Action::Rogue => {
+            events.push(step("rogue"));
+            let rogue = rogue::Rogue::new(cluster, Instant::now() + wait)?;
+            cluster.rogue = Some(tokio::spawn(rogue.run()));
+        }
         Action::Drain => {
             let (i, instance) = cluster.target(target)?;
             let instance = instance.ok_or_else(|| {

@@ -404,11 +404,17 @@ pub enum Action {
     /// Read every region's writer epoch of the service from its arbiter
     /// (what `[pass] writer_epoch` judges: the last reading).
     ReadWriters,
+    /// For `duration_s` (required), a rogue node of zone z1 holding a
+    /// valid agent certificate of its own and the zone's gossip key tries
+    /// every attack of README's "Security model", round after round,
+    /// against each replica in turn (what `[pass] max_rogue_breaches`
+    /// judges). Needs two zones.
+    Rogue,
 }
 
 impl Action {
     /// Every action, in the order the file format lists them.
-    pub const ALL: [Action; 35] = [
+    pub const ALL: [Action; 36] = [
         Action::Drain,
         Action::FailReadiness,
         Action::FreezeBackend,
@@ -444,6 +450,7 @@ impl Action {
         Action::TransferWriter,
         Action::ForceWriter,
         Action::ReadWriters,
+        Action::Rogue,
     ];
 
     /// The name used in scenario files.
@@ -484,6 +491,7 @@ impl Action {
             Action::TransferWriter => "transfer_writer",
             Action::ForceWriter => "force_writer",
             Action::ReadWriters => "read_writers",
+            Action::Rogue => "rogue",
         }
     }
 
@@ -581,6 +589,13 @@ pub struct Pass {
     /// `read_writers` step (a forced transfer won everywhere); unset: not
     /// judged. Set, a run without such a reading fails.
     pub writer_epoch: Option<u64>,
+    /// Most attempts of a `rogue` step that may get through (answered
+    /// otherwise than by the rule aimed at); unset: not judged. Set, the
+    /// run also fails without a rogue step, when an attack was never made,
+    /// when the rogue's identity committed a change to a record it does
+    /// not own, or when its refusals were not counted
+    /// (`rollcall_arbiter_refusals_total`) and audited (`rollcall::audit`).
+    pub max_rogue_breaches: Option<u64>,
 }
 
 /// One `[[pass.routing]]` rule: where the connections opened in `phase`
@@ -647,6 +662,7 @@ impl Default for Pass {
             max_failed_conns_in_election: None,
             routing: Vec::new(),
             writer_epoch: None,
+            max_rogue_breaches: None,
         }
     }
 }
@@ -704,6 +720,13 @@ impl Scenario {
                     "must be at most agents ({}): every zone needs a node",
                     self.agents
                 ),
+            ));
+        }
+        if self.zones < 2 && self.steps.iter().any(|s| s.action == Action::Rogue) {
+            return Err(ScenarioError::invalid(
+                "zones",
+                self.zones,
+                "must be at least 2 for a rogue step: it reports a node of another zone down",
             ));
         }
         if ![1, 3, 5].contains(&self.arbiters) {
@@ -1084,6 +1107,25 @@ impl Step {
                 format!("must name the nodes for action {:?}", self.action.as_str()),
             ));
         }
+        if self.action == Action::Rogue {
+            let Some(d) = self.duration_s else {
+                return Err(ScenarioError::invalid(
+                    field("duration_s"),
+                    "missing",
+                    "is required for action \"rogue\"",
+                ));
+            };
+            if self.at_s + d > run_duration_s {
+                return Err(ScenarioError::invalid(
+                    field("duration_s"),
+                    d,
+                    format!(
+                        "the rogue attacks until {} s, after duration_s ({run_duration_s})",
+                        self.at_s + d
+                    ),
+                ));
+            }
+        }
         if self.action == Action::Phase && self.target.trim().is_empty() {
             return Err(ScenarioError::invalid(
                 field("target"),
@@ -1256,6 +1298,7 @@ max_concurrent_snapshots = 16
                 max_failed_conns_in_election: None,
                 routing: Vec::new(),
                 writer_epoch: None,
+                max_rogue_breaches: None,
             }
         );
     }
@@ -1293,6 +1336,8 @@ max_concurrent_snapshots = 16
                 | Action::TransferWriter
                 | Action::ForceWriter
                 | Action::ReadWriters => ("regions = 3\n", "r2"),
+                // A rogue reports a node of another zone down.
+                Action::Rogue => ("zones = 2\nagents = 2\n", "x"),
                 _ => ("", "x"),
             };
             let reason = if action == Action::ForceWriter {
@@ -1329,6 +1374,21 @@ max_concurrent_snapshots = 16
                 "steps[0].count",
             ),
             (step("at_s = 1\naction = \"crash_nodes\""), "steps[0].target"),
+            (
+                format!("zones = 2\nagents = 2\n{}", step("at_s = 1\naction = \"rogue\"")),
+                "steps[0].duration_s",
+            ),
+            (
+                format!(
+                    "zones = 2\nagents = 2\n{}",
+                    step("at_s = 5\naction = \"rogue\"\nduration_s = 6")
+                ),
+                "steps[0].duration_s",
+            ),
+            (
+                format!("{MINIMAL}agents = 2\n[[steps]]\nat_s = 1\naction = \"rogue\"\nduration_s = 2\n"),
+                "zones",
+            ),
             (
                 format!("{MINIMAL}[short]\nagents = 1\nrounds = 0\n"),
                 "short.rounds",
@@ -1413,7 +1473,7 @@ max_concurrent_snapshots = 16
         );
         assert!(
             message.ends_with(
-                "kill_backends, restart_backends, transfer_writer, force_writer, read_writers"
+                "kill_backends, restart_backends, transfer_writer, force_writer, read_writers, rogue"
             ),
             "{message}"
         );

@@ -384,6 +384,30 @@ mod tests {
         assert!(client.connect(&at.to_string()).await.is_ok());
     }
 
+    /// Issue 38, item 4: an agent's, controller's or operator's
+    /// certificate carries the client usage alone, so TLS itself refuses
+    /// it as a server, before any role check.
+    #[tokio::test]
+    async fn a_certificate_without_the_server_usage_cannot_serve() {
+        install_crypto_provider();
+        let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+        let client = ArbiterClient::new(&material(&ca, Role::Agent, "node-1")).unwrap();
+        for role in [Role::Agent, Role::Controller, Role::Operator] {
+            let (_server, at) = serve(&material(&ca, role, "stolen"));
+            let err = client
+                .connect(&at.to_string())
+                .await
+                .err()
+                .expect("refused");
+            let err = err.to_string();
+            assert!(!err.contains("not an arbiter"), "{role:?}: {err}");
+            assert!(
+                err.to_lowercase().contains("purpose") || err.to_lowercase().contains("usage"),
+                "{role:?}: {err}"
+            );
+        }
+    }
+
     /// A replica that is gone answers nothing: the connect gives up after
     /// the client's connect timeout and says so, instead of holding the
     /// agent for the whole QUIC idle timeout (a CI run saw an agent sit

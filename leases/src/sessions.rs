@@ -22,6 +22,7 @@ use crate::leader::Verdict;
 use crate::name::{Label, NodeId, ServiceKey};
 use crate::protocol::{RejectKind, Request, Response, SessionUp, MAX_DECLARED_ADDRESSES};
 
+mod forwarded;
 mod rules;
 
 use rules::forbidden;

@@ -475,10 +475,19 @@ impl Ca {
         params.subject_alt_names = sans;
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        // Each role gets the usages it needs (issue 38, item 4): arbiters
+        // serve agents and dial their peers, bridges serve and dial each
+        // other; agents, controllers and operators only dial, so their
+        // certificates cannot serve anyone (TLS checks the usage).
+        params.extended_key_usages = match identity.principal.role {
+            Role::Arbiter | Role::Bridge => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Role::Agent | Role::Controller | Role::Operator => {
+                vec![ExtendedKeyUsagePurpose::ClientAuth]
+            }
+        };
         params.use_authority_key_identifier_extension = true;
         let now = SystemTime::now();
         params.not_before = (now - BACKDATE).into();

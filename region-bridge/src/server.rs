@@ -357,6 +357,10 @@ async fn serve_peer(incoming: quinn::Incoming, shared: Arc<Shared>) {
             tracing::warn!(peer = %identity, %reason, "closing a peer session: its certificate expired");
             close(&conn, close_code::UNAUTHENTICATED, &reason);
         }
+        reason = shared.check.revoked(&conn) => {
+            tracing::warn!(target: "rollcall::audit", peer = %identity, %reason, "closing a peer bridge's session: its certificate was revoked");
+            close(&conn, close_code::UNAUTHENTICATED, &reason);
+        }
     }
     shared.stats.session_ended();
     shared.metrics.sessions_active.dec();
@@ -503,6 +507,11 @@ async fn sync_once(
         let read = tokio::select! {
             read = codec::read_update_sized(&mut recv) => read,
             reason = rollcall_leases::tls::peer_certificate_expired(&conn) => {
+                close(&conn, close_code::UNAUTHENTICATED, &reason);
+                return reason;
+            }
+            reason = shared.check.revoked(&conn) => {
+                tracing::warn!(target: "rollcall::audit", peer = %region, %reason, "closing the session with a peer bridge: its certificate was revoked");
                 close(&conn, close_code::UNAUTHENTICATED, &reason);
                 return reason;
             }

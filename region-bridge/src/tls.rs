@@ -229,6 +229,15 @@ impl PeerCheck {
         PeerCheck { own, live }
     }
 
+    /// Resolves, with the reason, once the deny list this bridge holds
+    /// (its own `revoked.txt`, reloaded with its TLS files) names the
+    /// certificate `conn`'s peer presented: a session already up is
+    /// closed at the reload, not at the next handshake (issue 38, item 6).
+    pub async fn revoked(&self, conn: &quinn::Connection) -> String {
+        // Every dialler holds the same deny list as the listener.
+        self.live.listener.peer_revoked(conn).await
+    }
+
     /// The peer of an accepted connection, when it is a bridge of a peer
     /// region whose certificate that region's CA signed; else why not (the
     /// reason to close with).

@@ -3,241 +3,23 @@
 //! its home revision; r1's summaries reach r2's remote view with an age; a
 //! restarted bridge resumes by delta; non-bridge certificates are refused;
 //! malformed, oversized and invalid messages close the connection and
-//! change nothing.
+//! change nothing; a peer bridge revoked while connected is cut off at the
+//! reload.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
 
-use rollcall_config::{
-    ArbiterConfig, BridgeArbiter, BridgeConfig, BridgePeer, ServicePolicy, TlsPaths,
-};
-use rollcall_leases::client::{ArbiterClient, ArbiterConn, SessionReader, SessionWriter};
+use rollcall_config::ServicePolicy;
 use rollcall_leases::codec::write_frame;
-use rollcall_leases::identity::Identity;
-use rollcall_leases::protocol::{Request, Response, SessionDown, SessionUp};
-use rollcall_leases::server::ArbiterServer;
-use rollcall_leases::tls::{Ca, TlsMaterial};
-use rollcall_leases::{
-    AgentEpoch, Ingress, InstanceId, Label, NodeId, Policy, PrincipalName, Registration,
-    RemotePolicy, Revision, Role, ServiceSummary, State, Version, Weight,
-};
+use rollcall_leases::tls::{Ca, Reload};
+use rollcall_leases::{Ingress, Policy, RemotePolicy, Revision, Role, ServiceSummary};
 use rollcall_region_bridge::codec::{self, MAX_HELLO_BYTES, MAX_UPDATE_BYTES};
-use rollcall_region_bridge::message::Update;
+use rollcall_region_bridge::message::{Hello, Update};
 use rollcall_region_bridge::{Bridge, BridgeTls};
-use serde_json::{json, Value};
+use serde_json::json;
 
-/// QUIC close codes (as the arbiter's).
-const UNAUTHENTICATED: u32 = 1;
-const PROTOCOL: u32 = 3;
-
-fn label(s: &str) -> Label {
-    Label::new(s).unwrap()
-}
-
-fn material(ca: &Ca, region: &str, role: Role, name: &str) -> TlsMaterial {
-    let identity = Identity::new(label(region), role, PrincipalName::new(name).unwrap());
-    TlsMaterial::from_issued(ca, &ca.issue(&identity, &[], &[]).unwrap())
-}
-
-async fn arbiter(ca: &Ca, region: &str, dir: &Path) -> ArbiterServer {
-    let mut config = ArbiterConfig {
-        name: format!("arbiter-{region}"),
-        region: region.into(),
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: dir.join(format!("arbiter-{region}")),
-        // Tests register addresses no node declared.
-        registration: rollcall_config::RegistrationConfig {
-            addresses: rollcall_config::AddressRule::Any,
-            ..Default::default()
-        },
-        ..ArbiterConfig::default()
-    };
-    // The test's agent never renews: its lease outlives the test.
-    config.lease.ttl_ms = 600_000;
-    let tls = material(ca, region, Role::Arbiter, "arbiter-1");
-    ArbiterServer::start(config, &tls).await.unwrap()
-}
-
-/// One admin call with the operator token: status and JSON body.
-async fn call(
-    server: &ArbiterServer,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let token = std::fs::read_to_string(&server.token_file).unwrap();
-    let mut request = reqwest::Client::new()
-        .request(method, format!("http://{}{path}", server.admin_addr))
-        .bearer_auth(token.trim());
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
-async fn get(server: &ArbiterServer, path: &str) -> (u16, Value) {
-    call(server, reqwest::Method::GET, path, None).await
-}
-
-async fn apply(server: &ArbiterServer, policy: Value) -> u64 {
-    let (status, body) = call(
-        server,
-        reqwest::Method::PUT,
-        "/v1/policies",
-        Some(json!({"policy": [policy]})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    body["policies"][0]["revision"].as_u64().unwrap()
-}
-
-/// Polls `probe` every 50 ms until it answers `Some`, for at most 20 s.
-async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The view of `region` in `server`'s remote view, if it holds one.
-async fn remote_view(server: &ArbiterServer, region: &str) -> Option<Value> {
-    let (status, body) = get(server, "/v1/remote").await;
-    assert_eq!(status, 200, "{body}");
-    body["regions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["region"] == region)
-        .cloned()
-}
-
-/// Registers a READY instance of `default/web/http` (weight 250) on node
-/// `n1` of the region (its session must stay open: keep what this returns).
-async fn register_web(
-    ca: &Ca,
-    region: &str,
-    server: &ArbiterServer,
-) -> (ArbiterConn, SessionWriter, SessionReader) {
-    let client = ArbiterClient::new(&material(ca, region, Role::Agent, "n1")).unwrap();
-    let conn = client.connect(&server.quic_addr.to_string()).await.unwrap();
-    let hello = SessionUp::Hello {
-        node: NodeId::new("n1").unwrap(),
-        epoch: AgentEpoch(1),
-        zone: label("z1"),
-        addresses: vec![std::net::IpAddr::from([127, 0, 0, 1])],
-    };
-    let (writer, mut reader) = conn.open_session(&hello).await.unwrap();
-    assert!(matches!(
-        reader.next().await.unwrap(),
-        SessionDown::Welcome { .. }
-    ));
-    let registration = Registration {
-        instance_id: InstanceId::new("web-1").unwrap(),
-        service: "default/web/http".parse().unwrap(),
-        node: NodeId::new("n1").unwrap(),
-        epoch: AgentEpoch(1),
-        address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-        port: 8080,
-        zone: None,
-        version: Version::new("v1").unwrap(),
-        weight: Weight::new(250).unwrap(),
-        labels: Vec::new(),
-        initial: State::Ready,
-    };
-    let answer = conn
-        .request(&Request::Register(registration))
-        .await
-        .unwrap();
-    assert!(matches!(answer, Response::Committed { .. }), "{answer:?}");
-    (conn, writer, reader)
-}
-
-/// Two distinct UDP ports that were free a moment ago (bridges dial each
-/// other, so each must know the other's port before either starts).
-fn free_ports() -> (u16, u16) {
-    let bind = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (a, b) = (bind(), bind());
-    let port = |s: &std::net::UdpSocket| s.local_addr().unwrap().port();
-    (port(&a), port(&b))
-}
-
-/// Writes a bridge's certificate, key and CA, and the peers' CAs, into
-/// `dir`, and a config naming them, its arbiter and its peers.
-fn bridge_config(
-    dir: &Path,
-    own: (&str, &Ca),
-    port: u16,
-    arbiter: &ArbiterServer,
-    peers: &[(&str, &Ca, String)],
-) -> BridgeConfig {
-    let (region, ca) = own;
-    let identity = Identity::new(
-        label(region),
-        Role::Bridge,
-        PrincipalName::new(&format!("bridge-{region}")).unwrap(),
-    );
-    let issued = ca.issue(&identity, &[], &[]).unwrap();
-    let write = |name: String, text: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    let tls = TlsPaths::new(
-        write(format!("{region}-ca.crt"), &ca.to_pem().0),
-        write(format!("bridge-{region}.crt"), &issued.cert_pem),
-        write(format!("bridge-{region}.key"), &issued.key_pem),
-    );
-    let peers = peers
-        .iter()
-        .map(|(peer, peer_ca, address)| BridgePeer {
-            region: (*peer).to_owned(),
-            address: address.clone(),
-            ca: write(format!("{region}-peer-{peer}-ca.crt"), &peer_ca.to_pem().0),
-        })
-        .collect();
-    BridgeConfig {
-        name: format!("bridge-{region}"),
-        region: region.to_owned(),
-        listen: SocketAddr::from(([127, 0, 0, 1], port)),
-        peers,
-        ingress: vec![format!("edge.{region}.example:443")],
-        summary_max_age_ms: 5_000,
-        sync_interval_ms: 100,
-        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-        arbiter: BridgeArbiter {
-            admin: vec![arbiter.admin_addr.to_string()],
-            token_file: arbiter.token_file.clone(),
-        },
-        tls: Some(tls),
-    }
-}
-
-async fn start_bridge(config: &BridgeConfig) -> Bridge {
-    let tls = BridgeTls::load(config).unwrap();
-    Bridge::start(config.clone(), tls).await.unwrap()
-}
-
-fn checkout(home: &str) -> Value {
-    json!({
-        "service": "shop/checkout",
-        "home_region": home,
-        "cross_region": true,
-        "failover_order": ["r3"],
-    })
-}
+mod common;
+use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policies_and_summaries_cross_regions_and_a_restarted_bridge_resumes_by_delta() {
@@ -411,76 +193,17 @@ async fn policies_and_summaries_cross_regions_and_a_restarted_bridge_resumes_by_
     a2.shutdown().await;
 }
 
-/// How the peer closed `conn`: the application code and reason.
-async fn closed(conn: &quinn::Connection) -> (u32, String) {
-    match tokio::time::timeout(Duration::from_secs(10), conn.closed()).await {
-        Ok(quinn::ConnectionError::ApplicationClosed(close)) => (
-            close.error_code.into_inner() as u32,
-            String::from_utf8_lossy(&close.reason).into_owned(),
-        ),
-        Ok(other) => panic!("closed otherwise: {other}"),
-        Err(_) => panic!("not closed within 10 s"),
-    }
-}
-
-/// A QUIC client endpoint presenting `material` to region `peer`'s bridges.
-fn client(
-    material: TlsMaterial,
-    peer: &str,
-    peer_ca: &Ca,
-) -> (quinn::Endpoint, quinn::ClientConfig) {
-    let tls = BridgeTls {
-        material,
-        peer_cas: BTreeMap::from([(label(peer), vec![peer_ca.cert_der().clone()])]),
-    };
-    let config = tls.client_config(&label(peer)).unwrap();
-    let endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
-    (endpoint, config)
-}
-
-async fn dial(
-    endpoint: &quinn::Endpoint,
-    config: &quinn::ClientConfig,
-    addr: SocketAddr,
-) -> quinn::Connection {
-    endpoint
-        .connect_with(config.clone(), addr, "localhost")
-        .unwrap()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_bridge_certificates_are_accepted() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ca1, ca2) = (
-        Ca::generate(&label("r1")).unwrap(),
-        Ca::generate(&label("r2")).unwrap(),
-    );
-    let a1 = arbiter(&ca1, "r1", dir.path()).await;
-
     // r1's bridge dials "r2's bridge", which presents an arbiter certificate.
-    let fake = BridgeTls {
-        material: material(&ca2, "r2", Role::Arbiter, "arbiter-1"),
-        peer_cas: BTreeMap::from([(label("r1"), vec![ca1.cert_der().clone()])]),
-    };
-    let fake = quinn::Endpoint::server(
-        fake.server_config().unwrap(),
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-    )
-    .unwrap();
-    let config = bridge_config(
-        dir.path(),
-        ("r1", &ca1),
-        0,
-        &a1,
-        &[(
-            "r2",
-            &ca2,
-            format!("127.0.0.1:{}", fake.local_addr().unwrap().port()),
-        )],
-    );
-    let b1 = start_bridge(&config).await;
+    let FakeR2 {
+        dir: _dir,
+        ca1,
+        ca2,
+        a1,
+        fake,
+        b1,
+    } = FakeR2::start(Role::Arbiter, "arbiter-1").await;
     let dialled = fake.accept().await.unwrap().await.unwrap();
     let (code, reason) = closed(&dialled).await;
     assert_eq!(code, UNAUTHENTICATED, "{reason}");
@@ -514,19 +237,6 @@ async fn only_bridge_certificates_are_accepted() {
 
     b1.shutdown().await;
     a1.shutdown().await;
-}
-
-/// r2's arbiter as the test compares it: its remote view without ages, and
-/// its catalog revision.
-async fn r2_state(a2: &ArbiterServer) -> (Option<Value>, Value) {
-    let view = remote_view(a2, "r1").await.map(|mut v| {
-        for key in ["age_ms", "fresh", "as_of_ms"] {
-            v.as_object_mut().unwrap().remove(key);
-        }
-        v
-    });
-    let (_, status) = get(a2, "/v1/status").await;
-    (view, status["revision"].clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,4 +380,71 @@ async fn malformed_oversized_and_invalid_messages_close_the_connection_and_chang
 
     b2.shutdown().await;
     a2.shutdown().await;
+}
+
+/// Issue 38, item 6: r2's bridge certificate is revoked in r1 while both
+/// of its sessions with r1's bridge are up (the one it subscribed with and
+/// the one r1's bridge dialled): the reload that brings the deny list
+/// closes both with the reason, and its next handshake is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_peer_bridge_is_cut_off_at_the_reload() {
+    // "r2's bridge" as r1's bridge dials it: it reads the hello, says nothing.
+    let FakeR2 {
+        dir,
+        ca1,
+        ca2,
+        a1,
+        fake,
+        b1,
+    } = FakeR2::start(Role::Bridge, "bridge-r2").await;
+    let dialled = fake.accept().await.unwrap().await.unwrap();
+    let (_to_b1, mut from_b1) = dialled.accept_bi().await.unwrap();
+    assert_eq!(
+        codec::read_hello(&mut from_b1).await.unwrap().region,
+        label("r1")
+    );
+    // r2's bridge subscribes to r1's: the first update arrives.
+    let (endpoint, client_config) =
+        client(material(&ca2, "r2", Role::Bridge, "bridge-r2"), "r1", &ca1);
+    let subscribed = dial(&endpoint, &client_config, b1.listen_addr).await;
+    let (mut send, mut recv) = subscribed.open_bi().await.unwrap();
+    let hello = Hello {
+        region: label("r2"),
+        have: None,
+    };
+    write_frame(&mut send, &codec::encode_hello(&hello))
+        .await
+        .unwrap();
+    assert_eq!(
+        codec::read_update(&mut recv).await.unwrap().region,
+        label("r1")
+    );
+
+    std::fs::write(
+        dir.path().join("revoked.txt"),
+        "rollcall://r2/bridge/bridge-r2\n",
+    )
+    .unwrap();
+    b1.tls_reload().reload().unwrap();
+    for conn in [&subscribed, &dialled] {
+        let (code, reason) = closed(conn).await;
+        assert_eq!(code, UNAUTHENTICATED, "{reason}");
+        assert!(reason.contains("revoked"), "{reason}");
+    }
+    let again = endpoint
+        .connect_with(client_config, b1.listen_addr, "localhost")
+        .unwrap()
+        .await;
+    let refused = match again {
+        Err(e) => e.to_string(),
+        Ok(conn) => tokio::time::timeout(std::time::Duration::from_secs(10), conn.closed())
+            .await
+            .expect("closed")
+            .to_string(),
+    };
+    assert!(refused.contains("revoked"), "{refused}");
+    assert_eq!(b1.stats().sessions_served, 1);
+
+    b1.shutdown().await;
+    a1.shutdown().await;
 }

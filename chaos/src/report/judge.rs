@@ -296,6 +296,9 @@ pub(super) fn judge(report: &Report, pass: &Pass) -> Vec<String> {
             "concurrent snapshots",
         );
     }
+    if let Some(bound) = pass.max_rogue_breaches {
+        crate::rogue::judge(report.rogue.as_ref(), bound, &mut failures);
+    }
     if let Some(bound) = pass.max_converge_ms {
         match report.converge_ms {
             Some(ms) if ms > bound => failures.push(format!(

@@ -221,6 +221,9 @@ pub fn markdown(report: &Report, budget: &[(String, String)], plots: &[String]) 
             let _ = writeln!(md, "{}.", readings.join("; "));
         }
     }
+    if let Some(rogue) = &report.rogue {
+        crate::rogue::markdown(rogue, &mut md);
+    }
     md.push_str("\n## Phases\n\n");
     if report.phases.is_empty() {
         md.push_str("None.\n");

@@ -495,6 +495,7 @@ fn report_of(world: &World, seed: u64, setup_s: f64, run_s: f64) -> SimReport {
         cache_corruption: None,
         degraded: None,
         regions: None,
+        rogue: None,
         pass: true,
         failures: Vec::new(),
     };

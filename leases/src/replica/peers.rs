@@ -28,11 +28,23 @@ impl ReplicaState {
             return;
         }
         match request {
-            PeerRequest::Propose(envelope) => self
-                .writes
-                .wake_up
-                .push((envelope, Then::Reply(Reply::Peer(reply)))),
-            PeerRequest::ProposeBatch(envelopes) => self.gather(envelopes, reply, out),
+            PeerRequest::Propose(envelope) => match self.check_forwarded(&envelope, now, cat) {
+                Ok(()) => self
+                    .writes
+                    .wake_up
+                    .push((envelope, Then::Reply(Reply::Peer(reply)))),
+                Err(refused) => out.push(Output::AnswerPeer {
+                    reply,
+                    response: PeerResponse::Answer(refused),
+                }),
+            },
+            PeerRequest::ProposeBatch(envelopes) => {
+                let checked = envelopes
+                    .into_iter()
+                    .map(|e| self.check_forwarded(&e, now, cat).map(|()| e))
+                    .collect();
+                self.gather(checked, reply, out)
+            }
             PeerRequest::ReportDown {
                 reporter,
                 actor,
@@ -122,5 +134,30 @@ impl ReplicaState {
                 )),
             }),
         }
+    }
+
+    /// A write a follower forwarded, checked again against the rules and
+    /// the leader's catalog (`Rules::may_propose`); a refusal is counted
+    /// and audited as the actor's.
+    fn check_forwarded(
+        &mut self,
+        envelope: &Envelope,
+        now: u64,
+        cat: &Catalog,
+    ) -> Result<(), Response> {
+        let checked = self
+            .sessions
+            .rules()
+            .may_propose(&envelope.actor, &envelope.command, cat);
+        if let Err(Response::Rejected { message, .. }) = &checked {
+            self.counters
+                .refused(crate::protocol::RejectKind::Forbidden.as_str());
+            let who = envelope.actor.to_string();
+            let mut lines = Vec::new();
+            self.refusals
+                .refused(&who, "request", message, now, &mut lines);
+            lines.iter().for_each(crate::refusals::AuditLine::log);
+        }
+        checked
     }
 }

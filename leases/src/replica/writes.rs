@@ -610,9 +610,12 @@ impl ReplicaState {
 
     /// A peer's `ProposeBatch`: each write joins the group commits as a
     /// lone one would; the answers go back together, in order.
+    /// A peer's batch: each write checked by the leader (`check_forwarded`)
+    /// is proposed, each refused one answered at once, and the peer is
+    /// answered once every write is.
     pub(super) fn gather(
         &mut self,
-        envelopes: Vec<Envelope>,
+        envelopes: Vec<Result<Envelope, Response>>,
         reply: ReplyId,
         out: &mut Vec<Output>,
     ) {
@@ -633,9 +636,13 @@ impl ReplicaState {
             },
         );
         for (index, envelope) in envelopes.into_iter().enumerate() {
-            self.writes
-                .wake_up
-                .push((envelope, Then::Reply(Reply::Gather(gather, index))));
+            match envelope {
+                Ok(envelope) => self
+                    .writes
+                    .wake_up
+                    .push((envelope, Then::Reply(Reply::Gather(gather, index)))),
+                Err(refused) => self.gathered(gather, index, refused, out),
+            }
         }
     }
 

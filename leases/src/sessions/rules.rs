@@ -246,7 +246,7 @@ impl Rules {
         })
     }
 
-    fn controller_may_write(&self, name: &PrincipalName, service: &ServiceKey) -> bool {
+    pub(super) fn controller_may_write(&self, name: &PrincipalName, service: &ServiceKey) -> bool {
         self.controllers
             .iter()
             .filter(|c| c.name == name.as_str())

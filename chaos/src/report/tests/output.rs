@@ -60,6 +60,7 @@ fn json_fields_are_exactly_the_contract() {
             "cache_corruption",
             "degraded",
             "regions",
+            "rogue",
             "pass",
             "failures",
         ])

@@ -46,6 +46,89 @@ fn a_followers_batch_joins_the_group_commit_and_is_answered_in_order() {
     }
 }
 
+/// Issue 38, item 4: a follower's forwarded writes are checked again by
+/// the leader against the actor they name: an agent proposes only its own
+/// node's lease and records, and no catalog-wide command at all.
+#[test]
+fn the_leader_refuses_forwarded_writes_their_actor_may_not_make() {
+    let mut s = Step::new(0);
+    let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
+    let (identify, envelopes) = proposed(&out).remove(0);
+    s.commit(identify, &envelopes);
+    let by_n1 = |command| Envelope {
+        at_ms: 10,
+        actor: crate::leader::agent_principal(&node("n1")),
+        command,
+    };
+    let grant = |n: &str| Command::GrantLease {
+        node: node(n),
+        epoch: AgentEpoch(1),
+        zone: zone("z1"),
+        ttl_ms: TTL,
+    };
+    let batch = Input::Peer {
+        request: PeerRequest::ProposeBatch(vec![
+            by_n1(grant("n1")),
+            by_n1(grant("n2")),
+            by_n1(Command::Purge),
+        ]),
+        reply: 31,
+    };
+    let out = s.wake(100, vec![batch]);
+    let (batch, envelopes) = proposed(&out).remove(0);
+    assert_eq!(envelopes.len(), 1, "only n1's own grant is proposed");
+    let out = s.commit(batch, &envelopes);
+    match out.as_slice() {
+        [Output::AnswerPeer {
+            reply: 31,
+            response: PeerResponse::Answers(answers),
+        }] => {
+            assert!(
+                matches!(answers[0], Response::Committed { .. }),
+                "{answers:?}"
+            );
+            for (answer, rule) in answers[1..].iter().zip([
+                "holds only its own node's lease, not node n2's",
+                "the agent role may not propose it",
+            ]) {
+                match answer {
+                    Response::Rejected {
+                        kind: RejectKind::Forbidden,
+                        message,
+                    } => assert!(
+                        message.contains("agent:n1") && message.contains(rule),
+                        "{message}"
+                    ),
+                    other => panic!("expected a refusal, got {other:?}"),
+                }
+            }
+        }
+        other => panic!("expected the three answers in order, got {other:?}"),
+    }
+    // A lone forwarded write is answered at once, nothing proposed.
+    let out = s.input(Input::Peer {
+        request: PeerRequest::Propose(by_n1(Command::RevokeLease {
+            node: node("n2"),
+            epoch: AgentEpoch(1),
+        })),
+        reply: 32,
+    });
+    assert!(proposed(&out).is_empty(), "{out:?}");
+    assert!(
+        matches!(
+            out.as_slice(),
+            [Output::AnswerPeer {
+                reply: 32,
+                response: PeerResponse::Answer(Response::Rejected {
+                    kind: RejectKind::Forbidden,
+                    ..
+                })
+            }]
+        ),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_followers_heard_report_renews_on_the_leader_and_is_answered_with_the_open_asks() {
     let mut s = Step::new(1_500);
