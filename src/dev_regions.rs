@@ -250,7 +250,7 @@ impl DevRegions {
                             metrics_listen: Some(port(base, kk, 5)?),
                             arbiter: BridgeArbiter {
                                 admin: vec![arbiter.admin_addr.to_string()],
-                                token_file: arbiter.token_file.clone(),
+                                token_file: arbiter.bridge_token_file.clone(),
                             },
                             tls: None,
                         };

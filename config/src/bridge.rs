@@ -63,7 +63,7 @@ pub struct BridgeConfig {
 }
 
 /// `[arbiter]`: this region's arbiter, through its admin HTTP API with the
-/// operator token.
+/// bridge's own token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BridgeArbiter {
@@ -73,8 +73,11 @@ pub struct BridgeArbiter {
     /// each replica's memory, so it is sent to every one. Default
     /// `["127.0.0.1:7071"]`; at least one.
     pub admin: Vec<String>,
-    /// The operator token file (`admin.token` in the arbiter's data
-    /// directory). Default `"./rollcall-data/arbiter/admin.token"`.
+    /// The bridge's token file (`bridge.token` in the arbiter's data
+    /// directory: it opens the bridge's calls only, and the bridge's
+    /// writes are audited as `bridge:bridge-token`; the operator's
+    /// `admin.token` works too). Default
+    /// `"./rollcall-data/arbiter/bridge.token"`.
     pub token_file: PathBuf,
 }
 
@@ -82,7 +85,7 @@ impl Default for BridgeArbiter {
     fn default() -> Self {
         Self {
             admin: vec!["127.0.0.1:7071".to_owned()],
-            token_file: PathBuf::from("./rollcall-data/arbiter/admin.token"),
+            token_file: PathBuf::from("./rollcall-data/arbiter/bridge.token"),
         }
     }
 }

@@ -81,6 +81,8 @@ pub struct ArbiterServer {
     pub admin_addr: SocketAddr,
     /// The operator token file.
     pub token_file: PathBuf,
+    /// The region bridge's token file (`bridge.token`, its calls only).
+    pub bridge_token_file: PathBuf,
     /// This replica's Raft id.
     pub replica_id: ReplicaId,
     raft: CatalogRaftNode,
@@ -128,6 +130,9 @@ impl ArbiterServer {
         let token_file = config.data_dir.join("admin.token");
         let token = crate::secret::ensure_token(&token_file)
             .map_err(io(format!("writing {}", token_file.display())))?;
+        let bridge_token_file = config.data_dir.join("bridge.token");
+        let bridge_token = crate::secret::ensure_token(&bridge_token_file)
+            .map_err(io(format!("writing {}", bridge_token_file.display())))?;
 
         let live = LiveTls::new(material)?;
         let mut server_config = live.server_config(tls::ALPN)?;
@@ -274,9 +279,11 @@ impl ArbiterServer {
             peers: peers.clone(),
             metrics,
             token: token.into(),
+            bridge_token: bridge_token.into(),
             write_timeout,
             tls: live.clone(),
             calls: admin::AdminCalls::new(&config.limits),
+            bridge_calls: admin::AdminCalls::new(&config.limits),
             removed: removed.clone(),
         });
         let limits = crate::http::Limits::from(&config.http_limits);
@@ -293,6 +300,7 @@ impl ArbiterServer {
             quic_addr,
             admin_addr,
             token_file,
+            bridge_token_file,
             replica_id: id,
             raft: node,
             catalog,

@@ -2,7 +2,8 @@
 //! item 2): the remote view lives in memory with its age (gone after a
 //! restart), replicated policies go through the log with their home
 //! revision (kept after a restart, never going back), and the summaries
-//! say nothing per instance.
+//! say nothing per instance. The bridge's own token opens these calls
+//! only, and what it writes is audited as the bridge's.
 
 mod common;
 
@@ -43,7 +44,18 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let token = std::fs::read_to_string(&server.token_file).unwrap();
+    call_with(&server.token_file, server, method, path, body).await
+}
+
+/// `call` with the token in `token_file`.
+async fn call_with(
+    token_file: &std::path::Path,
+    server: &ArbiterServer,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let token = std::fs::read_to_string(token_file).unwrap();
     let mut request = reqwest::Client::new()
         .request(method, format!("http://{}{path}", server.admin_addr))
         .bearer_auth(token.trim());
@@ -188,5 +200,52 @@ async fn the_remote_view_lives_in_memory_and_replicated_policies_in_the_log() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["removed"][0]["changed"], true, "{body}");
     assert_eq!(get(&server, "/v1/policies/shop/checkout").await.0, 404);
+    server.shutdown().await;
+}
+
+/// Issue 38, item 8: the bridge has a token of its own, `bridge.token`:
+/// it opens the bridge's calls, is refused `403` elsewhere, and what it
+/// writes is audited as `bridge:bridge-token`, not as the operator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridges_token_opens_the_bridges_calls_only_and_is_audited_as_the_bridge() {
+    let ca = Ca::generate(&Label::new("r2").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = arbiter(&ca, dir.path()).await;
+    let bridge = |method, path: &'static str, body| {
+        call_with(&server.bridge_token_file, &server, method, path, body)
+    };
+    for path in ["/v1/summaries", "/v1/remote", "/v1/policies", "/v1/writers"] {
+        let (status, body) = bridge(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let (status, body) = bridge(
+        reqwest::Method::PUT,
+        "/v1/remote/r1/policies",
+        Some(json!({"policies": [replica("r1", 4)]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/status"),
+        (reqwest::Method::GET, "/v1/audit"),
+        (reqwest::Method::GET, "/v1/cluster"),
+        (reqwest::Method::DELETE, "/v1/policies/shop/checkout"),
+    ] {
+        let (status, body) = bridge(method, path, None).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("bridge.token"),
+            "{body}"
+        );
+    }
+    let (_, audit) = get(&server, "/v1/audit").await;
+    let replicated: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["command"] == "replicate-policy")
+        .collect();
+    assert_eq!(replicated.len(), 1, "{audit}");
+    assert_eq!(replicated[0]["actor"], "bridge:bridge-token");
     server.shutdown().await;
 }

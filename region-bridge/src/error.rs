@@ -27,7 +27,7 @@ pub enum BridgeError {
         detail: String,
     },
     /// The operator token file could not be read.
-    #[error("cannot read the operator token {} (bridge.arbiter.token_file): {source}", path.display())]
+    #[error("cannot read the token {} (bridge.arbiter.token_file: bridge.token, or the operator's admin.token, in the arbiter's data directory): {source}", path.display())]
     Token {
         /// The file.
         path: PathBuf,

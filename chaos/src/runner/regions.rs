@@ -151,10 +151,11 @@ pub(super) async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<
         .chain(cluster.regions.iter().map(|r| (r.name.clone(), r.host)))
         .collect();
     for (name, host) in &all {
-        let token = token_file(cluster, name);
+        // The bridge's own token, beside the operator's.
+        let token = token_file(cluster, name).with_file_name("bridge.token");
         cluster
             .wait(
-                &format!("{name}'s arbiter wrote its operator token"),
+                &format!("{name}'s arbiter wrote the bridge's token"),
                 async || token.exists(),
             )
             .await?;

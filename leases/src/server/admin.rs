@@ -36,8 +36,17 @@
 //! /v1/instances/{id}[?generation=N]` deregisters its record (audited as
 //! the operator's).
 //!
-//! Calls with the token are bounded by `[limits] admin_calls_per_second`
-//! (one more is answered 429 with `Retry-After`); `/metrics` is not.
+//! The region bridge has a token of its own (issue 38, item 8): the file
+//! `bridge.token` beside `admin.token`. It opens the bridge's calls only
+//! (`GET /v1/summaries`, `/v1/remote`, `/v1/policies`, `/v1/writers`;
+//! `PUT /v1/remote/{region}`, `/v1/remote/{region}/policies`,
+//! `/v1/writers`; `POST /v1/remote/{region}/heard`), anything else is
+//! answered 403, and what it writes is audited as `bridge:bridge-token`.
+//! The operator token opens everything, the bridge's calls included.
+//!
+//! Calls with a token are bounded by `[limits] admin_calls_per_second`,
+//! per token (one more is answered 429 with `Retry-After`); `/metrics` is
+//! not.
 //! `/v1/status` also shows the TLS material this replica presents and
 //! trusts (`tls`), as last reloaded.
 
@@ -93,6 +102,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// The operator token.
     pub token: Arc<str>,
+    /// The region bridge's token (its calls only).
+    pub bridge_token: Arc<str>,
     /// How long one write may take (`raft.write_timeout_ms`).
     pub write_timeout: std::time::Duration,
     /// The TLS material this replica presents (`tls` in `/v1/status`, the
@@ -100,14 +111,16 @@ pub struct AdminState {
     pub tls: Arc<crate::tls::LiveTls>,
     /// `limits.admin_calls_per_second` of the operator token.
     pub calls: Arc<AdminCalls>,
+    /// The same limit, of the bridge's token.
+    pub bridge_calls: Arc<AdminCalls>,
     /// Whether this replica was removed from its group: then every call
     /// but `/metrics` answers `410 removed`.
     pub removed: super::removal::Removed,
 }
 
-/// The admin calls made with the operator token (the API has one token,
-/// `admin.token`, which the region bridge uses too): at most
-/// `limits.admin_calls_per_second`, `admin_call_burst` at once.
+/// The admin calls made with one token (`admin.token` or
+/// `bridge.token`): at most `limits.admin_calls_per_second`,
+/// `admin_call_burst` at once.
 pub struct AdminCalls {
     per_second: u32,
     origin: std::time::Instant,
@@ -348,7 +361,30 @@ fn rate_limited(per_second: impl std::fmt::Display, wait_ms: u64) -> AdminError 
     }
 }
 
-fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> {
+/// Who called, by the token they sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Caller {
+    /// The operator token, `admin.token`: every call.
+    Operator,
+    /// The bridge's token, `bridge.token`: the bridge's calls only.
+    Bridge,
+}
+
+impl Caller {
+    /// The actor of the caller's writes.
+    fn principal(self) -> Principal {
+        match self {
+            Caller::Operator => operator(),
+            Caller::Bridge => Principal {
+                role: Role::Bridge,
+                name: PrincipalName::new("bridge-token").expect("a valid constant"),
+            },
+        }
+    }
+}
+
+/// The caller a request's bearer token names, within its token's rate.
+fn caller(state: &AdminState, headers: &HeaderMap) -> Result<Caller, AdminError> {
     if let Some(removal) = state.removed.get() {
         return Err(error(StatusCode::GONE, "removed", removal.describe()));
     }
@@ -356,14 +392,39 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(token) if crate::secret::token_matches(token.trim(), &state.token) => state.calls.take().map_err(|wait_ms| {
-            state.metrics.hit(Limit::AdminCalls);
-            rate_limited(state.calls.per_second, wait_ms)
-        }),
-        Some(_) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token does not match admin.token in the arbiter's data directory")),
-        None => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "send the operator token (admin.token in the arbiter's data directory) as Authorization: Bearer <token>")),
+    let (caller, calls) = match given.map(str::trim) {
+        Some(token) if crate::secret::token_matches(token, &state.token) => {
+            (Caller::Operator, &state.calls)
+        }
+        Some(token) if crate::secret::token_matches(token, &state.bridge_token) => {
+            (Caller::Bridge, &state.bridge_calls)
+        }
+        Some(_) => return Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token matches neither admin.token nor bridge.token in the arbiter's data directory")),
+        None => return Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "send the operator token (admin.token in the arbiter's data directory) as Authorization: Bearer <token>")),
+    };
+    calls.take().map_err(|wait_ms| {
+        state.metrics.hit(Limit::AdminCalls);
+        rate_limited(calls.per_second, wait_ms)
+    })?;
+    Ok(caller)
+}
+
+/// An operator's call: the bridge's token is refused `403`.
+fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> {
+    match caller(state, headers)? {
+        Caller::Operator => Ok(()),
+        Caller::Bridge => Err(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the bridge's token (bridge.token) opens only the region bridge's calls (summaries, remote views and policies, writer epochs); use the operator token (admin.token)",
+        )),
     }
+}
+
+/// One of the region bridge's calls: either token; the actor of what it
+/// writes.
+fn authorize_bridge(state: &AdminState, headers: &HeaderMap) -> Result<Principal, AdminError> {
+    caller(state, headers).map(Caller::principal)
 }
 
 async fn ask<T>(
@@ -499,9 +560,19 @@ fn refused(kind: RejectKind, message: String) -> AdminError {
     }
 }
 
-/// Proposes each command through the core, all at once (they share a Raft
-/// batch), and answers each in order once committed and applied here.
+/// Proposes each command as the operator's (`propose_as`).
 async fn propose(state: &AdminState, commands: Vec<Command>) -> Result<Vec<Answer>, AdminError> {
+    propose_as(state, operator(), commands).await
+}
+
+/// Proposes each command through the core as `actor`'s, all at once (they
+/// share a Raft batch), and answers each in order once committed and
+/// applied here.
+async fn propose_as(
+    state: &AdminState,
+    actor: Principal,
+    commands: Vec<Command>,
+) -> Result<Vec<Answer>, AdminError> {
     let unavailable = || {
         error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -513,7 +584,7 @@ async fn propose(state: &AdminState, commands: Vec<Command>) -> Result<Vec<Answe
     for command in commands {
         let (reply, rx) = oneshot::channel();
         let msg = CoreMsg::Admin(AdminQuery::Propose {
-            actor: operator(),
+            actor: actor.clone(),
             command,
             reply,
         });

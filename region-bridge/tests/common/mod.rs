@@ -211,7 +211,7 @@ pub fn bridge_config(
         metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         arbiter: BridgeArbiter {
             admin: vec![arbiter.admin_addr.to_string()],
-            token_file: arbiter.token_file.clone(),
+            token_file: arbiter.bridge_token_file.clone(),
         },
         tls: Some(tls),
     }

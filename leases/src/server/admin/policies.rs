@@ -162,7 +162,7 @@ async fn list_policies(
     State(state): State<AdminState>,
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    authorize_bridge(&state, &headers)?;
     let cat = state.applied.lock();
     let mut rows: Vec<(PolicyKey, serde_json::Value)> = cat
         .policies()

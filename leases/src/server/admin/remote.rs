@@ -1,4 +1,5 @@
-//! The admin calls of the region bridge (R9), with the operator token:
+//! The admin calls of the region bridge (R9), with its token or the
+//! operator's:
 //! this region's per-service summaries for the other regions, the other
 //! regions' views (kept in this replica's memory, never in the log) and
 //! their policies (replicated through the log).
@@ -29,7 +30,7 @@ async fn summaries(
     State(state): State<AdminState>,
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    authorize_bridge(&state, &headers)?;
     let cat = state.applied.lock();
     let rows: Vec<serde_json::Value> = cat
         .ready_summaries()
@@ -77,7 +78,7 @@ async fn list_remote(
     State(state): State<AdminState>,
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    authorize_bridge(&state, &headers)?;
     Ok(Json(ask(&state, AdminQuery::Remote).await?).into_response())
 }
 
@@ -96,7 +97,7 @@ async fn put_remote(
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<ViewReport>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers)?;
     let region = remote_region(&state, path)?;
     let Json(report) = body.map_err(json_rejected)?;
     if report.view.region != region {
@@ -132,7 +133,7 @@ async fn put_remote(
     .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_view", e))?;
     // The remote view lives in memory, never in the log: the audit of a
     // write to it is this line.
-    tracing::info!(target: "rollcall::audit", identity = %operator(), region = %region, version = version.0, "remote view replaced");
+    tracing::info!(target: "rollcall::audit", identity = %actor, region = %region, version = version.0, "remote view replaced");
     Ok(
         Json(serde_json::json!({"region": region.to_string(), "version": version.0}))
             .into_response(),
@@ -185,7 +186,7 @@ async fn remote_heard(
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<Heard>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    authorize_bridge(&state, &headers)?;
     let region = remote_region(&state, path)?;
     let Json(heard) = body.map_err(json_rejected)?;
     remote_values(heard.version, heard.heard_ms_ago)?;
@@ -238,7 +239,7 @@ async fn put_remote_policies(
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<RemotePolicies>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers)?;
     let region = remote_region(&state, path)?;
     let Json(body) = body.map_err(json_rejected)?;
     let mut commands = Vec::with_capacity(body.policies.len() + body.removed.len());
@@ -274,7 +275,7 @@ async fn put_remote_policies(
             home_revision: removed.home_revision,
         });
     }
-    let answers = propose(&state, commands).await?;
+    let answers = propose_as(&state, actor, commands).await?;
     let mut policies = Vec::new();
     let mut removed = Vec::new();
     let mut refused = Vec::new();

@@ -117,7 +117,7 @@ async fn list_writers(
     State(state): State<AdminState>,
     headers: HeaderMap,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    authorize_bridge(&state, &headers)?;
     let cat = state.applied.lock();
     let body = serde_json::json!({
         "region": cat.params().region.to_string(),
@@ -143,7 +143,7 @@ async fn put_writers(
     headers: HeaderMap,
     body: Result<Json<Writers>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    authorize(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers)?;
     let Json(body) = body.map_err(json_rejected)?;
     if body.writers.len() > MAX_WRITERS_PER_CALL {
         return Err(error(
@@ -172,7 +172,7 @@ async fn put_writers(
         .map(|w| Command::ReplicateWriter(Box::new(w)))
         .collect();
     let mut rows = Vec::new();
-    for (key, answer) in keys.iter().zip(propose(&state, commands).await?) {
+    for (key, answer) in keys.iter().zip(propose_as(&state, actor, commands).await?) {
         match answer {
             Answer::Committed { revision, .. } => rows.push(serde_json::json!({
                 "service": key.to_string(),
