@@ -35,7 +35,10 @@ use rollcall_leases::{
     ServiceKey, ShardId, State, Version, Weight,
 };
 
-use super::{io, Cluster, RunError, ECHO_PORT, GOSSIP_PORT, HTTP_PORT};
+mod setup;
+pub(super) use setup::{cert_args, foreign_changes, node_zones, revoke};
+
+use super::{Cluster, RunError, ECHO_PORT, GOSSIP_PORT, HTTP_PORT};
 use crate::rogue::{self, Outcome, RogueFigures};
 
 /// The rogue's node: its certificate is `agent:rogue`.
@@ -654,70 +657,4 @@ fn kind(message: &SessionDown) -> &'static str {
         SessionDown::Update(_) => "Update",
         _ => "another message",
     }
-}
-
-/// The certificates the rogue holds, issued with everyone's: `rollcall
-/// certs` arguments for its own and the revoked identity at `ip`.
-pub(super) fn cert_args(ip: Ipv4Addr) -> Vec<String> {
-    [NODE, REVOKED]
-        .iter()
-        .flat_map(|name| ["--agent".to_owned(), format!("{name}={ip}")])
-        .collect()
-}
-
-/// Revokes [`REVOKED`] in `certs` (before any replica starts, so every
-/// replica reads the deny list with its TLS files).
-pub(super) fn revoke(cluster: &Cluster, certs: &std::path::Path) -> Result<(), RunError> {
-    let status = std::process::Command::new(&cluster.binary)
-        .args(["certs", "--out"])
-        .arg(certs)
-        .args(["--region", "r1", "--revoke", &format!("agent:{REVOKED}")])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .map_err(io("rollcall certs --revoke"))?;
-    if !status.success() {
-        return Err(RunError::Cluster("rollcall certs --revoke failed".into()));
-    }
-    Ok(())
-}
-
-/// `[[node_zones]]` binding every node of the run to its zone, the rogue
-/// to the first zone with its weight cap: a Hello declaring another zone
-/// is refused.
-pub(super) fn node_zones(cluster: &Cluster) -> String {
-    let mut zones: Vec<&String> = cluster.zones.iter().collect();
-    zones.sort();
-    zones.dedup();
-    let mut toml = format!(
-        "\n[[node_zones]]\nnodes = [\"{NODE}\"]\nzone = \"{}\"\nmax_weight = {MAX_WEIGHT}\n",
-        cluster.zones[0]
-    );
-    for zone in zones {
-        let nodes: Vec<String> = (0..cluster.nodes.len())
-            .filter(|i| cluster.zones[*i] == *zone)
-            .map(|i| format!("\"{}\"", cluster.nodes[i]))
-            .collect();
-        toml.push_str(&format!(
-            "\n[[node_zones]]\nnodes = [{}]\nzone = \"{zone}\"\n",
-            nodes.join(", ")
-        ));
-    }
-    toml
-}
-
-/// Committed changes by the rogue's identity to records it does not own
-/// (instances not named `rogue-…`, and any node's down verdict), from the
-/// audit log.
-pub(super) fn foreign_changes(entries: &[crate::history::AuditEntry]) -> Vec<String> {
-    entries
-        .iter()
-        .filter(|e| e.actor == format!("agent:{NODE}"))
-        .filter(|e| {
-            e.command == "node-down"
-                || e.instance
-                    .as_deref()
-                    .is_some_and(|i| !i.starts_with("rogue-"))
-        })
-        .map(|e| format!("revision {}: {} {}", e.revision, e.command, e.detail))
-        .collect()
 }
