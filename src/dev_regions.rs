@@ -251,6 +251,7 @@ impl DevRegions {
                             arbiter: BridgeArbiter {
                                 admin: vec![arbiter.admin_addr.to_string()],
                                 token_file: arbiter.bridge_token_file.clone(),
+                                https: true,
                             },
                             tls: None,
                         };

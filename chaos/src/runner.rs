@@ -567,13 +567,15 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
         "--region".into(),
         "r1".into(),
     ];
+    // Each replica's certificate names its own address (and its relay's,
+    // which its peers dial): the peer link admits a replica only by a
+    // member's address, so every run exercises that check.
     for (k, (quic, _)) in cluster.arbiters.iter().enumerate() {
-        args.extend([
-            "--arbiter".into(),
-            format!("arbiter-{}", k + 1),
-            "--ip".into(),
-            quic.ip().to_string(),
-        ]);
+        let mut own = quic.ip().to_string();
+        if let Some(relay) = cluster.relays.get(k) {
+            own.push_str(&format!(",{}", relay.addr.ip()));
+        }
+        args.extend(["--arbiter".into(), format!("arbiter-{}={own}", k + 1)]);
     }
     // Each agent's certificate names its node's address as an IP SAN: what
     // the arbiter (`registration.addresses = "declared"`, the default) lets
@@ -583,9 +585,6 @@ async fn start(cluster: &mut Cluster, scenario: &Scenario) -> Result<(), RunErro
     }
     if let Some(ip) = cluster.rogue_ip {
         args.extend(rogue::cert_args(ip));
-    }
-    for relay in &cluster.relays {
-        args.extend(["--ip".into(), relay.addr.ip().to_string()]);
     }
     if let Some(host) = cluster.bridge_host {
         args.extend([

@@ -79,6 +79,12 @@ pub struct BridgeArbiter {
     /// `admin.token` works too). Default
     /// `"./rollcall-data/arbiter/bridge.token"`.
     pub token_file: PathBuf,
+    /// Call the admin API over HTTPS (the arbiter's admin port answers
+    /// both), presenting this bridge's certificate and checking that the
+    /// server's names an arbiter of this region; the bridge's writes are
+    /// then audited as `bridge:<its name>`. `false`: plain HTTP with the
+    /// token alone (an arbiter older than this release). Default `true`.
+    pub https: bool,
 }
 
 impl Default for BridgeArbiter {
@@ -86,6 +92,7 @@ impl Default for BridgeArbiter {
         Self {
             admin: vec!["127.0.0.1:7071".to_owned()],
             token_file: PathBuf::from("./rollcall-data/arbiter/bridge.token"),
+            https: true,
         }
     }
 }

@@ -26,6 +26,8 @@ use tower::ServiceExt;
 
 use crate::shutdown::Shutdown;
 
+mod tls;
+
 /// The stable error code of a status the framework answers with.
 pub fn code_for(status: StatusCode) -> &'static str {
     match status {
@@ -140,7 +142,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// connection's `ConnectInfo` (the peer address, or a unix socket's peer
 /// credentials), which handlers read with the `ConnectInfo` extractor.
 /// At `stop`, the listener closes and open connections get
-/// [`SHUTDOWN_GRACE`] to finish the answer in progress.
+/// [`SHUTDOWN_GRACE`] to finish the answer in progress. With `tls`, a
+/// connection whose first byte opens a TLS handshake is served over TLS
+/// with that configuration (a verified client certificate reaches the
+/// handlers as [`TlsPeer`]); any other is plain HTTP, as without.
 pub async fn serve<L, C>(
     mut listener: L,
     router: axum::Router,
@@ -148,6 +153,7 @@ pub async fn serve<L, C>(
     info: impl Fn(&L::Io, &L::Addr) -> C,
     name: &'static str,
     mut stop: Shutdown,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
@@ -172,31 +178,21 @@ pub async fn serve<L, C>(
             continue;
         };
         let peer = info(&io, &addr);
-        let service =
-            router
-                .clone()
-                .map_request(move |request: hyper::Request<hyper::body::Incoming>| {
-                    let mut request = request.map(axum::body::Body::new);
-                    request
-                        .extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer.clone()));
-                    request
-                });
-        let io = TokioIo::new(Idle::new(io, limits.idle_timeout));
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(io, TowerToHyperService::new(service));
-        let mut stop = stop.clone();
+        let io = Idle::new(io, limits.idle_timeout);
+        let (router, stop, tls) = (router.clone(), stop.clone(), tls.clone());
         connections.spawn(async move {
             let _slot = slot;
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = stop.fired() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
-                }
+            match tls {
+                None => drive(io, router, peer, None, limits, stop).await,
+                Some(config) => match tls::accept(io, config, limits.header_read_timeout).await {
+                    Some(tls::Accepted::Plain(io)) => {
+                        drive(io, router, peer, None, limits, stop).await
+                    }
+                    Some(tls::Accepted::Tls(io, client)) => {
+                        drive(io, router, peer, client, limits, stop).await
+                    }
+                    None => {}
+                },
             }
         });
     }
@@ -207,6 +203,49 @@ pub async fn serve<L, C>(
         tokio::select! {
             _ = connections.join_next() => {}
             _ = &mut grace => break,
+        }
+    }
+}
+
+/// The identity a request's TLS client certificate names (a request
+/// extension, present only on a TLS connection whose client offered a
+/// verified rollcall certificate).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsPeer(pub crate::identity::Identity);
+
+/// Serves one connection until it ends, or until `stop` (then the answer in
+/// progress gets [`SHUTDOWN_GRACE`]).
+async fn drive<I, C>(
+    io: I,
+    router: axum::Router,
+    peer: C,
+    client: Option<crate::identity::Identity>,
+    limits: Limits,
+    mut stop: Shutdown,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: Clone + Send + Sync + 'static,
+{
+    let service = router.map_request(move |request: hyper::Request<hyper::body::Incoming>| {
+        let mut request = request.map(axum::body::Body::new);
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer.clone()));
+        if let Some(client) = &client {
+            request.extensions_mut().insert(TlsPeer(client.clone()));
+        }
+        request
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = stop.fired() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, connection).await;
         }
     }
 }
@@ -321,7 +360,15 @@ mod tests {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(10),
         };
-        tokio::spawn(serve(listener, router, limits, |_, a| *a, "test", stop));
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            |_, a| *a,
+            "test",
+            stop,
+            None,
+        ));
         (addr, trigger)
     }
 

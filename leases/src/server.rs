@@ -268,6 +268,7 @@ impl ArbiterServer {
                 peers: peers.clone(),
                 removed: removed.clone(),
                 tls: live.clone(),
+                metrics: metrics.clone(),
             },
             connection::Guards::new(config.limits, metrics.clone()),
         ));
@@ -294,6 +295,9 @@ impl ArbiterServer {
             |_, addr| *addr,
             "arbiter admin",
             stopping,
+            // HTTPS beside HTTP on the admin port, with this replica's
+            // certificate: the region bridge calls over it with its own.
+            Some(live.https_server_config()),
         ));
         tracing::info!(quic = %quic_addr, admin = %admin_addr, region = %config.region, replica = id, "arbiter serving");
         Ok(ArbiterServer {

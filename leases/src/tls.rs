@@ -36,11 +36,13 @@ use crate::endpoint::Role;
 use crate::identity::{identity_from_cert_der, Identity, IdentityError};
 use crate::name::Label;
 
+mod https;
 mod live;
 pub mod revoked;
 mod rotation;
 mod watch;
 
+pub use https::{identity_of, HTTP1_ALPN};
 pub use live::{CertStatus, LiveTls, TlsStatus};
 pub use rotation::{renew_certs, retire_old_cas, rotate_ca, RotationStep, PREVIOUS_CA_KEY_FILE};
 pub use watch::{expiring, FileReload, Reload, Watcher, EXPIRY_WARNING};
@@ -685,6 +687,11 @@ pub struct ServerNames {
     /// IP SANs: what the arbiter lets that node register
     /// (`registration.addresses = "declared"`).
     pub agent_ips: std::collections::BTreeMap<String, Vec<IpAddr>>,
+    /// Each arbiter's own addresses, by replica name, put in its
+    /// certificate only (beside `dns` and `ips`): the address its peers dial,
+    /// which binds the certificate to that member of the group (a peer
+    /// whose certificate names no member's address is refused).
+    pub arbiter_ips: std::collections::BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// Issues a bundle for each identity into `out` (created if missing), named
@@ -748,9 +755,17 @@ pub fn write_certs(
     for identity in identities {
         if done.insert(identity) {
             let issued = match identity.principal.role {
-                Role::Arbiter | Role::Bridge => {
-                    ca.issue(identity, &server_names.dns, &server_names.ips)?
+                Role::Arbiter => {
+                    let mut ips = server_names.ips.clone();
+                    if let Some(own) = server_names
+                        .arbiter_ips
+                        .get(identity.principal.name.as_str())
+                    {
+                        ips.extend(own);
+                    }
+                    ca.issue(identity, &server_names.dns, &ips)?
                 }
+                Role::Bridge => ca.issue(identity, &server_names.dns, &server_names.ips)?,
                 Role::Agent => {
                     let ips = server_names
                         .agent_ips
@@ -1335,14 +1350,21 @@ mod tests {
             dns: vec!["arb-1.r1.example".to_owned()],
             ips: vec!["10.0.0.5".parse().expect("ip")],
             agent_ips: [("node-2".to_owned(), vec!["10.0.0.12".parse().expect("ip")])].into(),
+            arbiter_ips: [("arb-1".to_owned(), vec!["10.0.0.21".parse().expect("ip")])].into(),
         };
         let arbiter = id("r1", Role::Arbiter, "arb-1");
         let agent = id("r1", Role::Agent, "node-1");
         let addressed = id("r1", Role::Agent, "node-2");
+        let other = id("r1", Role::Arbiter, "arb-2");
         write_certs(
             dir.path(),
             &region("r1"),
-            &[arbiter.clone(), agent.clone(), addressed.clone()],
+            &[
+                arbiter.clone(),
+                agent.clone(),
+                addressed.clone(),
+                other.clone(),
+            ],
             &names,
         )
         .expect("write");
@@ -1358,6 +1380,17 @@ mod tests {
         assert!(
             arbiter_sans.contains(&"IP(10.0.0.5)".to_owned()),
             "{arbiter_sans:?}"
+        );
+        // An arbiter given its own address gets it, and only it does.
+        assert!(
+            arbiter_sans.contains(&"IP(10.0.0.21)".to_owned()),
+            "{arbiter_sans:?}"
+        );
+        let other_sans = sans(&der(&other));
+        assert!(
+            other_sans.contains(&"IP(10.0.0.5)".to_owned())
+                && !other_sans.contains(&"IP(10.0.0.21)".to_owned()),
+            "{other_sans:?}"
         );
         let agent_sans = sans(&der(&agent));
         assert!(

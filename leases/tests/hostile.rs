@@ -6,10 +6,14 @@
 use std::time::Duration;
 
 use rollcall_leases::client::{ArbiterConn, SessionReader, SessionWriter};
+use rollcall_leases::identity::Identity;
+use rollcall_leases::peer_protocol::PeerRequest;
 use rollcall_leases::protocol::{RejectKind, Request, Response, SessionDown, SessionUp};
+use rollcall_leases::server::peer::{PeerError, Peers};
 use rollcall_leases::server::ArbiterServer;
 use rollcall_leases::tls::Ca;
-use rollcall_leases::{AgentEpoch, Label, NodeId, Role};
+use rollcall_leases::tls::{LiveTls, TlsMaterial};
+use rollcall_leases::{AgentEpoch, Label, NodeId, PrincipalName, Role};
 
 mod quic;
 use quic::*;
@@ -136,4 +140,79 @@ async fn a_rogues_lone_report_is_vetoed_by_a_witness_and_its_unasked_answers_do_
         1.0
     );
     server.shutdown().await;
+}
+
+/// An arbiter certificate of region r1 named `name`, with `ips` as its own
+/// addresses.
+fn arbiter_material(ca: &Ca, name: &str, ips: &[&str]) -> TlsMaterial {
+    let identity = Identity::new(
+        Label::new("r1").unwrap(),
+        Role::Arbiter,
+        PrincipalName::new(name).unwrap(),
+    );
+    let ips: Vec<std::net::IpAddr> = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+    TlsMaterial::from_issued(ca, &ca.issue(&identity, &[], &ips).unwrap())
+}
+
+fn peer_client(tls: &TlsMaterial) -> std::sync::Arc<Peers> {
+    Peers::new(&LiveTls::new(tls).unwrap(), Label::new("r1").unwrap()).unwrap()
+}
+
+/// Issue 38, item 4: a valid arbiter certificate of the region is not
+/// enough to speak on the peer link; it must name a member's address, and
+/// a Raft call must come as that member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arbiter_certificate_naming_no_member_may_not_speak_on_the_peer_link() {
+    let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // A group of one at 127.0.0.2, its certificate naming that address.
+    let server = arbiter_as(
+        &arbiter_material(&ca, "arbiter-1", &["127.0.0.2"]),
+        dir.path(),
+        |config| config.listen = "127.0.0.2:0".parse().unwrap(),
+    )
+    .await;
+    let addr = server.quic_addr.to_string();
+    assert!(addr.starts_with("127.0.0.2:"), "{addr}");
+    let wait = Duration::from_secs(5);
+    let vote = |id| {
+        PeerRequest::Vote(openraft::raft::VoteRequest::new(
+            openraft::Vote::new(99, id),
+            None,
+        ))
+    };
+
+    // A retired replica: its certificate names 127.0.0.9, no member's.
+    let outsider = peer_client(&arbiter_material(&ca, "arbiter-9", &["127.0.0.9"]));
+    for request in [PeerRequest::Heard(Vec::new()), vote(9)] {
+        match outsider.call(&addr, &request, wait).await {
+            Err(PeerError::Lost { detail, .. }) => assert!(
+                detail.contains("none of the group's replicas") && detail.contains("127.0.0.9"),
+                "{detail}"
+            ),
+            other => panic!("expected the connection closed with the reason, got {other:?}"),
+        }
+    }
+    assert!(
+        metric(&server, "rollcall_arbiter_refusals_total{kind=\"peer\"}").await >= 2.0,
+        "each refusal is counted"
+    );
+
+    // A certificate naming the member's address is admitted, but only as
+    // that member: a vote as replica 7 is refused.
+    let impostor = peer_client(&arbiter_material(&ca, "arbiter-7", &["127.0.0.2"]));
+    let heard = impostor
+        .call(&addr, &PeerRequest::Heard(Vec::new()), wait)
+        .await;
+    assert!(heard.is_ok(), "a member's certificate is served: {heard:?}");
+    match impostor.call(&addr, &vote(7), wait).await {
+        Err(PeerError::Lost { detail, .. }) => {
+            assert!(detail.contains("speak only as itself"), "{detail}")
+        }
+        other => panic!("expected the connection closed with the reason, got {other:?}"),
+    }
+    // The group of one still leads in its own term: no vote reached Raft.
+    let status = admin_get(&server, "/v1/status").await;
+    assert_eq!(status["raft"]["leader"], 1, "{status}");
+    assert!(status["raft"]["term"].as_u64().unwrap() < 99, "{status}");
 }

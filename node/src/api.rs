@@ -197,6 +197,7 @@ pub fn serve_unix(
         |stream: &tokio::net::UnixStream, _| peer_cred(stream),
         "agent unix socket API",
         shutdown,
+        None,
     ))
 }
 
@@ -232,6 +233,7 @@ pub fn serve_tcp(
         |_, addr| *addr,
         "agent HTTP API",
         shutdown,
+        None,
     ))
 }
 

@@ -1,5 +1,6 @@
-//! This region's arbiter as the bridge uses it: its admin HTTP API with the
-//! operator token. Reads the policies homed here and the per-service
+//! This region's arbiter as the bridge uses it: its admin API with the
+//! bridge's token, over HTTPS with the bridge's certificate (`https.rs`)
+//! or plain HTTP. Reads the policies homed here and the per-service
 //! summaries (what the bridge publishes), reads what this region still
 //! holds of another region (to resume from it), stores other regions'
 //! policies through the catalog, and hands every replica the remote view.
@@ -17,6 +18,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::publisher::Observation;
+
+mod https;
+pub use https::Https;
 
 /// Longest wait for one admin call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +57,9 @@ pub enum ArbiterError {
 /// The arbiter replicas of this region.
 pub struct ArbiterApi {
     http: reqwest::Client,
+    /// HTTPS with the bridge's certificate (`bridge.arbiter.https`), or
+    /// plain HTTP.
+    https: Option<Https>,
     admin: Vec<String>,
     token: String,
     region: Label,
@@ -93,14 +100,21 @@ struct SummaryRow {
 }
 
 impl ArbiterApi {
-    /// The replicas at `admin` (host:port) of region `region`.
-    pub fn new(admin: Vec<String>, token: String, region: Label) -> ArbiterApi {
+    /// The replicas at `admin` (host:port) of region `region`, over
+    /// `https` when given, else plain HTTP.
+    pub fn new(
+        admin: Vec<String>,
+        token: String,
+        region: Label,
+        https: Option<Https>,
+    ) -> ArbiterApi {
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
             .build()
             .unwrap_or_default();
         ArbiterApi {
             http,
+            https,
             admin,
             token,
             region,
@@ -115,6 +129,45 @@ impl ArbiterApi {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ArbiterError> {
+        let (status, answer) = match &self.https {
+            Some(https) => {
+                let body = body.map(|b| b.to_string().into_bytes());
+                let (status, bytes) = https
+                    .call(addr, method, path, &self.token, body, CALL_TIMEOUT)
+                    .await
+                    .map_err(|detail| ArbiterError::Unreachable {
+                        detail: format!("https://{addr}: {detail}"),
+                    })?;
+                let answer: Value =
+                    serde_json::from_slice(&bytes).map_err(|e| ArbiterError::BadAnswer {
+                        addr: addr.to_owned(),
+                        detail: e.to_string(),
+                    })?;
+                (
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                    answer,
+                )
+            }
+            None => self.plain(addr, method, path, body).await?,
+        };
+        if !status.is_success() {
+            return Err(ArbiterError::Status {
+                addr: addr.to_owned(),
+                status: status.as_u16(),
+                detail: answer["detail"].as_str().unwrap_or("no detail").to_owned(),
+            });
+        }
+        Ok(answer)
+    }
+
+    /// One call over plain HTTP: the status and the JSON answer.
+    async fn plain(
+        &self,
+        addr: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), ArbiterError> {
         let mut request = self
             .http
             .request(method, format!("http://{addr}{path}"))
@@ -133,14 +186,7 @@ impl ArbiterApi {
             addr: addr.to_owned(),
             detail: e.to_string(),
         })?;
-        if !status.is_success() {
-            return Err(ArbiterError::Status {
-                addr: addr.to_owned(),
-                status: status.as_u16(),
-                detail: answer["detail"].as_str().unwrap_or("no detail").to_owned(),
-            });
-        }
-        Ok(answer)
+        Ok((status, answer))
     }
 
     /// The first replica that answers `calls` (tried in order, moving on

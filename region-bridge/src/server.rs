@@ -21,7 +21,7 @@ use rollcall_leases::{Ingress, Label, PolicyKey, RemotePolicy, WriterEpoch};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::arbiter::{ArbiterApi, ArbiterError};
+use crate::arbiter::{ArbiterApi, ArbiterError, Https};
 use crate::codec::{self, CodecError};
 use crate::error::BridgeError;
 use crate::metrics::{Metrics, RegionLabel, UpdateLabel};
@@ -132,7 +132,15 @@ impl Bridge {
         let shared = Arc::new(Shared {
             metrics: metrics.clone(),
             check: PeerCheck::new(live.clone(), region.clone()),
-            api: ArbiterApi::new(config.arbiter.admin.clone(), token, region.clone()),
+            api: ArbiterApi::new(
+                config.arbiter.admin.clone(),
+                token,
+                region.clone(),
+                config
+                    .arbiter
+                    .https
+                    .then(|| Https::new(live.arbiter_config(), region.clone())),
+            ),
             publisher: Mutex::new(Publisher::new(region.clone(), ingress)),
             published: watch::channel(0).0,
             stats: stats.clone(),

@@ -121,6 +121,9 @@ impl BridgeTls {
 pub struct LiveBridgeTls {
     listener: Arc<LiveTls>,
     dialers: BTreeMap<Label, Arc<LiveTls>>,
+    /// Dialling this region's arbiter (its admin API over HTTPS): this
+    /// region's CAs alone.
+    home: Arc<LiveTls>,
 }
 
 impl LiveBridgeTls {
@@ -133,6 +136,7 @@ impl LiveBridgeTls {
         Ok(LiveBridgeTls {
             listener: LiveTls::new(&tls.listener())?,
             dialers,
+            home: LiveTls::new(&tls.trusting(tls.material.cas.clone()))?,
         })
     }
 
@@ -150,6 +154,8 @@ impl LiveBridgeTls {
             .map(|region| tls.dialer(region).map(|material| (region, material)))
             .collect::<Result<Vec<_>, _>>()?;
         let status = self.listener.replace(&tls.listener(), cert)?;
+        self.home
+            .replace(&tls.trusting(tls.material.cas.clone()), cert)?;
         for (region, material) in dialers {
             if let Some(live) = self.dialers.get(region) {
                 live.replace(&material, cert)?;
@@ -166,6 +172,13 @@ impl LiveBridgeTls {
     /// The listener's QUIC server configuration.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, BridgeError> {
         Ok(self.listener.server_config(ALPN)?)
+    }
+
+    /// The TLS client configuration for this region's arbiter admin API
+    /// (HTTPS): presents this bridge's certificate, trusts this region's
+    /// CAs; reloads reach it.
+    pub fn arbiter_config(&self) -> Arc<rustls::ClientConfig> {
+        self.home.https_client_config()
     }
 
     /// The QUIC client configuration for dialling `region`'s bridge.

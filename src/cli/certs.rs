@@ -26,12 +26,16 @@ pub(crate) struct CertsArgs {
     /// addresses as IP SANs (`node-17=10.0.0.17,10.0.1.17`): the addresses
     /// an arbiter with `registration.addresses = "declared"` lets the node
     /// register; repeatable.
-    #[arg(long, value_name = "NODE[=ADDR,...]", value_parser = parse_agent)]
+    #[arg(long, value_name = "NODE[=ADDR,...]", value_parser = parse_addressed)]
     agent: Vec<(PrincipalName, Vec<std::net::IpAddr>)>,
-    /// Arbiter replica identity; repeatable. Also valid for localhost,
-    /// 127.0.0.1 and ::1.
-    #[arg(long, value_name = "NAME", value_parser = parse_principal)]
-    arbiter: Vec<PrincipalName>,
+    /// Arbiter replica identity, optionally with the replica's own
+    /// addresses as IP SANs (`arb-1=10.0.0.1`): the address its peers and
+    /// agents dial, in its certificate only, so its peers know which member
+    /// of the group it is (a peer naming no member's address is refused).
+    /// Repeatable. Also valid for localhost, 127.0.0.1, ::1 and every
+    /// `--dns` and `--ip`.
+    #[arg(long, value_name = "NAME[=ADDR,...]", value_parser = parse_addressed)]
+    arbiter: Vec<(PrincipalName, Vec<std::net::IpAddr>)>,
     /// Region bridge identity; repeatable. Also valid for localhost,
     /// 127.0.0.1 and ::1.
     #[arg(long, value_name = "NAME", value_parser = parse_principal)]
@@ -82,15 +86,15 @@ fn parse_region(value: &str) -> Result<Label, String> {
     Label::new(value).map_err(|error| format!("region: {error}"))
 }
 
-/// `NODE` or `NODE=ADDR,ADDR…` for `certs --agent`.
-fn parse_agent(value: &str) -> Result<(PrincipalName, Vec<std::net::IpAddr>), String> {
+/// `NAME` or `NAME=ADDR,ADDR…` for `certs --agent` and `--arbiter`.
+fn parse_addressed(value: &str) -> Result<(PrincipalName, Vec<std::net::IpAddr>), String> {
     let (name, addresses) = match value.split_once('=') {
         Some((name, list)) => {
             let addresses = list
                 .split(',')
                 .map(|a| {
                     a.trim().parse::<std::net::IpAddr>().map_err(|_| {
-                        format!("{a:?} is not an IP address; write NODE=ADDR[,ADDR...], e.g. node-17=10.0.0.17")
+                        format!("{a:?} is not an IP address; write NAME=ADDR[,ADDR...], e.g. node-17=10.0.0.17")
                     })
                 })
                 .collect::<Result<Vec<_>, String>>()?;
@@ -159,10 +163,19 @@ pub(crate) fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let agents: Vec<PrincipalName> = args.agent.iter().map(|(name, _)| name.clone()).collect();
+    let named = |list: &[(PrincipalName, Vec<std::net::IpAddr>)]| -> Vec<PrincipalName> {
+        list.iter().map(|(name, _)| name.clone()).collect()
+    };
+    let with_ips = |list: &[(PrincipalName, Vec<std::net::IpAddr>)]| {
+        list.iter()
+            .filter(|(_, ips)| !ips.is_empty())
+            .map(|(name, ips)| (name.as_str().to_owned(), ips.clone()))
+            .collect()
+    };
+    let (agents, arbiters) = (named(&args.agent), named(&args.arbiter));
     let identities: Vec<Identity> = [
         (Role::Agent, &agents),
-        (Role::Arbiter, &args.arbiter),
+        (Role::Arbiter, &arbiters),
         (Role::Bridge, &args.bridge),
         (Role::Controller, &args.controller),
         (Role::Operator, &args.operator),
@@ -178,12 +191,8 @@ pub(crate) fn certs(args: &CertsArgs) -> anyhow::Result<ExitCode> {
     let names = tls::ServerNames {
         dns: args.dns.clone(),
         ips: args.ip.clone(),
-        agent_ips: args
-            .agent
-            .iter()
-            .filter(|(_, ips)| !ips.is_empty())
-            .map(|(name, ips)| (name.as_str().to_owned(), ips.clone()))
-            .collect(),
+        agent_ips: with_ips(&args.agent),
+        arbiter_ips: with_ips(&args.arbiter),
     };
     let written = tls::write_certs(&args.out, &args.region, &identities, &names)?;
     if written.ca_reused {

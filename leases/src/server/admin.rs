@@ -56,7 +56,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
@@ -66,6 +66,7 @@ use crate::audit::AuditQuery;
 use crate::catalog::Rejection;
 use crate::command::Command;
 use crate::endpoint::{Principal, Role};
+use crate::http::TlsPeer;
 use crate::ids::{Generation, Revision};
 use crate::limits::{Bucket, Limit, Rate};
 use crate::name::{InstanceId, Label, PrincipalName, ServiceKey};
@@ -371,8 +372,21 @@ enum Caller {
 }
 
 impl Caller {
-    /// The actor of the caller's writes.
-    fn principal(self) -> Principal {
+    /// The actor of the caller's writes: the token's, or, on HTTPS with a
+    /// client certificate of this region and of the token's role, the
+    /// certificate's (`bridge:bridge-r1` rather than
+    /// `bridge:bridge-token`). A certificate of another role or region
+    /// names nobody: the token alone decides what the call may do.
+    fn principal(self, region: &Label, peer: Option<&TlsPeer>) -> Principal {
+        let role = match self {
+            Caller::Operator => Role::Operator,
+            Caller::Bridge => Role::Bridge,
+        };
+        if let Some(TlsPeer(identity)) = peer {
+            if identity.principal.role == role && &identity.region == region {
+                return identity.principal.clone();
+            }
+        }
         match self {
             Caller::Operator => operator(),
             Caller::Bridge => Principal {
@@ -422,9 +436,15 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), AdminError> 
 }
 
 /// One of the region bridge's calls: either token; the actor of what it
-/// writes.
-fn authorize_bridge(state: &AdminState, headers: &HeaderMap) -> Result<Principal, AdminError> {
-    caller(state, headers).map(Caller::principal)
+/// writes (named by the client certificate on HTTPS, see
+/// `Caller::principal`).
+fn authorize_bridge(
+    state: &AdminState,
+    headers: &HeaderMap,
+    peer: Option<&TlsPeer>,
+) -> Result<Principal, AdminError> {
+    let region = state.tls.identity().region;
+    caller(state, headers).map(|caller| caller.principal(&region, peer))
 }
 
 async fn ask<T>(

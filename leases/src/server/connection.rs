@@ -166,6 +166,8 @@ pub struct PeerContext {
     pub removed: super::removal::Removed,
     /// The TLS material in use (its deny list closes revoked sessions).
     pub tls: std::sync::Arc<crate::tls::LiveTls>,
+    /// Where refused peers are counted.
+    pub metrics: std::sync::Arc<super::metrics::Metrics>,
 }
 
 /// How long a refused peer gets to read the refusal before the arbiter

@@ -22,6 +22,8 @@ use openraft::network::{RPCOption, RPCTypes};
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 use tokio::sync::{mpsc, oneshot};
 
+mod members;
+
 use crate::codec::{self, MAX_PEER_MESSAGE_BYTES};
 use crate::endpoint::Role;
 use crate::identity::Identity;
@@ -419,6 +421,11 @@ pub async fn serve(
         );
         return;
     }
+    let names = members::CertNames::of(&conn);
+    if let Err(reason) = admission(&context, &names) {
+        refuse(&conn, &identity, &context, &reason);
+        return;
+    }
     loop {
         let accepted = tokio::select! {
             accepted = conn.accept_bi() => accepted,
@@ -444,6 +451,7 @@ pub async fn serve(
         };
         tokio::spawn(stream(
             conn.clone(),
+            (identity.clone(), names.clone()),
             send,
             recv,
             context.clone(),
@@ -454,6 +462,7 @@ pub async fn serve(
 
 async fn stream(
     conn: quinn::Connection,
+    (identity, names): (Identity, members::CertNames),
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     context: super::connection::PeerContext,
@@ -475,6 +484,14 @@ async fn stream(
             return;
         }
     };
+    // Checked again at every request: membership changes under a
+    // connection (a replica removed keeps no voice).
+    let allowed =
+        admission(&context, &names).and_then(|admitted| members::may_send(&admitted, &request));
+    if let Err(reason) = allowed {
+        refuse(&conn, &identity, &context, &reason);
+        return;
+    }
     let started = std::time::Instant::now();
     let kind = request_kind(&request);
     let answer = handle(request, &context, &core).await;
@@ -485,6 +502,38 @@ async fn stream(
     );
     let _ = codec::write_frame(&mut send, &encode_peer_response(&answer)).await;
     let _ = send.finish();
+}
+
+/// Whom a peer with certificate names `names` may speak for in the group
+/// as this replica knows it now.
+fn admission(
+    context: &super::connection::PeerContext,
+    names: &members::CertNames,
+) -> Result<members::Admission, String> {
+    let metrics = context.raft.metrics();
+    let metrics = metrics.borrow();
+    members::admit(metrics.membership_config.membership(), names)
+}
+
+/// Closes a peer connection the membership check refused: counted in
+/// `rollcall_arbiter_refusals_total{kind="peer"}` and audited (one line
+/// per connection; the handshake rate per address bounds how many).
+fn refuse(
+    conn: &quinn::Connection,
+    identity: &Identity,
+    context: &super::connection::PeerContext,
+    reason: &str,
+) {
+    context
+        .metrics
+        .refusals
+        .get_or_create(&super::metrics::KindLabel { kind: "peer" })
+        .inc();
+    tracing::warn!(target: "rollcall::audit", peer = %identity, remote = %conn.remote_address(), reason = %reason, "peer replica refused");
+    conn.close(
+        quinn::VarInt::from_u32(close_code::UNAUTHENTICATED),
+        &reason.as_bytes()[..reason.len().min(1000)],
+    );
 }
 
 async fn handle(

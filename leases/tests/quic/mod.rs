@@ -33,6 +33,15 @@ pub async fn arbiter(
     dir: &std::path::Path,
     tune: impl FnOnce(&mut ArbiterConfig),
 ) -> ArbiterServer {
+    arbiter_as(&material(ca, Role::Arbiter, "arbiter-1"), dir, tune).await
+}
+
+/// [`arbiter`] with its certificate and key from `tls`.
+pub async fn arbiter_as(
+    tls: &TlsMaterial,
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut ArbiterConfig),
+) -> ArbiterServer {
     let mut config = ArbiterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -45,9 +54,7 @@ pub async fn arbiter(
         ..ArbiterConfig::default()
     };
     tune(&mut config);
-    let server = ArbiterServer::start(config, &material(ca, Role::Arbiter, "arbiter-1"))
-        .await
-        .unwrap();
+    let server = ArbiterServer::start(config, tls).await.unwrap();
     // The first leader names the catalog as its first change: revisions a
     // test compares are counted from there.
     let deadline = tokio::time::Instant::now() + PATIENCE;

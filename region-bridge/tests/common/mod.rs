@@ -212,6 +212,7 @@ pub fn bridge_config(
         arbiter: BridgeArbiter {
             admin: vec![arbiter.admin_addr.to_string()],
             token_file: arbiter.bridge_token_file.clone(),
+            https: true,
         },
         tls: Some(tls),
     }

@@ -161,8 +161,9 @@ async fn put_policies(
 async fn list_policies(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
 ) -> Result<Response, AdminError> {
-    authorize_bridge(&state, &headers)?;
+    authorize_bridge(&state, &headers, peer.as_deref())?;
     let cat = state.applied.lock();
     let mut rows: Vec<(PolicyKey, serde_json::Value)> = cat
         .policies()

@@ -29,8 +29,9 @@ pub(super) fn routes() -> Router<AdminState> {
 async fn summaries(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
 ) -> Result<Response, AdminError> {
-    authorize_bridge(&state, &headers)?;
+    authorize_bridge(&state, &headers, peer.as_deref())?;
     let cat = state.applied.lock();
     let rows: Vec<serde_json::Value> = cat
         .ready_summaries()
@@ -77,8 +78,9 @@ fn remote_region(
 async fn list_remote(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
 ) -> Result<Response, AdminError> {
-    authorize_bridge(&state, &headers)?;
+    authorize_bridge(&state, &headers, peer.as_deref())?;
     Ok(Json(ask(&state, AdminQuery::Remote).await?).into_response())
 }
 
@@ -94,10 +96,11 @@ struct ViewReport {
 async fn put_remote(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<ViewReport>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    let actor = authorize_bridge(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers, peer.as_deref())?;
     let region = remote_region(&state, path)?;
     let Json(report) = body.map_err(json_rejected)?;
     if report.view.region != region {
@@ -183,10 +186,11 @@ struct Heard {
 async fn remote_heard(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<Heard>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    authorize_bridge(&state, &headers)?;
+    authorize_bridge(&state, &headers, peer.as_deref())?;
     let region = remote_region(&state, path)?;
     let Json(heard) = body.map_err(json_rejected)?;
     remote_values(heard.version, heard.heard_ms_ago)?;
@@ -236,10 +240,11 @@ struct RemovedPolicy {
 async fn put_remote_policies(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     body: Result<Json<RemotePolicies>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    let actor = authorize_bridge(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers, peer.as_deref())?;
     let region = remote_region(&state, path)?;
     let Json(body) = body.map_err(json_rejected)?;
     let mut commands = Vec::with_capacity(body.policies.len() + body.removed.len());

@@ -116,8 +116,9 @@ async fn transfer(
 async fn list_writers(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
 ) -> Result<Response, AdminError> {
-    authorize_bridge(&state, &headers)?;
+    authorize_bridge(&state, &headers, peer.as_deref())?;
     let cat = state.applied.lock();
     let body = serde_json::json!({
         "region": cat.params().region.to_string(),
@@ -141,9 +142,10 @@ struct Writers {
 async fn put_writers(
     State(state): State<AdminState>,
     headers: HeaderMap,
+    peer: Option<Extension<TlsPeer>>,
     body: Result<Json<Writers>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, AdminError> {
-    let actor = authorize_bridge(&state, &headers)?;
+    let actor = authorize_bridge(&state, &headers, peer.as_deref())?;
     let Json(body) = body.map_err(json_rejected)?;
     if body.writers.len() > MAX_WRITERS_PER_CALL {
         return Err(error(
