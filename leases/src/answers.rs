@@ -37,9 +37,15 @@ pub fn response(catalog: &Catalog, env: &Envelope, result: Result<Applied, Rejec
     }
 }
 
-/// How a catalog refusal is answered.
+/// How a catalog refusal is answered. A node without a lease, or whose
+/// lease the mass-expiry guard holds, is a state its agent's next session
+/// ends (it reconnects and is granted a lease): `Unavailable`, so the
+/// agent keeps the write and sends it again, rather than dropping a
+/// pending registration for a passing state (seen in the fleet bench's
+/// deploy, where an agent dropped one).
 pub fn kind_of(rejection: &Rejection) -> RejectKind {
     match rejection {
+        Rejection::NoLease { .. } | Rejection::LeaseHeld { .. } => RejectKind::Unavailable,
         Rejection::StaleGeneration { .. } => RejectKind::StaleGeneration,
         Rejection::UnknownInstance { .. }
         | Rejection::UnknownService { .. }
@@ -96,5 +102,31 @@ pub fn unavailable(message: String) -> Response {
     Response::Rejected {
         kind: RejectKind::Unavailable,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::AgentEpoch;
+
+    #[test]
+    fn a_node_without_a_usable_lease_is_answered_unavailable_so_its_agent_keeps_the_write() {
+        let node = NodeId::new("n1").unwrap();
+        assert_eq!(
+            kind_of(&Rejection::NoLease { node: node.clone() }),
+            RejectKind::Unavailable
+        );
+        assert_eq!(
+            kind_of(&Rejection::LeaseHeld { node: node.clone() }),
+            RejectKind::Unavailable
+        );
+        // Another run holds the lease: sending again changes nothing.
+        let other = Rejection::OtherEpoch {
+            node,
+            current: AgentEpoch(2),
+            given: AgentEpoch(1),
+        };
+        assert_eq!(kind_of(&other), RejectKind::Invalid);
     }
 }

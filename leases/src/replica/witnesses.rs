@@ -28,10 +28,13 @@ pub(super) struct Witnesses {
     carried: HashMap<(NodeId, AgentEpoch), u64>,
     /// Follower: witnesses' answers to hand to the leader.
     answers: Vec<WitnessAnswer>,
-    /// Every replica: the sessions asked about a node's run, with when.
-    /// An answer counts only from a session asked (its authenticated
-    /// session is the ask's nonce), once, within a TTL (issue 38).
-    asked: HashMap<(AgentId, NodeId, AgentEpoch), u64>,
+    /// Every replica: the witnesses (nodes) asked about a node's run, with
+    /// when. An answer counts only from a node asked, once, within a TTL
+    /// (issue 38): its authenticated identity is the ask's nonce. Keyed by
+    /// the witness's node, not its session, so a witness that reconnects
+    /// between the question and its answer (every agent at once after a
+    /// partition heals) is still heard.
+    asked: HashMap<(NodeId, NodeId, AgentEpoch), u64>,
     /// Follower: sessions heard since the last report.
     heard: HashMap<NodeId, HeardNote>,
     /// Leader: the nodes being probed, with when, handed to the followers
@@ -86,10 +89,11 @@ impl ReplicaState {
         }
     }
 
-    /// A witness's answer on `agent`'s session: the leader's memory takes
-    /// it (and decides the down reports it may settle), a follower hands
-    /// it to the leader. An answer the session was not asked for (or gave
-    /// already) is refused: counted and audited, nothing changed.
+    /// A witness's answer on `agent`'s session (of node `witness`): the
+    /// leader's memory takes it (and decides the down reports it may
+    /// settle), a follower hands it to the leader. An answer the node was
+    /// not asked for (or gave already) is refused: counted and audited,
+    /// nothing changed.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn witnessed(
         &mut self,
@@ -105,12 +109,12 @@ impl ReplicaState {
         let asked = self
             .witnesses
             .asked
-            .remove(&(agent, node.clone(), epoch))
+            .remove(&(witness.clone(), node.clone(), epoch))
             .is_some_and(|at| now.saturating_sub(at) <= self.config.lease.ttl_ms);
         if !asked {
             self.counters.witness_answers_unasked += 1;
             let reason = format!(
-                "a witness answer about node {node} (run {epoch}) that this session was not asked for, or gave already; not counted"
+                "a witness answer about node {node} (run {epoch}) that node {witness} was not asked for, or gave already; not counted"
             );
             self.audit_refusal(agent, "witness", &reason, now);
             return;
@@ -179,7 +183,7 @@ impl ReplicaState {
         self.ask_witnesses(&fresh, now, cat, out);
     }
 
-    /// Forgets the sessions asked more than a TTL ago: a witness that
+    /// Forgets the witnesses asked more than a TTL ago: a witness that
     /// has not answered by then is not waited for (a held lease is asked
     /// about again every TTL).
     fn forget_asked(&mut self, now: u64) {
@@ -308,9 +312,11 @@ impl ReplicaState {
             let own = by_node.get(&ask.node).cloned().unwrap_or_default();
             self.probe_sessions(own, now, out);
             for agent in candidates.choose(ask) {
-                self.witnesses
-                    .asked
-                    .insert((agent, ask.node.clone(), ask.epoch), now);
+                if let Some((witness, _)) = self.sessions.live(agent) {
+                    self.witnesses
+                        .asked
+                        .insert((witness.clone(), ask.node.clone(), ask.epoch), now);
+                }
                 let message = SessionDown::Witness {
                     node: ask.node.clone(),
                     epoch: ask.epoch,

@@ -45,6 +45,55 @@ fn witnesses_are_asked_about_a_silent_lease_and_their_answers_confirm_it_down() 
 }
 
 #[test]
+fn a_witness_that_reconnects_before_it_answers_is_still_heard() {
+    let mut s = Step::new(1_500);
+    s.lease("n1", "z1", 0);
+    let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
+    let (batch, envelopes) = proposed(&out).remove(0);
+    s.commit(batch, &envelopes);
+    s.session(2, "n2", "z1");
+    s.session(3, "n3", "z2");
+    let mut asked = Vec::new();
+    let mut t = SWEEP;
+    while t <= TTL {
+        let renewals = [2, 3]
+            .map(|agent| Input::Session {
+                agent,
+                msg: SessionUp::Renew,
+            })
+            .into();
+        asked.extend(witness_asked(&s.wake(t, renewals)));
+        t += SWEEP;
+    }
+    asked.sort_unstable();
+    assert_eq!(asked, [2, 3]);
+    // Every session drops and comes back (a partition heals): n2 answers
+    // on its new session, 12, as the agent does with a question it
+    // carried over; n4, never asked, answers too.
+    s.wake(TTL + 100, vec![Input::Closed { agent: 2 }]);
+    s.session(12, "n2", "z1");
+    s.session(14, "n4", "z1");
+    let seen_gone = |agent| Input::Session {
+        agent,
+        msg: SessionUp::Witnessed {
+            node: node("n1"),
+            epoch: AgentEpoch(1),
+            gossip: Some(false),
+            reachable: Some(false),
+        },
+    };
+    let out = s.wake(TTL + 400, vec![seen_gone(14)]);
+    assert!(commands(&out).is_empty(), "n4 was not asked: {out:?}");
+    assert_eq!(s.m.counters().witness_answers_unasked, 1);
+    // The answers are weighed at the next sweep.
+    let out = s.wake(TTL + 400 + SWEEP, vec![seen_gone(12), seen_gone(3)]);
+    assert_eq!(commands(&out), ["node-down"], "{out:?}");
+    // An answer counts once: n2 again is refused.
+    s.wake(TTL + 500 + SWEEP, vec![seen_gone(12)]);
+    assert_eq!(s.m.counters().witness_answers_unasked, 2);
+}
+
+#[test]
 fn a_follower_carries_the_leaders_asks_once_and_hands_its_witnesses_answers_over() {
     let mut s = Step::new(1_500);
     s.lease("n1", "z1", 0);
