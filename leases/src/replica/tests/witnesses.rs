@@ -2,50 +2,10 @@
 
 use super::*;
 
-#[test]
-fn witnesses_are_asked_about_a_silent_lease_and_their_answers_confirm_it_down() {
-    let mut s = Step::new(1_500);
-    s.lease("n1", "z1", 0);
-    let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
-    let (batch, envelopes) = proposed(&out).remove(0);
-    s.commit(batch, &envelopes);
-    s.session(2, "n2", "z1");
-    s.session(3, "n3", "z2");
-    // n2 and n3 keep talking; n1 never does.
-    let mut asked = Vec::new();
-    let mut t = SWEEP;
-    while t <= TTL {
-        let keepalives = [2, 3]
-            .map(|agent| Input::Session {
-                agent,
-                msg: SessionUp::Renew,
-            })
-            .into();
-        let out = s.wake(t, keepalives);
-        assert!(
-            commands(&out).is_empty(),
-            "no expiry before the witnesses answer: {out:?}"
-        );
-        asked.extend(witness_asked(&out));
-        t += SWEEP;
-    }
-    asked.sort_unstable();
-    assert_eq!(asked, [2, 3], "both sides of the zone line are asked, once");
-    let seen_gone = |agent| Input::Session {
-        agent,
-        msg: SessionUp::Witnessed {
-            node: node("n1"),
-            epoch: AgentEpoch(1),
-            gossip: Some(false),
-            reachable: Some(false),
-        },
-    };
-    let out = s.wake(TTL + 500, vec![seen_gone(2), seen_gone(3)]);
-    assert_eq!(commands(&out), ["node-down"], "{out:?}");
-}
-
-#[test]
-fn a_witness_that_reconnects_before_it_answers_is_still_heard() {
+/// A leader whose node n1 (zone z1) holds a lease and never speaks, while
+/// n2 (z1, session 2) and n3 (z2, session 3) renew theirs until n1's TTL
+/// has passed: both are asked about n1, once, and nothing expires yet.
+fn n1_silent_and_its_witnesses_asked() -> Step {
     let mut s = Step::new(1_500);
     s.lease("n1", "z1", 0);
     let out = s.wake(0, vec![Input::Raft(view(true, None, Some(0)))]);
@@ -62,18 +22,22 @@ fn a_witness_that_reconnects_before_it_answers_is_still_heard() {
                 msg: SessionUp::Renew,
             })
             .into();
-        asked.extend(witness_asked(&s.wake(t, renewals)));
+        let out = s.wake(t, renewals);
+        assert!(
+            commands(&out).is_empty(),
+            "no expiry before the witnesses answer: {out:?}"
+        );
+        asked.extend(witness_asked(&out));
         t += SWEEP;
     }
     asked.sort_unstable();
-    assert_eq!(asked, [2, 3]);
-    // Every session drops and comes back (a partition heals): n2 answers
-    // on its new session, 12, as the agent does with a question it
-    // carried over; n4, never asked, answers too.
-    s.wake(TTL + 100, vec![Input::Closed { agent: 2 }]);
-    s.session(12, "n2", "z1");
-    s.session(14, "n4", "z1");
-    let seen_gone = |agent| Input::Session {
+    assert_eq!(asked, [2, 3], "both sides of the zone line are asked, once");
+    s
+}
+
+/// Session `agent`'s witness answer: n1 is gone.
+fn sees_n1_gone(agent: AgentId) -> Input {
+    Input::Session {
         agent,
         msg: SessionUp::Witnessed {
             node: node("n1"),
@@ -81,15 +45,33 @@ fn a_witness_that_reconnects_before_it_answers_is_still_heard() {
             gossip: Some(false),
             reachable: Some(false),
         },
-    };
-    let out = s.wake(TTL + 400, vec![seen_gone(14)]);
+    }
+}
+
+#[test]
+fn witnesses_are_asked_about_a_silent_lease_and_their_answers_confirm_it_down() {
+    let mut s = n1_silent_and_its_witnesses_asked();
+    let out = s.wake(TTL + 500, vec![sees_n1_gone(2), sees_n1_gone(3)]);
+    assert_eq!(commands(&out), ["node-down"], "{out:?}");
+}
+
+#[test]
+fn a_witness_that_reconnects_before_it_answers_is_still_heard() {
+    let mut s = n1_silent_and_its_witnesses_asked();
+    // Every session drops and comes back (a partition heals): n2 answers
+    // on its new session, 12, as the agent does with a question it
+    // carried over; n4, never asked, answers too.
+    s.wake(TTL + 100, vec![Input::Closed { agent: 2 }]);
+    s.session(12, "n2", "z1");
+    s.session(14, "n4", "z1");
+    let out = s.wake(TTL + 400, vec![sees_n1_gone(14)]);
     assert!(commands(&out).is_empty(), "n4 was not asked: {out:?}");
     assert_eq!(s.m.counters().witness_answers_unasked, 1);
     // The answers are weighed at the next sweep.
-    let out = s.wake(TTL + 400 + SWEEP, vec![seen_gone(12), seen_gone(3)]);
+    let out = s.wake(TTL + 400 + SWEEP, vec![sees_n1_gone(12), sees_n1_gone(3)]);
     assert_eq!(commands(&out), ["node-down"], "{out:?}");
     // An answer counts once: n2 again is refused.
-    s.wake(TTL + 500 + SWEEP, vec![seen_gone(12)]);
+    s.wake(TTL + 500 + SWEEP, vec![sees_n1_gone(12)]);
     assert_eq!(s.m.counters().witness_answers_unasked, 2);
 }
 
