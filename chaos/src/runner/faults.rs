@@ -78,26 +78,18 @@ pub(super) async fn first_commit(cluster: &mut Cluster, t0: Instant) -> Option<u
     let started = Instant::now();
     let mut attempt = 0u64;
     while started.elapsed() < PATIENCE {
-        for k in 0..cluster.arbiters.len() {
-            let name = format!("arbiter-{}", k + 1);
-            if !cluster.processes.running(&name) {
-                continue;
-            }
-            let Ok(token) = std::fs::read_to_string(cluster.work.join(&name).join("admin.token"))
-            else {
-                continue;
-            };
+        for (admin, token) in running_admins(cluster) {
             attempt += 1;
             let body = serde_json::json!({"policy": [{
                 "service": "default/election-probe",
                 "home_region": "r1",
                 "max_snapshot_age_ms": 60_000 + attempt,
             }]});
-            let url = format!("http://{}/v1/policies", cluster.arbiters[k].1);
+            let url = format!("http://{admin}/v1/policies");
             let answered = cluster
                 .http
                 .put(url)
-                .bearer_auth(token.trim())
+                .bearer_auth(&token)
                 .json(&body)
                 .timeout(Duration::from_millis(1000))
                 .send()

@@ -401,29 +401,30 @@ pub(super) fn start_arbiter(cluster: &mut Cluster, k: usize) -> Result<(), RunEr
 
 /// The admin address and token of a replica that runs, if any.
 pub(super) fn running_admin(cluster: &mut Cluster) -> Option<(SocketAddr, String)> {
-    (0..cluster.arbiters.len()).find_map(|k| {
-        let name = format!("arbiter-{}", k + 1);
-        if !cluster.processes.running(&name) {
-            return None;
-        }
-        let token = std::fs::read_to_string(cluster.work.join(&name).join("admin.token")).ok()?;
-        Some((cluster.arbiters[k].1, token.trim().to_owned()))
-    })
+    running_admins(cluster).into_iter().next()
+}
+
+/// Every running replica, in order: its admin address and operator
+/// token (a replica whose token cannot be read is left out).
+pub(super) fn running_admins(cluster: &mut Cluster) -> Vec<(SocketAddr, String)> {
+    (0..cluster.arbiters.len())
+        .filter_map(|k| {
+            let name = format!("arbiter-{}", k + 1);
+            if !cluster.processes.running(&name) {
+                return None;
+            }
+            let token =
+                std::fs::read_to_string(cluster.work.join(&name).join("admin.token")).ok()?;
+            Some((cluster.arbiters[k].1, token.trim().to_owned()))
+        })
+        .collect()
 }
 
 /// The leader's replica index as a running replica reports it.
 pub(super) async fn leader(cluster: &mut Cluster) -> Option<usize> {
-    for k in 0..cluster.arbiters.len() {
-        let name = format!("arbiter-{}", k + 1);
-        if !cluster.processes.running(&name) {
-            continue;
-        }
-        let Ok(token) = std::fs::read_to_string(cluster.work.join(&name).join("admin.token"))
-        else {
-            continue;
-        };
-        let url = format!("http://{}/v1/cluster", cluster.arbiters[k].1);
-        let Ok(response) = cluster.http.get(url).bearer_auth(token.trim()).send().await else {
+    for (admin, token) in running_admins(cluster) {
+        let url = format!("http://{admin}/v1/cluster");
+        let Ok(response) = cluster.http.get(url).bearer_auth(&token).send().await else {
             continue;
         };
         let Ok(body) = response.json::<serde_json::Value>().await else {
