@@ -24,6 +24,9 @@ pub const RENEWALS_PER_TTL: u64 = 3;
 /// inside the 3 s leave budget (R5, R6), so it must stay well below it.
 pub const MAX_COALESCE_WINDOW_MS: u64 = 250;
 
+/// Most catalog shards (`[catalog] shards`).
+pub const MAX_SHARDS: u16 = 64;
+
 /// Bounds on `distribution.resend_after_ms`, in ms. Below the lower one a
 /// slow but healthy agent's acks would race the re-sends; above the upper
 /// one a lost update would leave an agent stale for minutes.
@@ -239,6 +242,11 @@ pub struct CatalogConfig {
     pub allowed_label_keys: Vec<String>,
     /// Most labels one endpoint record may carry. Default 8; at least 1.
     pub max_labels: u32,
+    /// How many shards (Raft groups) the region's catalog is split into,
+    /// by a stable hash of each service's `namespace/service`. Fixed when
+    /// the region's first replica creates its store: a replica whose store
+    /// was made with another number refuses to start. Default 1; 1 to 64.
+    pub shards: u16,
 }
 
 impl Default for CatalogConfig {
@@ -250,6 +258,7 @@ impl Default for CatalogConfig {
                 .map(String::from)
                 .to_vec(),
             max_labels: 8,
+            shards: 1,
         }
     }
 }
@@ -611,7 +620,15 @@ impl ArbiterConfig {
                 ));
             }
         }
-        rules::at_least("arbiter.catalog.max_labels", catalog.max_labels, 1)
+        rules::at_least("arbiter.catalog.max_labels", catalog.max_labels, 1)?;
+        if !(1..=MAX_SHARDS).contains(&catalog.shards) {
+            return Err(ConfigError::invalid(
+                "arbiter.catalog.shards",
+                catalog.shards,
+                format!("must be 1 to {MAX_SHARDS}"),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_distribution(&self) -> Result<(), ConfigError> {

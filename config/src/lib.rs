@@ -43,7 +43,7 @@ fn uncommented(example: &str, starts: &[&str]) -> String {
 pub use agent::AgentConfig;
 pub use arbiter::{
     ArbiterConfig, CatalogConfig, DeltaLogConfig, DistributionConfig, GuardConfig, LeaseConfig,
-    RaftConfig, ReplicaEntry, StoreConfig, MAX_COALESCE_WINDOW_MS, RENEWALS_PER_TTL,
+    RaftConfig, ReplicaEntry, StoreConfig, MAX_COALESCE_WINDOW_MS, MAX_SHARDS, RENEWALS_PER_TTL,
 };
 pub use bridge::{
     BridgeArbiter, BridgeConfig, BridgePeer, MAX_BRIDGE_INGRESS, MAX_SUMMARY_MAX_AGE_MS,

@@ -11,13 +11,20 @@
 //!   of its group commit); committed transitions/s, each write's latency
 //!   (p50, p99) and the mean commands per Raft entry (batch size);
 //! - the same with three replicas on loopback, the writes sent to the
-//!   leader and to a follower (which hands them to the leader), in turn.
+//!   leader and to a follower (which hands them to the leader), in turn;
+//! - shard commits (issue 35): with 1, 2, 4 and 8 catalog shards, on one
+//!   replica and on three, 64 writers spread over the shards, each
+//!   committing its own instance's transitions straight into its shard's
+//!   Raft group on that shard's leader (`openraft::Raft::client_write`, no
+//!   agent session: sessions are served from shard 0 alone so far);
+//!   commits/s over all shards, latency p50 and p99, and the slowest
+//!   shard's p99.
 //!
 //! No agent subscribes here: the control-plane bench measures commits
 //! with fan-out to 200 agents.
 //!
 //! Run: `cargo bench -p rollcall-leases --bench throughput`. `ROLLCALL_THROUGHPUT`
-//! picks parts (`catalog`, `commit`, `replicas`, comma-separated; all by
+//! picks parts (`catalog`, `commit`, `replicas`, `shards`, comma-separated; all by
 //! default), e.g. `catalog` alone under `valgrind --tool=callgrind`, whose
 //! instruction counts the round function `apply_round` carries.
 //! `cargo test` runs it as a smoke test: a 1,000-endpoint catalog, short
@@ -75,6 +82,10 @@ fn main() {
     }
     if wanted("replicas") {
         runtime.block_on(commits(sizes, 3, &mut table));
+    }
+    if wanted("shards") {
+        runtime.block_on(shards(sizes, 1, &mut table));
+        runtime.block_on(shards(sizes, 3, &mut table));
     }
     table.finish();
 }
@@ -199,4 +210,57 @@ async fn commits(sizes: Sizes, replicas: usize, table: &mut Table) {
         );
     }
     group.shutdown().await;
+}
+
+/// Rounds of 64 writers spread over K shards' Raft groups, for each K, on
+/// `replicas` replicas (issue 35).
+async fn shards(sizes: Sizes, replicas: usize, table: &mut Table) {
+    let counts: &[u16] = if support::full_run() {
+        &[1, 2, 4, 8]
+    } else {
+        &[1, 2]
+    };
+    for &k in counts {
+        let group = cluster::Group::start_with(replicas, |c| c.catalog.shards = k).await;
+        let writers = cluster::shards::ShardWriters::register(&group, k, cluster::WRITERS).await;
+        let label =
+            |what: &str| format!("shard commits, {replicas} replica(s), {k} shard(s): {what}");
+        for _ in 0..sizes.rounds {
+            let run = writers.run(sizes.load_secs).await;
+            assert!(
+                run.load.committed > 0,
+                "{k} shards: no write committed; this measured nothing"
+            );
+            assert_eq!(
+                run.by_shard.len(),
+                usize::from(k),
+                "every shard committed something"
+            );
+            let latency = support::summarize("shard commit latency", run.load.latencies_ms.clone());
+            let slowest = run
+                .by_shard
+                .iter()
+                .map(|(shard, l)| {
+                    support::summarize(&format!("shard {shard} latency"), l.clone()).p99
+                })
+                .fold(0.0, f64::max);
+            table.add(
+                &label("commits/s"),
+                "commits/s",
+                Better::Higher,
+                run.load.rate(),
+            );
+            table.add(&label("latency p50"), "ms", Better::Lower, latency.p50);
+            table.add(&label("latency p99"), "ms", Better::Lower, latency.p99);
+            table.add(&label("slowest shard's p99"), "ms", Better::Lower, slowest);
+        }
+        table.note(
+            &label("commits/s"),
+            &format!(
+                "{} writers spread over the shards, each waiting for its commit; straight into each shard's group on its leader; {} rounds of {} s",
+                cluster::WRITERS, sizes.rounds, sizes.load_secs
+            ),
+        );
+        group.shutdown().await;
+    }
 }

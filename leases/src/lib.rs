@@ -89,6 +89,7 @@ pub mod replica;
 pub mod secret;
 pub mod server;
 pub mod sessions;
+pub mod shard;
 pub mod shutdown;
 pub mod snapshot;
 mod stored;
@@ -114,6 +115,7 @@ pub use params::CatalogParams;
 pub use policy::{Policy, PolicyKey, RemotePolicy, ReplicatedPolicy, StoredPolicy};
 pub use regions::{HeldPolicy, RegionEntry, RegionsUpdate};
 pub use remote::{Ingress, RegionView, RemoteViews, ServiceSummary};
+pub use shard::shard_of;
 pub use snapshot::{CatalogSnapshot, ServiceSnapshot};
 pub use view::{ServiceView, ViewError};
 pub use writer::{StoredWriter, Transfer, TransferRefusal, WriterEpoch};
@@ -122,12 +124,3 @@ pub use writer::{StoredWriter, Transfer, TransferRefusal, WriterEpoch};
 /// `fault-injection` cargo feature); always defined, so the binary can say
 /// which build it is and refuse `ROLLCALL_FAULTS` when they are missing.
 pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
-
-/// The shard a service lives in, given the number of shards (R2: services
-/// map to shards by key, so shards can be added without changing any
-/// contract). The hash is fixed (xxh3 of the key's text), never randomised,
-/// so every process agrees.
-pub fn shard_of(service: &ServiceKey, shards: u16) -> ShardId {
-    let hash = xxhash_rust::xxh3::xxh3_64(service.to_string().as_bytes());
-    ShardId((hash % u64::from(shards.max(1))) as u16)
-}

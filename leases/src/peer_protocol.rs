@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{frame, unframe, CodecError, FrameKind, MAX_PEER_MESSAGE_BYTES};
-use crate::ids::{AgentEpoch, Revision};
+use crate::ids::{AgentEpoch, Revision, ShardId};
 use crate::name::{NodeId, ServiceKey};
 use crate::protocol::Response;
 
@@ -111,6 +111,39 @@ pub enum PeerRequest {
     /// (`server::removal`). Appended last, so the variants before keep
     /// their wire numbers.
     Removed(crate::server::removal::Removal),
+    /// A message of shard `shard`'s Raft group, for a shard other than 0
+    /// (shard 0's go as the variants above, as before shards, so a replica
+    /// of one shard speaks as it always did). Appended last.
+    Shard {
+        /// The shard (1 or more).
+        shard: ShardId,
+        /// The message.
+        rpc: ShardRpc,
+    },
+}
+
+/// A message to one shard's Raft group (`PeerRequest::Shard`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ShardRpc {
+    /// Raft AppendEntries.
+    AppendEntries(raft_rpc::AppendEntries),
+    /// Raft RequestVote.
+    Vote(raft_rpc::Vote),
+    /// Raft InstallSnapshot (one chunk).
+    InstallSnapshot(raft_rpc::InstallSnapshot),
+    /// From the shard's leader placing leadership elsewhere
+    /// (`server::shards`): the receiver calls an election for the shard
+    /// once the leader's heartbeats have lapsed. Answered
+    /// `Refused(vec![])` at once.
+    Campaign {
+        /// Wait this long (the leader lease of the voters) before
+        /// campaigning, in ms.
+        after_ms: u64,
+    },
+    /// From shard 0's leader: make this membership change in the shard's
+    /// group (every shard's group has the same members). Answered
+    /// `Answer(Committed)` or why not.
+    Membership(MembershipChange),
 }
 
 /// Most writes in one `ProposeBatch`.

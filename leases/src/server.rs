@@ -15,6 +15,7 @@ pub mod messages;
 pub mod metrics;
 pub mod peer;
 pub mod removal;
+pub mod shards;
 pub mod status;
 
 use std::net::SocketAddr;
@@ -27,12 +28,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::ids::ShardId;
-use crate::params::CatalogParams;
-use crate::raft::{self, CatalogRaftNode, RaftStoreError, ReplicaId};
+use crate::raft::{CatalogRaftNode, RaftStoreError, ReplicaId};
 use crate::server::connection::PeerContext;
 use crate::server::core::{Core, Replica};
 use crate::server::metrics::Metrics;
-use crate::server::peer::{Peers, RaftNet};
+use crate::server::peer::Peers;
+use crate::server::shards::Shards;
 use crate::tls::{self, LiveTls, TlsError, TlsMaterial};
 
 /// Why the arbiter could not start.
@@ -69,10 +70,6 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Io { what, source }
 }
 
-/// How long the first replica of a new group waits for its peers to answer
-/// before it initializes the group anyway.
-const GROUP_START_WAIT: Duration = Duration::from_secs(10);
-
 /// A running arbiter replica.
 pub struct ArbiterServer {
     /// The QUIC address agents and peer replicas connect to.
@@ -86,6 +83,7 @@ pub struct ArbiterServer {
     /// This replica's Raft id.
     pub replica_id: ReplicaId,
     raft: CatalogRaftNode,
+    shards: Shards,
     catalog: crate::raft::AppliedCatalog,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
@@ -94,6 +92,7 @@ pub struct ArbiterServer {
     /// observe it.
     stop: crate::shutdown::Trigger,
     core_task: JoinHandle<()>,
+    balance_task: JoinHandle<()>,
     write_timeout: Duration,
     accept_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
@@ -109,9 +108,8 @@ impl ArbiterServer {
     ) -> Result<ArbiterServer, ServerError> {
         #[cfg(feature = "fault-injection")]
         crate::fault::install()?;
-        let params = CatalogParams::from_config(&config, ShardId(0))
-            .map_err(|e| ServerError::Config(e.to_string()))?;
-        let region = params.region.clone();
+        let region = crate::name::Label::new(&config.region)
+            .map_err(|e| ServerError::Config(format!("arbiter.region: {e}")))?;
         crate::secret::private_dir(&config.data_dir).map_err(io(format!(
             "creating data directory {}",
             config.data_dir.display()
@@ -124,9 +122,6 @@ impl ArbiterServer {
         if let Some(removal) = removed.get() {
             tracing::warn!(reason = %removal.describe(), "this replica was removed from its group");
         }
-        let (log, state_machine) = raft::open(&config.data_dir, params)?;
-        let state_machine = state_machine.with_audit_limit(config.store.audit_max_entries);
-        let applied = state_machine.catalog();
         let token_file = config.data_dir.join("admin.token");
         let token = crate::secret::ensure_token(&token_file)
             .map_err(io(format!("writing {}", token_file.display())))?;
@@ -182,64 +177,28 @@ impl ArbiterServer {
             Peers::new(&live, region.clone()).map_err(io("binding the peer client socket"))?;
         let raft_config = raft_config(&config)?;
         let id = config.raft.id;
-        let node = openraft::Raft::new(id, raft_config, RaftNet(peers.clone()), log, state_machine)
-            .await
-            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        let mut groups = Vec::with_capacity(usize::from(config.catalog.shards));
+        for shard in 0..config.catalog.shards {
+            groups.push(
+                shards::open_group(&config, ShardId(shard), &peers, raft_config.clone()).await?,
+            );
+        }
+        let shards = Shards::new(groups);
         let mut members = config.raft.members(quic_addr);
         if config.raft.replicas.is_empty() {
             // A group of one lives wherever it is bound (port 0 in tests).
             members[0].addr = quic_addr.to_string();
         }
-        let first = members.iter().map(|m| m.id).min() == Some(id);
-        let initialized = node
-            .is_initialized()
-            .await
-            .map_err(|e| ServerError::Raft(e.to_string()))?;
-        if first && !initialized {
-            let nodes: std::collections::BTreeMap<ReplicaId, openraft::BasicNode> = members
-                .iter()
-                .map(|m| (m.id, openraft::BasicNode::new(m.addr.clone())))
-                .collect();
-            if members.len() == 1 {
-                tracing::info!(replica = id, "initializing a new Raft group of one");
-                node.initialize(nodes)
-                    .await
-                    .map_err(|e| ServerError::Raft(format!("initializing the group: {e}")))?;
-            } else {
-                // The first election asks every peer for its vote: wait
-                // (bounded) until they answer a handshake, so replicas
-                // started together do not fail each other's first vote.
-                let (node, peers) = (node.clone(), peers.clone());
-                let others: Vec<String> = members
-                    .iter()
-                    .filter(|m| m.id != id)
-                    .map(|m| m.addr.clone())
-                    .collect();
-                tokio::spawn(async move {
-                    let deadline = tokio::time::Instant::now() + GROUP_START_WAIT;
-                    for addr in &others {
-                        while !peers.reachable(addr).await && tokio::time::Instant::now() < deadline
-                        {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                    tracing::info!(replica = id, members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new Raft group");
-                    if let Err(e) = node.initialize(nodes).await {
-                        tracing::error!(replica = id, error = %e, "initializing the Raft group failed");
-                    }
-                });
-            }
+        let members: Vec<(ReplicaId, String)> =
+            members.into_iter().map(|m| (m.id, m.addr)).collect();
+        for group in shards.iter() {
+            shards::bootstrap(group, id, &members, &peers, config.raft.election_max_ms).await?;
         }
-        if members.len() == 1 && members[0].id == id {
-            // A group of one elects itself at once; serve after it has, so
-            // the first sessions are not refused for want of a leader.
-            let _ = node
-                .wait(Some(Duration::from_millis(
-                    config.raft.election_max_ms * 10,
-                )))
-                .current_leader(id, "a group of one elects itself")
-                .await;
-        }
+        let zero = shards
+            .get(ShardId(0))
+            .expect("a catalog has shard 0")
+            .clone();
+        let (node, applied) = (zero.raft, zero.catalog);
         tracing::info!(
             replica = id,
             revision = %applied.mark().revision,
@@ -258,11 +217,19 @@ impl ArbiterServer {
         let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
         let (stop, stopping) = crate::shutdown::channel();
         let core_task = tokio::spawn(core.run(core_rx, stopping.clone()));
+        let balance_task = tokio::spawn(shards::balance(
+            shards.clone(),
+            peers.clone(),
+            id,
+            config.raft.clone(),
+            stopping.clone(),
+        ));
         let accept_task = tokio::spawn(connection::accept_loop(
             endpoint.clone(),
             core_tx.clone(),
             PeerContext {
                 raft: node.clone(),
+                shards: shards.clone(),
                 region: region.clone(),
                 timeout: write_timeout,
                 peers: peers.clone(),
@@ -277,6 +244,7 @@ impl ArbiterServer {
             core: core_tx,
             applied,
             raft: node.clone(),
+            shards: shards.clone(),
             peers: peers.clone(),
             metrics,
             token: token.into(),
@@ -307,12 +275,14 @@ impl ArbiterServer {
             bridge_token_file,
             replica_id: id,
             raft: node,
+            shards,
             catalog,
             peers,
             endpoint,
             tls: live,
             stop,
             core_task,
+            balance_task,
             write_timeout,
             accept_task,
             admin_task,
@@ -330,6 +300,12 @@ impl ArbiterServer {
     /// metrics).
     pub fn raft(&self) -> &CatalogRaftNode {
         &self.raft
+    }
+
+    /// Every shard's Raft group on this replica, shard 0 first (for tests
+    /// and benchmarks: leaders, direct writes to a shard).
+    pub fn shards(&self) -> &Shards {
+        &self.shards
     }
 
     /// The identity of the catalog this replica applied (`None` until the
@@ -372,8 +348,9 @@ impl ArbiterServer {
         finish("admin server", self.admin_task, grace).await;
         // The core bounds its own wait by the write timeout.
         finish("core", self.core_task, self.write_timeout + grace).await;
+        finish("shard placement", self.balance_task, grace).await;
         Stopping {
-            raft: self.raft,
+            shards: self.shards,
             peers: self.peers,
             endpoint: self.endpoint,
             accept_task: self.accept_task,
@@ -383,7 +360,7 @@ impl ArbiterServer {
 
 /// An arbiter replica whose core has stopped (`ArbiterServer::stop_serving`).
 pub struct Stopping {
-    raft: CatalogRaftNode,
+    shards: Shards,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
     accept_task: JoinHandle<()>,
@@ -394,15 +371,19 @@ impl Stopping {
     /// Raft first, so no follower misses a heartbeat and calls an
     /// election while the rest stop).
     pub fn leads(&self) -> bool {
-        let metrics = self.raft.metrics().borrow().clone();
-        metrics.current_leader == Some(metrics.id)
+        self.shards.iter().any(|g| {
+            let metrics = g.raft.metrics().borrow().clone();
+            metrics.current_leader == Some(metrics.id)
+        })
     }
 
-    /// Stops Raft (the log is fsynced at every append: nothing is left to
-    /// flush).
+    /// Stops every shard's Raft node (the log is fsynced at every append:
+    /// nothing is left to flush).
     pub async fn stop_raft(&self) {
-        if let Err(e) = self.raft.shutdown().await {
-            tracing::warn!(error = %e, "raft did not stop cleanly");
+        for group in self.shards.iter() {
+            if let Err(e) = group.raft.shutdown().await {
+                tracing::warn!(shard = %group.shard, error = %e, "raft did not stop cleanly");
+            }
         }
     }
 

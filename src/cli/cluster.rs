@@ -170,7 +170,58 @@ pub(crate) async fn cluster(command: ClusterCommand) -> anyhow::Result<ExitCode>
     if body["leader"] != body["id"] {
         println!("(lag is known on the leader; ask its admin address for it)");
     }
+    print_shards(&body["shards"]);
     Ok(ExitCode::SUCCESS)
+}
+
+/// With several shards: each shard's leader, term, revision, applied log
+/// index and its members' largest lag (known where the asked replica leads
+/// that shard).
+fn print_shards(shards: &serde_json::Value) {
+    let shards = shards.as_array().map(Vec::as_slice).unwrap_or_default();
+    if shards.len() < 2 {
+        return;
+    }
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    println!();
+    println!(
+        "{:>5}  {:>6}  {:>6}  {:>9}  {:>9}  lag",
+        "shard", "leader", "term", "revision", "applied"
+    );
+    for shard in shards {
+        let raft = &shard["raft"];
+        let lag = raft["members"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| m["lag"].as_u64())
+            .max();
+        println!(
+            "{:>5}  {:>6}  {:>6}  {:>9}  {:>9}  {}",
+            text(&shard["shard"]),
+            text(&raft["leader"]),
+            text(&raft["term"]),
+            text(&shard["revision"]),
+            text(&raft["applied_index"]),
+            lag.map_or("-".to_owned(), |l| l.to_string()),
+        );
+    }
+    let mut led: std::collections::BTreeMap<String, usize> = Default::default();
+    for shard in shards {
+        *led.entry(text(&shard["raft"]["leader"])).or_default() += 1;
+    }
+    let spread: Vec<String> = led
+        .iter()
+        .map(|(leader, n)| format!("replica {leader}: {n}"))
+        .collect();
+    println!(
+        "shards led: {}  (lag is known for the shards the asked replica leads)",
+        spread.join(", ")
+    );
 }
 
 /// After `cluster remove`: the `rollcall dev` whose dev.json gave the

@@ -186,6 +186,15 @@ pub(crate) async fn arbiter(args: ArbiterArgs) -> anyhow::Result<ExitCode> {
     config
         .validate()
         .context("arbiter config after command-line overrides")?;
+    if config.catalog.shards > 1 {
+        // The groups run (leaders placed, membership, status), but agents'
+        // sessions are served from shard 0 alone so far: a store made now
+        // with more shards would hold services in the wrong group.
+        anyhow::bail!(
+            "arbiter.catalog.shards = {}: a catalog in several shards is not served to agents yet (issue 35); use 1",
+            config.catalog.shards
+        );
+    }
     let files = tls_files(config.tls.as_ref(), "arbiter.tls")?;
     let material = tls::TlsMaterial::load(&files)?;
     let paths = config.tls.clone();

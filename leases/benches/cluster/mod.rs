@@ -6,6 +6,8 @@
 // Each benchmark uses a part of this module.
 #![allow(dead_code)]
 
+pub mod shards;
+
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +54,11 @@ pub struct Group {
 
 impl Group {
     pub async fn start(n: usize) -> Group {
+        Group::start_with(n, |_| {}).await
+    }
+
+    /// As `start`, with each replica's config changed by `tune` first.
+    pub async fn start_with(n: usize, tune: impl Fn(&mut ArbiterConfig)) -> Group {
         let ca = Ca::generate(&Label::new("r1").unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
@@ -87,6 +94,7 @@ impl Group {
                     c.raft.id = i as u64 + 1;
                     c.raft.replicas = replicas.clone();
                 }
+                tune(&mut c);
                 c
             })
             .collect();

@@ -23,7 +23,8 @@ use serde::Serialize;
 
 use crate::redb_file::{self, OpenFailure};
 
-/// The file inside the data directory.
+/// The file inside the data directory (shard 0's; shard k > 0 keeps its
+/// group in `raft-shard-<k>.redb`, `shard_file`).
 pub const RAFT_DB_FILE: &str = "raft.redb";
 /// The layout version written in `meta["format"]`; a file with another
 /// version is refused rather than misread.
@@ -38,6 +39,18 @@ pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("
 pub(super) const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format";
+/// In shard 0's file: how many shards the region's catalog was made with
+/// (absent in a store made before shards: 1).
+const META_SHARDS: &str = "shards";
+
+/// The file of shard `shard`'s group inside the data directory.
+pub fn shard_file(shard: u16) -> String {
+    if shard == 0 {
+        RAFT_DB_FILE.to_owned()
+    } else {
+        format!("raft-shard-{shard}.redb")
+    }
+}
 
 pub(super) const STATE_VOTE: &str = "vote";
 pub(super) const STATE_COMMITTED: &str = "committed";
@@ -88,6 +101,16 @@ pub enum RaftStoreError {
         /// What redb reported.
         source: Box<redb::Error>,
     },
+    /// The store was made for another number of catalog shards.
+    #[error("Raft store {path} was made for a catalog of {found} shard(s) but arbiter.catalog.shards is {configured}: the shard count is fixed when a region is created; set it back to {found}, or start a new region and move its services")]
+    Shards {
+        /// Shard 0's database file.
+        path: PathBuf,
+        /// The count the store was made with.
+        found: u64,
+        /// The count configured.
+        configured: u16,
+    },
     /// A stored value does not decode or contradicts its key.
     #[error("Raft store table {table} entry {key} is corrupt: {detail}; move the store away and let this replica rejoin from a snapshot")]
     Corrupt {
@@ -129,10 +152,10 @@ impl std::fmt::Debug for RaftDb {
 }
 
 impl RaftDb {
-    /// Opens `dir/raft.redb`, creating the directory and file if needed,
+    /// Opens `dir/<file>`, creating the directory and file if needed,
     /// checking every page checksum and the layout version.
-    pub(super) fn open(dir: &Path) -> Result<Arc<RaftDb>, RaftStoreError> {
-        let (db, path) = redb_file::open(dir, RAFT_DB_FILE).map_err(|failure| match failure {
+    pub(super) fn open(dir: &Path, file: &str) -> Result<Arc<RaftDb>, RaftStoreError> {
+        let (db, path) = redb_file::open(dir, file).map_err(|failure| match failure {
             OpenFailure::Directory(source) => RaftStoreError::Directory {
                 path: dir.to_path_buf(),
                 source,
@@ -167,6 +190,47 @@ impl RaftDb {
             return Err(RaftStoreError::Format {
                 path: self.path.clone(),
                 found,
+            });
+        }
+        txn.commit().map_err(|e| self.fail(e))
+    }
+
+    /// Records the region's shard count in a new store, and refuses one
+    /// made with another count (shard 0's file holds it).
+    pub(super) fn check_shards(&self, configured: u16) -> Result<(), RaftStoreError> {
+        let txn = self.begin_write(Durability::Immediate)?;
+        let found = {
+            let mut meta = txn.open_table(META).map_err(|e| self.fail(e))?;
+            let found = meta
+                .get(META_SHARDS)
+                .map_err(|e| self.fail(e))?
+                .map(|v| v.value());
+            let log_empty = {
+                let log = txn.open_table(LOG).map_err(|e| self.fail(e))?;
+                let first = log.first().map_err(|e| self.fail(e))?;
+                first.is_none()
+            };
+            let snapshot_empty = {
+                let snap = txn.open_table(SNAPSHOT).map_err(|e| self.fail(e))?;
+                let meta = snap.get(SNAPSHOT_META).map_err(|e| self.fail(e))?;
+                meta.is_none()
+            };
+            match found {
+                Some(found) => found,
+                // A store with history and no count was made before shards.
+                None if !(log_empty && snapshot_empty) => 1,
+                None => {
+                    meta.insert(META_SHARDS, u64::from(configured))
+                        .map_err(|e| self.fail(e))?;
+                    u64::from(configured)
+                }
+            }
+        };
+        if found != u64::from(configured) {
+            return Err(RaftStoreError::Shards {
+                path: self.path.clone(),
+                found,
+                configured,
             });
         }
         txn.commit().map_err(|e| self.fail(e))

@@ -28,7 +28,7 @@ struct TempStores;
 impl StoreBuilder<CatalogRaft, LogStore, CatalogStateMachine, TempDir> for TempStores {
     async fn build(&self) -> Result<(TempDir, LogStore, CatalogStateMachine), StorageError> {
         let dir = tempfile::tempdir().unwrap();
-        let (log, sm) = open(dir.path(), params()).unwrap();
+        let (log, sm) = open(dir.path(), params(), 1).unwrap();
         Ok((dir, log, sm))
     }
 }
@@ -189,7 +189,7 @@ fn exported(catalog: &AppliedCatalog) -> Vec<u8> {
 #[tokio::test]
 async fn a_batch_entry_applies_its_envelopes_in_order_with_one_result_each() {
     let dir = tempfile::tempdir().unwrap();
-    let (_log, mut sm) = open(dir.path(), params()).unwrap();
+    let (_log, mut sm) = open(dir.path(), params(), 1).unwrap();
     let applied = sm.catalog();
     let envelopes = story();
     let batch = Entry {
@@ -214,7 +214,7 @@ async fn a_batch_entry_applies_its_envelopes_in_order_with_one_result_each() {
 #[tokio::test]
 async fn normal_entries_apply_as_the_catalog_applies_their_envelopes() {
     let dir = tempfile::tempdir().unwrap();
-    let (_log, mut sm) = open(dir.path(), params()).unwrap();
+    let (_log, mut sm) = open(dir.path(), params(), 1).unwrap();
     let applied = sm.catalog();
     let mut marks = applied.watch();
     let envelopes = story();
@@ -263,7 +263,7 @@ async fn normal_entries_apply_as_the_catalog_applies_their_envelopes() {
 #[tokio::test]
 async fn a_snapshot_installed_on_a_fresh_replica_reproduces_the_catalog_byte_for_byte() {
     let leader_dir = tempfile::tempdir().unwrap();
-    let (_leader_log, mut leader) = open(leader_dir.path(), params()).unwrap();
+    let (_leader_log, mut leader) = open(leader_dir.path(), params(), 1).unwrap();
     leader.apply(entries(&story())).await.unwrap();
     let snapshot = leader
         .get_snapshot_builder()
@@ -273,7 +273,7 @@ async fn a_snapshot_installed_on_a_fresh_replica_reproduces_the_catalog_byte_for
         .unwrap();
 
     let follower_dir = tempfile::tempdir().unwrap();
-    let (_follower_log, mut follower) = open(follower_dir.path(), params()).unwrap();
+    let (_follower_log, mut follower) = open(follower_dir.path(), params(), 1).unwrap();
     let applied = follower.catalog();
     let mut received = follower.begin_receiving_snapshot().await.unwrap();
     *received = *snapshot.snapshot;
@@ -298,7 +298,7 @@ async fn a_restarted_replica_keeps_its_log_vote_and_snapshot() {
     let envelopes = story();
     let entries = entries(&envelopes);
     let (before, applied_state) = {
-        let (mut log, mut sm) = open(dir.path(), params()).unwrap();
+        let (mut log, mut sm) = open(dir.path(), params(), 1).unwrap();
         log.save_vote(&openraft::Vote::new_committed(3, 2))
             .await
             .unwrap();
@@ -315,7 +315,7 @@ async fn a_restarted_replica_keeps_its_log_vote_and_snapshot() {
         (exported(&sm.catalog()), sm.applied_state().await.unwrap())
     };
 
-    let (mut log, mut sm) = open(dir.path(), params()).unwrap();
+    let (mut log, mut sm) = open(dir.path(), params(), 1).unwrap();
     assert_eq!(
         log.read_vote().await.unwrap(),
         Some(openraft::Vote::new_committed(3, 2))
@@ -333,7 +333,7 @@ async fn a_restarted_replica_keeps_its_log_vote_and_snapshot() {
 async fn a_corrupt_log_entry_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let (mut log, _sm) = open(dir.path(), params()).unwrap();
+        let (mut log, _sm) = open(dir.path(), params(), 1).unwrap();
         log.blocking_append(entries(&story())).await.unwrap();
     }
     {
@@ -349,7 +349,7 @@ async fn a_corrupt_log_entry_is_an_error_not_a_panic() {
             .unwrap();
         txn.commit().unwrap();
     }
-    let (mut log, _sm) = open(dir.path(), params()).unwrap();
+    let (mut log, _sm) = open(dir.path(), params(), 1).unwrap();
     let err = log.try_get_log_entries(1..5).await.unwrap_err();
     assert!(
         err.to_string().contains("raft_log entry 3 is corrupt"),
@@ -367,7 +367,7 @@ fn entry_bytes(entry: &Entry) -> Vec<u8> {
 #[tokio::test]
 async fn a_snapshot_of_another_region_is_refused_and_changes_nothing() {
     let leader_dir = tempfile::tempdir().unwrap();
-    let (_leader_log, mut leader) = open(leader_dir.path(), params()).unwrap();
+    let (_leader_log, mut leader) = open(leader_dir.path(), params(), 1).unwrap();
     leader.apply(entries(&story())).await.unwrap();
     let snapshot = leader
         .get_snapshot_builder()
@@ -378,7 +378,7 @@ async fn a_snapshot_of_another_region_is_refused_and_changes_nothing() {
 
     let other_dir = tempfile::tempdir().unwrap();
     let other = CatalogParams::with_region(Label::new("r2").unwrap());
-    let (_other_log, mut replica) = open(other_dir.path(), other.clone()).unwrap();
+    let (_other_log, mut replica) = open(other_dir.path(), other.clone(), 1).unwrap();
     let err = replica
         .install_snapshot(&snapshot.meta, snapshot.snapshot)
         .await
@@ -397,7 +397,7 @@ async fn a_snapshot_of_another_region_is_refused_and_changes_nothing() {
 /// three catalogs must encode identically.
 async fn replicate(envelopes: &[Envelope]) {
     let leader_dir = tempfile::tempdir().unwrap();
-    let (_leader_log, mut leader) = open(leader_dir.path(), params()).unwrap();
+    let (_leader_log, mut leader) = open(leader_dir.path(), params(), 1).unwrap();
     let mut entries = entries(envelopes);
     let second = entries.split_off(entries.len() / 2);
     leader.apply(entries).await.unwrap();
@@ -417,7 +417,7 @@ async fn replicate(envelopes: &[Envelope]) {
         .await
         .unwrap();
     let follower_dir = tempfile::tempdir().unwrap();
-    let (_follower_log, mut follower) = open(follower_dir.path(), params()).unwrap();
+    let (_follower_log, mut follower) = open(follower_dir.path(), params(), 1).unwrap();
     follower
         .install_snapshot(&snapshot.meta, snapshot.snapshot)
         .await
@@ -532,7 +532,7 @@ async fn start(
     config: &std::sync::Arc<openraft::Config>,
 ) -> (TempDir, CatalogRaftNode, AppliedCatalog) {
     let dir = tempfile::tempdir().unwrap();
-    let (log, sm) = open(dir.path(), params()).unwrap();
+    let (log, sm) = open(dir.path(), params(), 1).unwrap();
     let applied = sm.catalog();
     let raft = openraft::Raft::new(id, config.clone(), router.clone(), log, sm)
         .await
@@ -620,4 +620,42 @@ async fn a_cluster_replicates_writes_and_a_new_replica_catches_up_from_a_snapsho
     for raft in [leader, follower, joiner] {
         raft.shutdown().await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn the_shard_count_is_fixed_when_the_store_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut log, _sm) = open(dir.path(), params(), 3).unwrap();
+        log.blocking_append(entries(&story())).await.unwrap();
+    }
+    // Another count is refused, naming both and what to do.
+    let err = open(dir.path(), params(), 6).unwrap_err().to_string();
+    assert!(err.contains("made for a catalog of 3 shard(s)"), "{err}");
+    assert!(err.contains("arbiter.catalog.shards is 6"), "{err}");
+    assert!(open(dir.path(), params(), 3).is_ok());
+    // Each other shard's group lives in a file of its own, beside shard 0's.
+    let shard2 = CatalogParams {
+        shard: crate::ids::ShardId(2),
+        ..params()
+    };
+    let (_log2, _sm2) = open(dir.path(), shard2, 3).unwrap();
+    assert!(dir.path().join(shard_file(2)).exists());
+    assert_eq!(shard_file(0), RAFT_DB_FILE);
+}
+
+#[tokio::test]
+async fn a_store_made_before_shards_counts_as_one_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Written as a store of one group was before shard counts existed:
+        // history, and no count recorded.
+        let db = db::RaftDb::open(dir.path(), RAFT_DB_FILE).unwrap();
+        let writer = writer::Writer::start(db.clone()).unwrap();
+        let mut log = LogStore::new(db, writer);
+        log.blocking_append(entries(&story())).await.unwrap();
+    }
+    let err = open(dir.path(), params(), 2).unwrap_err().to_string();
+    assert!(err.contains("made for a catalog of 1 shard(s)"), "{err}");
+    assert!(open(dir.path(), params(), 1).is_ok());
 }

@@ -127,7 +127,8 @@ impl ReplicaState {
             | PeerRequest::Vote(_)
             | PeerRequest::InstallSnapshot(_)
             | PeerRequest::Membership(_)
-            | PeerRequest::Removed(_) => out.push(Output::AnswerPeer {
+            | PeerRequest::Removed(_)
+            | PeerRequest::Shard { .. } => out.push(Output::AnswerPeer {
                 reply,
                 response: PeerResponse::Answer(crate::answers::unavailable(
                     "Raft and membership messages are not the replica machine's".into(),

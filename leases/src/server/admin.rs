@@ -97,6 +97,8 @@ pub struct AdminState {
     pub applied: AppliedCatalog,
     /// This replica's Raft node.
     pub raft: CatalogRaftNode,
+    /// Every shard's group on this replica (shard 0's is `raft`).
+    pub shards: super::shards::Shards,
     /// The client to the other replicas.
     pub peers: Arc<Peers>,
     /// The metrics.
@@ -183,7 +185,9 @@ async fn cluster(
 ) -> Result<Response, AdminError> {
     authorize(&state, &headers)?;
     let metrics = state.raft.metrics().borrow().clone();
-    Ok(Json(raft_json(&metrics)).into_response())
+    let mut cluster = raft_json(&metrics);
+    cluster["shards"] = state.shards.status_json();
+    Ok(Json(cluster).into_response())
 }
 
 #[derive(Deserialize)]
@@ -249,8 +253,13 @@ async fn membership(state: &AdminState, change: MembershipChange) -> Result<Resp
     let metrics = state.raft.metrics().borrow().clone();
     let leader = metrics.current_leader;
     let answer = if leader == Some(metrics.id) {
-        super::membership::change_membership(&state.raft, &state.peers, change, state.write_timeout)
-            .await
+        super::membership::change_membership(
+            &state.shards,
+            &state.peers,
+            change,
+            state.write_timeout,
+        )
+        .await
     } else {
         let addr = leader.and_then(|id| {
             metrics
@@ -469,6 +478,7 @@ async fn ask<T>(
 
 async fn metrics_text(State(state): State<AdminState>) -> Result<Response, AdminError> {
     ask(&state, AdminQuery::RefreshMetrics).await?;
+    state.shards.set_metrics(&state.metrics);
     crate::server::metrics::set_certificate_expiry(
         &state.metrics.certificate_expiry,
         &state.tls.status(),
@@ -491,6 +501,7 @@ async fn status(
     authorize(&state, &headers)?;
     let mut status = ask(&state, AdminQuery::Status).await?;
     status["tls"] = serde_json::to_value(state.tls.status()).unwrap_or_default();
+    status["shards"] = state.shards.status_json();
     Ok(Json(status).into_response())
 }
 

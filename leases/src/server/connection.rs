@@ -154,8 +154,11 @@ impl Drop for Slot {
 /// What a peer replica's connection is served with.
 #[derive(Clone)]
 pub struct PeerContext {
-    /// This replica's Raft node.
+    /// This replica's Raft node (shard 0's group, whose membership every
+    /// shard's group shares).
     pub raft: CatalogRaftNode,
+    /// Every shard's group on this replica.
+    pub shards: super::shards::Shards,
     /// This replica's region.
     pub region: Label,
     /// How long a forwarded write may take.

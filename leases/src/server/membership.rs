@@ -2,6 +2,11 @@
 //! added replica first catches up as a learner, then joins the voters; a
 //! removed one leaves both and is told so (`removal`). Reached from the
 //! admin API and from followers handing a change to the leader.
+//!
+//! With several shards every shard's group has the same members: shard 0's
+//! leader makes the change in its group, then in every other shard's
+//! group, itself when it leads that shard and through the shard's leader
+//! otherwise (`ShardRpc::Membership`), in shard order.
 
 use std::time::Duration;
 
@@ -10,7 +15,9 @@ use openraft::BasicNode;
 
 use super::connection::PeerContext;
 use super::peer::Peers;
-use crate::peer_protocol::{MembershipChange, PeerRequest};
+use super::shards::{ShardGroup, Shards};
+use crate::ids::ShardId;
+use crate::peer_protocol::{MembershipChange, PeerRequest, PeerResponse, ShardRpc};
 use crate::protocol::{RejectKind, Response};
 use crate::raft::{CatalogRaftNode, ReplicaId};
 
@@ -18,21 +25,120 @@ use crate::raft::{CatalogRaftNode, ReplicaId};
 /// catches up as a learner, then joins the voters; a removed one leaves
 /// both. Answers `Committed` with no revision, or why not.
 pub async fn change_membership(
-    raft: &CatalogRaftNode,
+    shards: &Shards,
     peers: &Peers,
     change: MembershipChange,
     timeout: Duration,
 ) -> Response {
+    let raft = &shards.get(ShardId(0)).expect("a catalog has shard 0").raft;
     // The removed replica's address, while the membership still names it.
     let removed_addr = match &change {
         MembershipChange::Remove { id } => addr_of(raft, *id),
         MembershipChange::Add { .. } => None,
     };
-    let answer = apply_membership(raft, change.clone(), timeout).await;
+    let mut answer = apply_membership(raft, change.clone(), timeout).await;
+    if let Response::Committed { .. } = answer {
+        let mut failed = Vec::new();
+        for group in shards.iter().skip(1) {
+            if let Err(reason) = change_shard(group, peers, &change, timeout).await {
+                failed.push(format!("shard {}: {reason}", group.shard));
+            }
+        }
+        if !failed.is_empty() {
+            answer = crate::answers::unavailable(format!(
+                "the change was made in shard 0's group but not in every shard's ({}); \
+                 run the same command again to finish it",
+                failed.join("; ")
+            ));
+        }
+    }
     if let (MembershipChange::Remove { id }, Response::Committed { .. }) = (&change, &answer) {
         tell_removed(raft, peers, *id, removed_addr, timeout).await;
     }
     answer
+}
+
+/// Makes `change` in another shard's group: here when this replica leads
+/// it, else through its leader; asked again (a few times, within about a
+/// second) while the shard is between leaders. A removal the group already
+/// made counts as made, so running a half-finished change again finishes it.
+async fn change_shard(
+    group: &ShardGroup,
+    peers: &Peers,
+    change: &MembershipChange,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..SHARD_ATTEMPTS {
+        match change_shard_once(group, peers, change, timeout).await {
+            Response::Committed { .. } => return Ok(()),
+            Response::Rejected {
+                kind: RejectKind::NotFound,
+                ..
+            } if matches!(change, MembershipChange::Remove { .. }) => return Ok(()),
+            Response::Rejected {
+                kind: RejectKind::Unavailable,
+                message,
+            } => last = message,
+            Response::Rejected { message, .. } => return Err(message),
+            other => return Err(format!("{other:?}")),
+        }
+        tokio::time::sleep(SHARD_RETRY).await;
+    }
+    Err(last)
+}
+
+/// How often, and how far apart, a shard between leaders is asked again.
+const SHARD_ATTEMPTS: usize = 6;
+const SHARD_RETRY: Duration = Duration::from_millis(200);
+
+async fn change_shard_once(
+    group: &ShardGroup,
+    peers: &Peers,
+    change: &MembershipChange,
+    timeout: Duration,
+) -> Response {
+    let (me, leader) = {
+        let metrics = group.raft.metrics();
+        let metrics = metrics.borrow();
+        (metrics.id, metrics.current_leader)
+    };
+    match leader {
+        None => crate::answers::unavailable("the shard has no leader now".into()),
+        Some(leader) if leader == me => {
+            apply_membership(&group.raft, change.clone(), timeout).await
+        }
+        Some(leader) => {
+            // The shard's own membership: shard 0's may already have lost
+            // the replica that leads this shard.
+            let Some(addr) = addr_of(&group.raft, leader) else {
+                return crate::answers::unavailable(format!(
+                    "its leader, replica {leader}, is not a member"
+                ));
+            };
+            let request = PeerRequest::Shard {
+                shard: group.shard,
+                rpc: ShardRpc::Membership(change.clone()),
+            };
+            match peers.call(&addr, &request, timeout * 21).await {
+                Ok(PeerResponse::Answer(answer)) => answer,
+                Ok(_) => crate::answers::unavailable(format!(
+                    "its leader at {addr} answered out of protocol"
+                )),
+                Err(e) => crate::answers::unavailable(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Makes a change another shard's leader asked for in this replica's
+/// group of that shard (`ShardRpc::Membership`), if this replica leads it.
+pub(super) async fn change_here(
+    group: &ShardGroup,
+    change: MembershipChange,
+    timeout: Duration,
+) -> Response {
+    apply_membership(&group.raft, change, timeout).await
 }
 
 /// Replica `id`'s address in the membership this replica holds.

@@ -31,6 +31,13 @@ pub struct ReplicaLabel {
     pub replica: String,
 }
 
+/// Label of per-shard series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    /// The shard's number.
+    pub shard: String,
+}
+
 /// Label of series split by what kind of update was sent.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -135,6 +142,18 @@ pub struct Metrics {
     pub probes_sent: Counter,
     /// Probes answered on this replica's sessions.
     pub probes_answered: Counter,
+    /// Per shard (every shard's group on this replica, shard 0 too): its
+    /// revision, its Raft term, its leader's replica id (0: none known),
+    /// 1 when this replica leads it, and the last log index applied here.
+    pub shard_revision: Family<ShardLabel, Gauge>,
+    /// See `shard_revision`.
+    pub shard_term: Family<ShardLabel, Gauge>,
+    /// See `shard_revision`.
+    pub shard_leader: Family<ShardLabel, Gauge>,
+    /// See `shard_revision`.
+    pub shard_is_leader: Family<ShardLabel, Gauge>,
+    /// See `shard_revision`.
+    pub shard_applied_index: Family<ShardLabel, Gauge>,
     /// The Raft term this replica knows.
     pub raft_term: Gauge,
     /// The leader's replica id (0: none known).
@@ -205,6 +224,11 @@ impl Metrics {
             probes_sent: Counter::default(),
             probes_answered: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            shard_revision: Family::default(),
+            shard_term: Family::default(),
+            shard_leader: Family::default(),
+            shard_is_leader: Family::default(),
+            shard_applied_index: Family::default(),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
             raft_is_leader: Gauge::default(),
@@ -336,6 +360,31 @@ impl Metrics {
             "probes_answered",
             "Probes answered on this replica's agent sessions",
             m.probes_answered.clone(),
+        );
+        registry.register(
+            "shard_revision",
+            "Each catalog shard's revision as applied here",
+            m.shard_revision.clone(),
+        );
+        registry.register(
+            "shard_term",
+            "Each catalog shard's Raft term as this replica knows it",
+            m.shard_term.clone(),
+        );
+        registry.register(
+            "shard_leader",
+            "Each catalog shard's leader's replica id (0: none known)",
+            m.shard_leader.clone(),
+        );
+        registry.register(
+            "shard_is_leader",
+            "1 for each catalog shard this replica leads, else 0",
+            m.shard_is_leader.clone(),
+        );
+        registry.register(
+            "shard_applied_index",
+            "Each catalog shard's last log index applied here",
+            m.shard_applied_index.clone(),
         );
         registry.register(
             "raft_term",

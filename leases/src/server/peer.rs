@@ -27,10 +27,11 @@ mod members;
 use crate::codec::{self, MAX_PEER_MESSAGE_BYTES};
 use crate::endpoint::Role;
 use crate::identity::Identity;
+use crate::ids::ShardId;
 use crate::name::Label;
 use crate::peer_protocol::{
     decode_peer_request, decode_peer_response, encode_peer_request, encode_peer_response, raft_rpc,
-    PeerRequest, PeerResponse,
+    PeerRequest, PeerResponse, ShardRpc,
 };
 use crate::protocol::close_code;
 use crate::raft::{CatalogRaft, ReplicaId};
@@ -254,9 +255,16 @@ impl Peers {
     }
 }
 
-/// openraft's network: a `PeerLink` per target replica, over `Peers`.
+/// openraft's network for shard `shard`'s group: a `PeerLink` per target
+/// replica, over the replica's one `Peers` (every group shares its QUIC
+/// connections).
 #[derive(Clone)]
-pub struct RaftNet(pub Arc<Peers>);
+pub struct RaftNet {
+    /// The replica's client to its peers.
+    pub peers: Arc<Peers>,
+    /// The group's shard.
+    pub shard: ShardId,
+}
 
 impl RaftNetworkFactory<CatalogRaft> for RaftNet {
     type Network = PeerLink;
@@ -265,16 +273,29 @@ impl RaftNetworkFactory<CatalogRaft> for RaftNet {
         PeerLink {
             target,
             addr: node.addr.clone(),
-            peers: self.0.clone(),
+            peers: self.peers.clone(),
+            shard: self.shard,
         }
     }
 }
 
-/// The link to one replica.
+/// The link to one replica, for one shard's group.
 pub struct PeerLink {
     target: ReplicaId,
     addr: String,
     peers: Arc<Peers>,
+    shard: ShardId,
+}
+
+/// Shard 0's Raft messages go as they did before shards; every other
+/// shard's are wrapped with the shard's number.
+fn addressed(shard: ShardId, rpc: ShardRpc) -> PeerRequest {
+    match (shard.0, rpc) {
+        (0, ShardRpc::AppendEntries(rpc)) => PeerRequest::AppendEntries(rpc),
+        (0, ShardRpc::Vote(rpc)) => PeerRequest::Vote(rpc),
+        (0, ShardRpc::InstallSnapshot(rpc)) => PeerRequest::InstallSnapshot(rpc),
+        (_, rpc) => PeerRequest::Shard { shard, rpc },
+    }
 }
 
 type RpcError<E = openraft::error::Infallible> =
@@ -327,6 +348,13 @@ fn request_kind(r: &PeerRequest) -> &'static str {
         PeerRequest::Witnessed(_) => "Witnessed",
         PeerRequest::ProposeBatch(_) => "ProposeBatch",
         PeerRequest::Removed(_) => "Removed",
+        PeerRequest::Shard { rpc, .. } => match rpc {
+            ShardRpc::AppendEntries(_) => "Shard/AppendEntries",
+            ShardRpc::Vote(_) => "Shard/Vote",
+            ShardRpc::InstallSnapshot(_) => "Shard/InstallSnapshot",
+            ShardRpc::Campaign { .. } => "Shard/Campaign",
+            ShardRpc::Membership(_) => "Shard/Membership",
+        },
     }
 }
 
@@ -351,7 +379,7 @@ impl RaftNetwork<CatalogRaft> for PeerLink {
     ) -> Result<openraft::raft::AppendEntriesResponse<ReplicaId>, RpcError> {
         let answer = self
             .call(
-                PeerRequest::AppendEntries(rpc),
+                addressed(self.shard, ShardRpc::AppendEntries(rpc)),
                 &option,
                 RPCTypes::AppendEntries,
             )
@@ -372,7 +400,7 @@ impl RaftNetwork<CatalogRaft> for PeerLink {
     {
         let answer = self
             .call(
-                PeerRequest::InstallSnapshot(rpc),
+                addressed(self.shard, ShardRpc::InstallSnapshot(rpc)),
                 &option,
                 RPCTypes::InstallSnapshot,
             )
@@ -391,7 +419,11 @@ impl RaftNetwork<CatalogRaft> for PeerLink {
         option: RPCOption,
     ) -> Result<openraft::raft::VoteResponse<ReplicaId>, RpcError> {
         let answer = self
-            .call(PeerRequest::Vote(rpc), &option, RPCTypes::Vote)
+            .call(
+                addressed(self.shard, ShardRpc::Vote(rpc)),
+                &option,
+                RPCTypes::Vote,
+            )
             .await?;
         match answer {
             PeerResponse::Vote(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
@@ -551,10 +583,14 @@ async fn handle(
             PeerResponse::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
         PeerRequest::Membership(change) => PeerResponse::Answer(
-            super::membership::change_membership(raft, &context.peers, change, timeout).await,
+            super::membership::change_membership(&context.shards, &context.peers, change, timeout)
+                .await,
         ),
         PeerRequest::Removed(removal) => {
             PeerResponse::Answer(super::membership::removed(context, removal))
+        }
+        PeerRequest::Shard { shard, rpc } => {
+            super::shards::serve(&context.shards, shard, rpc, timeout).await
         }
         other => {
             let (reply, answer) = oneshot::channel();

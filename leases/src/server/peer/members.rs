@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use openraft::{BasicNode, Membership};
 
 use crate::ids::ReplicaId;
-use crate::peer_protocol::PeerRequest;
+use crate::peer_protocol::{PeerRequest, ShardRpc};
 
 /// The names a peer's certificate answers to: its IP and DNS SANs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -120,6 +120,12 @@ pub fn sender(request: &PeerRequest) -> Option<ReplicaId> {
         PeerRequest::Vote(rpc) => &rpc.vote,
         PeerRequest::AppendEntries(rpc) => &rpc.vote,
         PeerRequest::InstallSnapshot(rpc) => &rpc.vote,
+        PeerRequest::Shard { rpc, .. } => match rpc {
+            ShardRpc::Vote(rpc) => &rpc.vote,
+            ShardRpc::AppendEntries(rpc) => &rpc.vote,
+            ShardRpc::InstallSnapshot(rpc) => &rpc.vote,
+            ShardRpc::Campaign { .. } | ShardRpc::Membership(_) => return None,
+        },
         _ => return None,
     };
     vote.leader_id().voted_for()
