@@ -123,6 +123,18 @@ async fn six_shards_on_three_replicas_spread_their_leaders_commit_alone_and_come
     })
     .await;
 
+    // The audit log merges every shard's entries, each naming its shard.
+    let (status, rows) = group.admin(0).get("/v1/audit?limit=10000").await;
+    assert_eq!(status, 200, "{rows}");
+    let shards_seen: std::collections::BTreeSet<u64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["command"] == "identify")
+        .map(|r| r["shard"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shards_seen, (0..u64::from(SHARDS)).collect());
+
     // Replica 3 stops: the two left lead every shard between them.
     group.stop_replica(2).await;
     let took = spread(&group, &[(1, 3), (2, 3)], Duration::from_secs(60)).await;

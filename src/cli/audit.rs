@@ -47,9 +47,15 @@ pub(crate) async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .filter_map(|s| s.as_str())
             .collect();
+        // A shard other than 0 is named before its revision (`3:1207`);
+        // a catalog of one shard prints as it always did.
+        let revision = match entry["shard"].as_u64() {
+            Some(shard) if shard > 0 => format!("{shard}:{}", entry["revision"]),
+            _ => entry["revision"].to_string(),
+        };
         println!(
             "{:>9}  {:<24}  {:<28}  {:<14}  {:<28}  {:<20}  {}",
-            entry["revision"].to_string(),
+            revision,
             entry["at_ms"]
                 .as_u64()
                 .map_or_else(|| "?".to_owned(), rfc3339),

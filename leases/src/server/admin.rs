@@ -533,20 +533,30 @@ async fn audit(
                 format!("service: {e}"),
             )
         })?;
-    let query = AuditQuery {
-        service,
-        since: params.since.map(Revision),
-        limit: params.limit.unwrap_or(1000).min(MAX_AUDIT_LIMIT),
-    };
-    let applied = state.applied.clone();
-    let entries = tokio::task::spawn_blocking(move || applied.audit(&query))
-        .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?;
-    let rows: Vec<serde_json::Value> = entries
-        .iter()
-        .map(|e| {
-            serde_json::json!({
+    // Every shard's log (the service's shard alone when one is named),
+    // merged by time; each row names its shard.
+    let count = state.shards.count();
+    let mut rows: Vec<(u64, u16, u64, serde_json::Value)> = Vec::new();
+    for group in state.shards.iter() {
+        if service
+            .as_ref()
+            .is_some_and(|s| crate::shard::shard_of(s, count) != group.shard)
+        {
+            continue;
+        }
+        let query = AuditQuery {
+            service: service.clone(),
+            since: params.since.map(Revision),
+            limit: params.limit.unwrap_or(1000).min(MAX_AUDIT_LIMIT),
+        };
+        let applied = group.catalog.clone();
+        let entries = tokio::task::spawn_blocking(move || applied.audit(&query))
+            .await
+            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?
+            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "store", e.to_string()))?;
+        rows.extend(entries.iter().map(|e| {
+            let row = serde_json::json!({
+                "shard": group.shard.0,
                 "revision": e.revision.0,
                 "at_ms": e.at_ms,
                 "actor": e.actor.to_string(),
@@ -554,9 +564,13 @@ async fn audit(
                 "services": e.services.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
                 "instance": e.instance.as_ref().map(|i| i.to_string()),
                 "detail": e.detail,
-            })
-        })
-        .collect();
+            });
+            (e.at_ms, group.shard.0, e.revision.0, row)
+        }));
+    }
+    rows.sort_by_key(|(at_ms, shard, revision, _)| (*at_ms, *shard, *revision));
+    rows.truncate(params.limit.unwrap_or(1000).min(MAX_AUDIT_LIMIT));
+    let rows: Vec<serde_json::Value> = rows.into_iter().map(|(_, _, _, row)| row).collect();
     Ok(Json(rows).into_response())
 }
 
