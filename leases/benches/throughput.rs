@@ -15,7 +15,7 @@
 //! - shard commits (issue 35): with 1, 2, 4 and 8 catalog shards, on one
 //!   replica and on three, 64 writers spread over the shards, each
 //!   committing its own instance's transitions straight into its shard's
-//!   Raft group on that shard's leader (`openraft::Raft::client_write`, no
+//!   Raft group on that shard's leader (`ShardGroup::write`, no
 //!   agent session: sessions are served from shard 0 alone so far);
 //!   commits/s over all shards, latency p50 and p99, and the slowest
 //!   shard's p99.

@@ -198,7 +198,7 @@ impl ArbiterServer {
             .get(ShardId(0))
             .expect("a catalog has shard 0")
             .clone();
-        let (node, applied) = (zero.raft, zero.catalog);
+        let (node, applied) = (zero.raft.clone(), zero.catalog.clone());
         tracing::info!(
             replica = id,
             revision = %applied.mark().revision,
@@ -212,6 +212,7 @@ impl ArbiterServer {
             raft: node.clone(),
             applied: applied.clone(),
             peers: peers.clone(),
+            group: zero,
         };
         let core = Core::new(config.clone(), replica, metrics.clone());
         let write_timeout = Duration::from_millis(config.raft.write_timeout_ms);
@@ -334,6 +335,37 @@ impl ArbiterServer {
         let stopping = self.stop_serving().await;
         stopping.stop_raft().await;
         stopping.close().await;
+    }
+
+    /// Stops at once, as a crash would, for tests and benchmarks that kill a
+    /// replica in-process: the QUIC endpoint and the peer client close
+    /// first (no heartbeat leaves after), every task is aborted (nothing in
+    /// flight is answered, no part gets a teardown bound) and every
+    /// shard's Raft stops. The data directory can be opened again once the
+    /// aborted tasks dropped their store handles, which this waits for.
+    pub async fn kill(self) {
+        self.stop.fire();
+        self.endpoint.close(
+            quinn::VarInt::from_u32(crate::protocol::close_code::DONE),
+            b"arbiter killed",
+        );
+        self.peers.close();
+        let tasks = [
+            self.admin_task,
+            self.core_task,
+            self.balance_task,
+            self.accept_task,
+        ];
+        for task in &tasks {
+            task.abort();
+        }
+        for group in self.shards.iter() {
+            let _ = group.raft.shutdown().await;
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        self.endpoint.wait_idle().await;
     }
 
     /// The first part of [`ArbiterServer::shutdown`]: the stop signal,

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rollcall_leases::raft::{CatalogRaftNode, Proposal};
+use rollcall_leases::raft::Proposal;
+use rollcall_leases::server::shards::ShardGroup;
 use rollcall_leases::{Command, Envelope, Policy, Principal, PrincipalName, Role, ShardId};
 
 use super::{Group, Load};
@@ -74,14 +75,14 @@ fn envelope(command: Command) -> Envelope {
 
 /// One writer: a service of its shard whose policy it changes.
 struct Writer {
-    raft: CatalogRaftNode,
+    raft: ShardGroup,
     shard: u16,
     service: String,
 }
 
-async fn commit(raft: &CatalogRaftNode, command: Command) -> rollcall_leases::raft::Outcome {
+async fn commit(raft: &ShardGroup, command: Command) -> rollcall_leases::raft::Outcome {
     let written = raft
-        .client_write(Proposal::one(envelope(command)))
+        .write(Proposal::one(envelope(command)))
         .await
         .expect("the shard's leader commits");
     let outcome = written.data;
@@ -137,7 +138,7 @@ impl ShardWriters {
         for w in 0..writers {
             let shard = (w % usize::from(shards)) as u16;
             let server = group.servers[leaders[usize::from(shard)]].as_ref().unwrap();
-            let raft = server.shards().get(ShardId(shard)).unwrap().raft.clone();
+            let raft = server.shards().get(ShardId(shard)).unwrap().clone();
             let service = service_in(shard, shards, w);
             commit(&raft, policy(&service, 60_000)).await;
             all.push(Writer {

@@ -52,6 +52,9 @@ pub struct Replica {
     pub raft: CatalogRaftNode,
     /// Its applied catalog.
     pub applied: AppliedCatalog,
+    /// The same group as a shard: batches are proposed through it, so a
+    /// hand-over of its leadership holds them (`ShardGroup::write`).
+    pub group: super::shards::ShardGroup,
     /// Its client to the other replicas.
     pub peers: Arc<Peers>,
 }
@@ -430,29 +433,25 @@ impl Core {
         batch: crate::replica::BatchId,
         envelopes: Vec<crate::command::Envelope>,
     ) {
-        let raft = self.replica.raft.clone();
+        let group = self.replica.group.clone();
         let metrics = self.metrics.clone();
         let timeout = Duration::from_millis(self.config.raft.write_timeout_ms);
         self.io.spawn(async move {
             let started = Instant::now();
             let size = envelopes.len();
-            let outcome = match tokio::time::timeout(
-                timeout,
-                raft.client_write(Proposal { envelopes }),
-            )
-            .await
-            {
-                Ok(Ok(written)) => {
-                    metrics
-                        .commit_latency
-                        .observe(started.elapsed().as_secs_f64());
-                    metrics.batch_size.observe(size as f64);
-                    BatchOutcome::Applied(written.data.results)
-                }
-                Ok(Err(e)) if peer::is_forward(&e) => BatchOutcome::NotLeader(e.to_string()),
-                Ok(Err(e)) => BatchOutcome::Failed(e.to_string()),
-                Err(_) => BatchOutcome::TimedOut,
-            };
+            let outcome =
+                match tokio::time::timeout(timeout, group.write(Proposal { envelopes })).await {
+                    Ok(Ok(written)) => {
+                        metrics
+                            .commit_latency
+                            .observe(started.elapsed().as_secs_f64());
+                        metrics.batch_size.observe(size as f64);
+                        BatchOutcome::Applied(written.data.results)
+                    }
+                    Ok(Err(e)) if peer::is_forward(&e) => BatchOutcome::NotLeader(e.to_string()),
+                    Ok(Err(e)) => BatchOutcome::Failed(e.to_string()),
+                    Err(_) => BatchOutcome::TimedOut,
+                };
             Some(Input::Committed { batch, outcome })
         });
     }

@@ -7,15 +7,18 @@
 //! Placement. A new region's groups are initialized by its members in turn
 //! (`shard::initializer`), so each starts led by a different replica.
 //! Afterwards every replica runs `balance`: once a period it reads each
-//! group's leader, and if it leads more than ceil(K / voters) shards it
-//! hands one to the voter leading fewest (`shard::next_move`). openraft 0.9
+//! group's leader, and once they have all held for two periods, if it
+//! leads more than ceil(K / live voters) shards it hands one to the voter
+//! leading fewest (`shard::next_move`). openraft 0.9
 //! has no leadership transfer, and its voters refuse a candidate while the
 //! leader's lease (`raft.election_max_ms`) holds; so the hand-over is an
 //! election triggered deliberately: the leader stops its heartbeats for
 //! that shard, tells the target to campaign once the lease has lapsed
 //! (`ShardRpc::Campaign`), and resumes them when the shard has another
-//! leader or the attempt timed out. A shard being handed over has no
-//! heartbeat for about `election_max_ms`; its writes still replicate.
+//! leader or the attempt timed out. Meanwhile no new write starts on the
+//! shard (`ShardGroup::write` waits): an entry would refresh the voters'
+//! lease and defeat the election. So a hand-over holds the shard's new
+//! writes for about `election_max_ms` plus a few heartbeats.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,7 +31,7 @@ use super::ServerError;
 use crate::ids::ShardId;
 use crate::params::CatalogParams;
 use crate::peer_protocol::{PeerRequest, PeerResponse, ShardRpc};
-use crate::raft::{self, AppliedCatalog, CatalogRaftNode, ReplicaId};
+use crate::raft::{self, AppliedCatalog, CatalogRaftNode, Proposal, ReplicaId};
 use crate::shard;
 
 /// One shard's group on this replica.
@@ -40,6 +43,31 @@ pub struct ShardGroup {
     pub raft: CatalogRaftNode,
     /// Its applied catalog.
     pub catalog: AppliedCatalog,
+    /// True while this replica hands the shard's leadership over (`balance`).
+    handing_over: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl ShardGroup {
+    /// Proposes `proposal` in this shard's group. While this replica hands
+    /// the shard's leadership over it waits first (at most the hand-over's
+    /// bound): a new entry would refresh the voters' leader lease and
+    /// defeat the hand-over, so no write starts meanwhile, and the target,
+    /// caught up on what was written before, wins its election. Every
+    /// writer of a shard (the core, and benchmarks) proposes through here.
+    pub async fn write(
+        &self,
+        proposal: Proposal,
+    ) -> Result<
+        openraft::raft::ClientWriteResponse<crate::raft::CatalogRaft>,
+        openraft::error::RaftError<
+            ReplicaId,
+            openraft::error::ClientWriteError<ReplicaId, openraft::BasicNode>,
+        >,
+    > {
+        let mut handing_over = self.handing_over.subscribe();
+        let _ = handing_over.wait_for(|busy| !*busy).await;
+        self.raft.client_write(proposal).await
+    }
 }
 
 /// Every shard's group on this replica, by shard number (shard 0 first).
@@ -201,6 +229,7 @@ pub(super) async fn open_group(
         shard,
         raft,
         catalog,
+        handing_over: Arc::new(tokio::sync::watch::channel(false).0),
     })
 }
 
@@ -280,12 +309,20 @@ pub(super) async fn balance(
     raft: rollcall_config::RaftConfig,
     mut stopping: crate::shutdown::Shutdown,
 ) {
+    if shards.count() < 2 {
+        // One shard: its leader is wherever the group elects it.
+        return;
+    }
     let period = Duration::from_millis(raft.election_max_ms.max(1_000));
-    // The voters' leader lease is openraft's `election_timeout_max`; the
-    // target campaigns a few heartbeats after it lapsed.
-    let lease_ms = raft.election_max_ms + 2 * raft.heartbeat_ms;
+    // The voters' leader lease is openraft's `election_timeout_max` from
+    // the last entry or heartbeat they got; the target campaigns a few
+    // heartbeats (at least 200 ms) after it lapsed, so entries still in
+    // flight when writes stopped do not defeat it.
+    let lease_ms = raft.election_max_ms + (2 * raft.heartbeat_ms).max(200);
     let give_up = Duration::from_millis(lease_ms + 3 * raft.election_max_ms);
     let mut unreachable: BTreeMap<ReplicaId, Instant> = BTreeMap::new();
+    let settle = 2 * period;
+    let (mut seen, mut settled_since) = (shards.leaders(), Instant::now());
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -293,6 +330,19 @@ pub(super) async fn balance(
         }
         // A replica that failed a hand-over is passed over for a while.
         unreachable.retain(|_, since| since.elapsed() < UNREACHABLE_FOR);
+        // Moves wait until every shard's leader held for a while: right
+        // after a replica died its shards elect new leaders one by one,
+        // and a hand-over then would hold a shard's writes again just as
+        // they came back (and could pick a target that is about to win
+        // another election).
+        let leaders = shards.leaders();
+        if leaders != seen {
+            seen = leaders;
+            settled_since = Instant::now();
+        }
+        if settled_since.elapsed() < settle {
+            continue;
+        }
         let Some(zero) = shards.get(ShardId(0)) else {
             return;
         };
@@ -306,6 +356,12 @@ pub(super) async fn balance(
                 .collect()
         };
         let voters: Vec<ReplicaId> = members.keys().copied().collect();
+        // Within its share of every voter, a replica never moves whoever
+        // is away: ask nobody.
+        let led = seen.iter().filter(|(_, l)| *l == Some(me)).count();
+        if led <= seen.len().div_ceil(voters.len().max(1)) {
+            continue;
+        }
         // The share is counted over the voters that answer a handshake
         // (a cached connection answers at once, a dead replica within the
         // connect timeout).
@@ -315,13 +371,14 @@ pub(super) async fn balance(
                 away.push(*voter);
             }
         }
-        let Some((shard, target)) = shard::next_move(me, &voters, &shards.leaders(), &away) else {
+        let Some((shard, target)) = shard::next_move(me, &voters, &seen, &away) else {
             continue;
         };
         let (Some(group), Some(addr)) = (shards.get(shard), members.get(&target)) else {
             continue;
         };
         tracing::info!(%shard, from = me, to = target, "handing the shard's leadership over: this replica leads more than its share");
+        group.handing_over.send_replace(true);
         group.raft.runtime_config().heartbeat(false);
         let asked = peers
             .call(
@@ -335,6 +392,7 @@ pub(super) async fn balance(
             .await;
         if let Err(e) = asked {
             group.raft.runtime_config().heartbeat(true);
+            group.handing_over.send_replace(false);
             tracing::warn!(%shard, to = target, error = %e, "the replica to lead the shard could not be asked; trying others for a while");
             unreachable.insert(target, Instant::now());
             continue;
@@ -349,6 +407,7 @@ pub(super) async fn balance(
             .await
             .map(|m| m.current_leader);
         group.raft.runtime_config().heartbeat(true);
+        group.handing_over.send_replace(false);
         match moved {
             Ok(leader) => {
                 tracing::info!(%shard, from = me, to = ?leader, "the shard's leadership moved")
