@@ -366,6 +366,7 @@ impl ArbiterServer {
             let _ = task.await;
         }
         self.endpoint.wait_idle().await;
+        released(self.endpoint).await;
     }
 
     /// The first part of [`ArbiterServer::shutdown`]: the stop signal,
@@ -435,7 +436,23 @@ impl Stopping {
         )
         .await;
         self.endpoint.wait_idle().await;
+        released(self.endpoint).await;
         tracing::info!("arbiter stopped");
+    }
+}
+
+/// Drops `endpoint` and waits (at most 2 s) until its port can be bound
+/// again: quinn's endpoint driver closes the socket only when it next
+/// runs, and a restart in the same process (tests, benchmarks) binds the
+/// same port at once; on a loaded machine it was still held (found in a
+/// full test run, `bench replication`).
+async fn released(endpoint: quinn::Endpoint) {
+    let addr = endpoint.local_addr().ok();
+    drop(endpoint);
+    let Some(addr) = addr else { return };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while std::net::UdpSocket::bind(addr).is_err() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

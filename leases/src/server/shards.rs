@@ -390,10 +390,20 @@ pub(super) async fn balance(
                 Duration::from_millis(2_000),
             )
             .await;
-        if let Err(e) = asked {
+        // The target agrees with `Refused(vec![])`; anything else (it is
+        // gone, or runs no group for the shard) passes it over a while.
+        let refusal = match asked {
+            Ok(PeerResponse::Refused(_)) => None,
+            Ok(PeerResponse::Answer(crate::protocol::Response::Rejected { message, .. })) => {
+                Some(message)
+            }
+            Ok(_) => Some("it answered out of protocol".to_owned()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(reason) = refusal {
             group.raft.runtime_config().heartbeat(true);
             group.handing_over.send_replace(false);
-            tracing::warn!(%shard, to = target, error = %e, "the replica to lead the shard could not be asked; trying others for a while");
+            tracing::warn!(%shard, to = target, reason = %reason, "the replica to lead the shard could not be asked; trying others for a while");
             unreachable.insert(target, Instant::now());
             continue;
         }
