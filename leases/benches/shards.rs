@@ -37,7 +37,6 @@ use cluster::shards::placed;
 use cluster::Group;
 use rollcall_leases::raft::Proposal;
 use rollcall_leases::server::shards::ShardGroup;
-use rollcall_leases::{Command, Envelope, Policy, Principal, PrincipalName, Role, ShardId};
 
 const SHARDS: u16 = 6;
 const WRITERS_PER_SHARD: usize = 4;
@@ -74,33 +73,6 @@ fn leader_of(handles: &Handles, shard: u16) -> Option<ShardGroup> {
     })
 }
 
-fn policy_change(service: &str, flip: bool) -> Proposal {
-    let document: rollcall_config::ServicePolicy = serde_json::from_value(serde_json::json!({
-        "service": service,
-        "home_region": "r1",
-        "max_snapshot_age_ms": if flip { 120_000 } else { 60_000 },
-    }))
-    .expect("a valid policy document");
-    Proposal::one(Envelope {
-        at_ms: 1_764_000_000_000,
-        actor: Principal {
-            role: Role::Operator,
-            name: PrincipalName::new("bench").unwrap(),
-        },
-        command: Command::SetPolicy(Box::new(Policy::new(document).unwrap())),
-    })
-}
-
-/// The `nth` service (`namespace/service`) of shard `shard`.
-fn service_in(shard: u16, nth: usize) -> String {
-    (0..)
-        .map(|i| format!("svc-{i}"))
-        .filter(|n| rollcall_leases::shard::shard_of_name("default", n, SHARDS) == ShardId(shard))
-        .nth(nth)
-        .map(|n| format!("default/{n}"))
-        .unwrap()
-}
-
 /// Writers on every shard until `stop`, each committing one change after
 /// another through its shard's current leader (looked up again after any
 /// failure, 10 ms later).
@@ -113,7 +85,7 @@ fn start_writers(
     for shard in 0..SHARDS {
         for w in 0..WRITERS_PER_SHARD {
             let (handles, stop) = (handles.clone(), stop.clone());
-            let service = service_in(shard, w);
+            let service = cluster::shards::service_in(shard, SHARDS, w);
             tasks.push(tokio::spawn(async move {
                 let mut commits = Vec::new();
                 let mut flip = false;
@@ -126,7 +98,9 @@ fn start_writers(
                     let sent = epoch.elapsed().as_secs_f64();
                     let written = tokio::time::timeout(
                         Duration::from_secs(2),
-                        leader.write(policy_change(&service, flip)),
+                        leader.write(Proposal::one(cluster::shards::envelope(
+                            cluster::shards::policy(&service, if flip { 120_000 } else { 60_000 }),
+                        ))),
                     )
                     .await;
                     match written {

@@ -82,9 +82,7 @@ pub struct ArbiterServer {
     pub bridge_token_file: PathBuf,
     /// This replica's Raft id.
     pub replica_id: ReplicaId,
-    raft: CatalogRaftNode,
     shards: Shards,
-    catalog: crate::raft::AppliedCatalog,
     peers: Arc<Peers>,
     endpoint: quinn::Endpoint,
     tls: Arc<LiveTls>,
@@ -209,8 +207,6 @@ impl ArbiterServer {
         let (core_tx, core_rx) = mpsc::channel(65_536);
         let replica = Replica {
             id,
-            raft: node.clone(),
-            applied: applied.clone(),
             peers: peers.clone(),
             group: zero,
         };
@@ -240,7 +236,6 @@ impl ArbiterServer {
             },
             connection::Guards::new(config.limits, metrics.clone()),
         ));
-        let catalog = applied.clone();
         let app = admin::router(admin::AdminState {
             core: core_tx,
             applied,
@@ -275,9 +270,7 @@ impl ArbiterServer {
             token_file,
             bridge_token_file,
             replica_id: id,
-            raft: node,
             shards,
-            catalog,
             peers,
             endpoint,
             tls: live,
@@ -300,7 +293,12 @@ impl ArbiterServer {
     /// This replica's Raft node (for tests and benchmarks: leadership,
     /// metrics).
     pub fn raft(&self) -> &CatalogRaftNode {
-        &self.raft
+        &self.zero().raft
+    }
+
+    /// Shard 0's group, which every catalog has.
+    fn zero(&self) -> &shards::ShardGroup {
+        self.shards.get(ShardId(0)).expect("a catalog has shard 0")
     }
 
     /// Every shard's Raft group on this replica, shard 0 first (for tests
@@ -313,7 +311,7 @@ impl ArbiterServer {
     /// group's first leader named it: a launcher waits for it to know a
     /// write commits).
     pub fn catalog_identity(&self) -> Option<crate::CatalogId> {
-        self.catalog.lock().identity()
+        self.zero().catalog.lock().identity()
     }
 
     /// The UDP port this replica's calls to its peers leave from (tests cut

@@ -62,7 +62,7 @@ pub async fn placed(group: &Group, shards: u16) -> Vec<usize> {
     }
 }
 
-fn envelope(command: Command) -> Envelope {
+pub fn envelope(command: Command) -> Envelope {
     Envelope {
         at_ms: 1_764_000_000_000,
         actor: Principal {
@@ -96,7 +96,7 @@ async fn commit(raft: &ShardGroup, command: Command) -> rollcall_leases::raft::O
 
 /// A policy of `service` (`namespace/service`) homed in r1; `max_age_ms`
 /// tells two of them apart, so each write changes the catalog.
-fn policy(service: &str, max_age_ms: u64) -> Command {
+pub fn policy(service: &str, max_age_ms: u64) -> Command {
     let document: rollcall_config::ServicePolicy = serde_json::from_value(serde_json::json!({
         "service": service,
         "home_region": "r1",
@@ -107,7 +107,7 @@ fn policy(service: &str, max_age_ms: u64) -> Command {
 }
 
 /// The `nth` service of shard `shard` (of `shards`), by its stable hash.
-fn service_in(shard: u16, shards: u16, nth: usize) -> String {
+pub fn service_in(shard: u16, shards: u16, nth: usize) -> String {
     (0..)
         .map(|i| format!("svc-{i}"))
         .filter(|name| {

@@ -30,7 +30,7 @@ use crate::clock::now_ms;
 use crate::ids::AgentId;
 use crate::peer_protocol::{PeerRequest, PeerResponse};
 use crate::protocol::Response;
-use crate::raft::{AppliedCatalog, CatalogRaftNode, Proposal, ReplicaId};
+use crate::raft::{Proposal, ReplicaId};
 use crate::replica::{
     propagation_sums, BatchOutcome, Counters, Forwarded, Input, Output, RaftView, ReplicaState,
     ReplyId,
@@ -48,12 +48,9 @@ const MAX_WAKE_UP_WRITES: usize = 4_096;
 pub struct Replica {
     /// This replica's id.
     pub id: ReplicaId,
-    /// Its Raft node.
-    pub raft: CatalogRaftNode,
-    /// Its applied catalog.
-    pub applied: AppliedCatalog,
-    /// The same group as a shard: batches are proposed through it, so a
-    /// hand-over of its leadership holds them (`ShardGroup::write`).
+    /// Its group (shard 0's): the Raft node, the applied catalog, and the
+    /// write path batches are proposed through, so a hand-over of the
+    /// group's leadership holds them (`ShardGroup::write`).
     pub group: super::shards::ShardGroup,
     /// Its client to the other replicas.
     pub peers: Arc<Peers>,
@@ -92,12 +89,12 @@ impl Core {
     /// A core over a replica whose Raft node is running.
     pub fn new(config: ArbiterConfig, replica: Replica, metrics: Arc<Metrics>) -> Self {
         let machine = {
-            let cat = replica.applied.lock();
+            let cat = replica.group.catalog.lock();
             ReplicaState::new(
                 config.clone(),
                 replica.id,
                 &cat,
-                replica.applied.mark(),
+                replica.group.catalog.mark(),
                 now_ms(),
             )
         };
@@ -121,8 +118,8 @@ impl Core {
     /// is read once per wake-up, at this edge, and handed with every input
     /// of that wake-up.
     pub async fn run(mut self, mut rx: mpsc::Receiver<CoreMsg>, mut stop: Shutdown) {
-        let mut marks = self.replica.applied.watch();
-        let mut raft_metrics = self.replica.raft.metrics();
+        let mut marks = self.replica.group.catalog.watch();
+        let mut raft_metrics = self.replica.group.raft.metrics();
         let mut now = now_ms();
         let mut stopping = false;
         raft_metrics.borrow_and_update();
@@ -175,7 +172,7 @@ impl Core {
     /// Whether the machine is done stopping.
     fn end_of_wake_up(&mut self, now: u64) -> bool {
         let view = {
-            let m = self.replica.raft.metrics();
+            let m = self.replica.group.raft.metrics();
             let m = m.borrow();
             if m.snapshot != self.snapshots_seen && m.snapshot.is_some() {
                 self.snapshots_seen = m.snapshot;
@@ -197,7 +194,7 @@ impl Core {
     fn step_out(&mut self, input: Input, now: u64) -> bool {
         let mut out = Vec::new();
         {
-            let cat = self.replica.applied.lock();
+            let cat = self.replica.group.catalog.lock();
             self.machine
                 .handle(input, now, &mut rand::rng(), &cat, &mut out);
         }
@@ -275,18 +272,18 @@ impl Core {
         let status = crate::server::status::Reader {
             config: &self.config,
             machine: &self.machine,
-            raft: &self.replica.raft,
+            raft: &self.replica.group.raft,
             metrics: &self.metrics,
         };
         match query {
             AdminQuery::Status(reply) => {
-                let _ = reply.send(status.status(&self.replica.applied.lock(), now));
+                let _ = reply.send(status.status(&self.replica.group.catalog.lock(), now));
             }
             AdminQuery::Remote(reply) => {
                 let _ = reply.send(status.remote_json(now));
             }
             AdminQuery::RefreshMetrics(reply) => {
-                status.refresh_metrics(&self.replica.applied.lock(), now);
+                status.refresh_metrics(&self.replica.group.catalog.lock(), now);
                 let _ = reply.send(());
             }
             AdminQuery::PutRemote {

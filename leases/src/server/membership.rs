@@ -131,16 +131,6 @@ async fn change_shard_once(
     }
 }
 
-/// Makes a change another shard's leader asked for in this replica's
-/// group of that shard (`ShardRpc::Membership`), if this replica leads it.
-pub(super) async fn change_here(
-    group: &ShardGroup,
-    change: MembershipChange,
-    timeout: Duration,
-) -> Response {
-    apply_membership(&group.raft, change, timeout).await
-}
-
 /// Replica `id`'s address in the membership this replica holds.
 fn addr_of(raft: &CatalogRaftNode, id: ReplicaId) -> Option<String> {
     raft.metrics()
@@ -208,8 +198,10 @@ pub(super) fn removed(context: &PeerContext, removal: crate::server::removal::Re
     }
 }
 
-/// Applies a membership change on the leader (see [`change_membership`]).
-async fn apply_membership(
+/// Applies a membership change on the leader (see [`change_membership`]);
+/// also what another shard's leader asks of this replica's group of that
+/// shard (`ShardRpc::Membership`).
+pub(super) async fn apply_membership(
     raft: &CatalogRaftNode,
     change: MembershipChange,
     timeout: Duration,

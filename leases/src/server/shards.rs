@@ -199,9 +199,9 @@ pub(super) async fn serve(
             });
             PeerResponse::Refused(Vec::new())
         }
-        ShardRpc::Membership(change) => {
-            PeerResponse::Answer(super::membership::change_here(group, change, timeout).await)
-        }
+        ShardRpc::Membership(change) => PeerResponse::Answer(
+            super::membership::apply_membership(&group.raft, change, timeout).await,
+        ),
     }
 }
 
